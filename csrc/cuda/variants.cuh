@@ -1,0 +1,192 @@
+// The CUDA kernel variants of rope_ext, simplest first. Each rotates every pair of
+// the rotary part of up to two tensors (q, k) and copies the pass-through tail
+// [R, D) when out of place. The backward is the same kernel with p.sign = -1.
+//
+//   1. naive   one thread per output element: reads its element and its partner,
+//              computes its own frequency (a double pow) and sin/cos. Cannot run in
+//              place (a thread would read a partner another thread already wrote).
+//   2. fp32    one thread per rotation pair (or tail element), scalar loads/stores,
+//              frequencies from a per-block shared-memory table.
+//   3. fp32x4  one thread per 16-byte chunk of the rotary features of a token; it
+//              computes sin/cos for its chunk once and reuses them across every head
+//              of q and k (and across the batch when positions are shared), with
+//              16-byte loads (4 fp32 / 8 fp16/bf16) from each half, several rows in
+//              flight per thread. Needs unit feature stride and 16-byte alignment.
+//
+// What was learned (H100 numbers in README.md / bench/NOTES.md):
+//   - sin/cos dominate the scalar variants at one head: reusing them across heads
+//     and the batch (variant 3) takes them off the critical path.
+//   - Accurate sin/cos cost little once reduced in double (rope_math.h); fast-math
+//     intrinsics are not needed for speed and are wrong at long positions.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "../rope_math.h"
+
+namespace rope_ext {
+namespace cuda {
+
+// ---------------------------------------------------------------- 1. naive
+template <typename T>
+__global__ void rope_naive_kernel(const RopeParams p) {
+  const int64_t per_token = heads_total(p);  // rows of one token: heads of q + k
+  const int64_t total = p.B * p.S * per_token * p.D;
+  for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < total;
+       idx += (int64_t)gridDim.x * blockDim.x) {
+    const int d = static_cast<int>(idx % p.D);
+    int64_t rest = idx / p.D;
+    const int64_t hh = rest % per_token;
+    const int64_t tok = rest / per_token;
+    const int64_t b = tok / p.S, s = tok - b * p.S;
+    const RowOffsets o = row_offsets(p, 1, b, s, hh);
+    const TensorView& v = p.t[o.t];
+    const T* in = static_cast<const T*>(v.in);
+    T* out = static_cast<T*>(v.out);
+    const int64_t out_off = o.out + d * v.out_stride[3];
+    if (d >= p.R) {
+      out[out_off] = in[o.in + d * v.in_stride[3]];
+      continue;
+    }
+    const int half = p.R / 2;
+    const int i = p.interleaved ? d / 2 : (d < half ? d : d - half);
+    const bool first = p.interleaved ? (d % 2 == 0) : (d < half);
+    const int partner = p.interleaved ? (d ^ 1) : (first ? d + half : d - half);
+    float sn, cs;
+    pair_sincos(p, position_of(p, b, s), i, inv_freq_of(p, i), &sn, &cs);
+    using A = acc_t<T>;
+    const A x = static_cast<A>(in[o.in + d * v.in_stride[3]]);
+    const A y = static_cast<A>(in[o.in + partner * v.in_stride[3]]);
+    out[out_off] = static_cast<T>(first ? x * cs - y * sn : x * cs + y * sn);
+  }
+}
+
+// ---------------------------------------------------------------- shared: frequency table
+// Frequencies for the block in shared memory: computed (double pow) or read once per
+// block instead of once per pair.
+__device__ __forceinline__ void fill_freq_table(const RopeParams& p, float* table) {
+  const int nthreads = blockDim.x * blockDim.y;
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  for (int i = tid; i < p.R / 2; i += nthreads) table[i] = inv_freq_of(p, i);
+  __syncthreads();
+}
+
+// ---------------------------------------------------------------- 2. fp32
+template <typename T>
+__global__ void rope_fp32_kernel(const RopeParams p) {
+  extern __shared__ float freq[];
+  fill_freq_table(p, freq);
+  const int half = p.R / 2;
+  const int items = half + (p.copy_tail ? p.D - p.R : 0);  // pairs, then tail features
+  const int64_t per_token = heads_total(p);
+  const int64_t total = p.B * p.S * per_token * items;
+  for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < total;
+       idx += (int64_t)gridDim.x * blockDim.x) {
+    const int k = static_cast<int>(idx % items);
+    const int64_t rest = idx / items;
+    const int64_t hh = rest % per_token, tok = rest / per_token;
+    const int64_t b = tok / p.S, s = tok - b * p.S;
+    const RowOffsets o = row_offsets(p, 1, b, s, hh);
+    if (k >= half) {
+      copy_feature<T>(p.t[o.t], o, p.R + (k - half));
+      continue;
+    }
+    float sn, cs;
+    pair_sincos(p, position_of(p, b, s), k, freq[k], &sn, &cs);
+    rotate_pair<T>(p, p.t[o.t], o, k, sn, cs);
+  }
+}
+
+// ---------------------------------------------------------------- 3. fp32x4
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+// Launch shape: blockDim.x threads walk the chunks of a row (a chunk = 16 bytes of
+// one half, or of the tail), blockDim.y rows; blockIdx.x walks token groups,
+// blockIdx.y splits a group's rows when there are few tokens (decode) to fill the SMs.
+constexpr int kRowsInFlight = 4;  // rows loaded before the first use: hides DRAM latency
+
+template <typename T, bool kInterleaved>
+__global__ void rope_fp32x4_kernel(const RopeParams p) {
+  constexpr int V = 16 / sizeof(T);           // elements per 16-byte access
+  constexpr int P = kInterleaved ? V / 2 : V;  // pairs per chunk
+  using VecT = Vec<T, V>;
+  using A = acc_t<T>;
+  extern __shared__ float freq[];
+  fill_freq_table(p, freq);
+
+  const int rot_chunks = kInterleaved ? p.R / V : p.R / 2 / V;
+  const int chunks = rot_chunks + (p.copy_tail ? (p.D - p.R) / V : 0);
+  const int64_t NB = batches_per_group(p);
+  const int64_t rows = rows_per_group(p);
+  const int64_t groups = num_groups(p);
+  const int64_t row_step = (int64_t)gridDim.y * blockDim.y;
+
+  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+    int64_t b0, s;
+    group_token(p, g, &b0, &s);
+    const int64_t pos = position_of(p, b0, s);
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+      const bool rot = c < rot_chunks;
+      // sin/cos of this chunk's P pairs, once for all rows of the group.
+      float sn[P], cs[P];
+      if (rot) {
+#pragma unroll
+        for (int j = 0; j < P; ++j) pair_sincos(p, pos, c * P + j, freq[c * P + j], &sn[j], &cs[j]);
+      }
+      // Feature offsets of the chunk: neox reads [cV, cV+V) and [R/2 + cV, ...);
+      // interleaved reads [cV, cV+V) holding P (even, odd) pairs; a tail chunk copies.
+      const int64_t d0 = rot ? (int64_t)c * V : p.R + (int64_t)(c - rot_chunks) * V;
+      const int64_t d1 = d0 + p.R / 2;
+      for (int64_t r0 = blockIdx.y * (int64_t)blockDim.y + threadIdx.y; r0 < rows;
+           r0 += kRowsInFlight * row_step) {
+        VecT a[kRowsInFlight], bv[kRowsInFlight];
+        RowOffsets o[kRowsInFlight];
+#pragma unroll
+        for (int u = 0; u < kRowsInFlight; ++u) {
+          const int64_t r = r0 + u * row_step;
+          if (r >= rows) break;
+          o[u] = row_offsets(p, NB, b0, s, r);
+          const T* in = static_cast<const T*>(p.t[o[u].t].in) + o[u].in;
+          a[u] = *reinterpret_cast<const VecT*>(in + d0);
+          if (!kInterleaved && rot) bv[u] = *reinterpret_cast<const VecT*>(in + d1);
+        }
+#pragma unroll
+        for (int u = 0; u < kRowsInFlight; ++u) {
+          const int64_t r = r0 + u * row_step;
+          if (r >= rows) break;
+          T* out = static_cast<T*>(p.t[o[u].t].out) + o[u].out;
+          if (!rot) {
+            *reinterpret_cast<VecT*>(out + d0) = a[u];
+            continue;
+          }
+          VecT ra, rb;
+          if (kInterleaved) {
+#pragma unroll
+            for (int j = 0; j < P; ++j) {
+              const A x0 = static_cast<A>(a[u].v[2 * j]);
+              const A x1 = static_cast<A>(a[u].v[2 * j + 1]);
+              ra.v[2 * j] = static_cast<T>(x0 * cs[j] - x1 * sn[j]);
+              ra.v[2 * j + 1] = static_cast<T>(x1 * cs[j] + x0 * sn[j]);
+            }
+            *reinterpret_cast<VecT*>(out + d0) = ra;
+          } else {
+#pragma unroll
+            for (int j = 0; j < P; ++j) {
+              const A x0 = static_cast<A>(a[u].v[j]);
+              const A x1 = static_cast<A>(bv[u].v[j]);
+              ra.v[j] = static_cast<T>(x0 * cs[j] - x1 * sn[j]);
+              rb.v[j] = static_cast<T>(x1 * cs[j] + x0 * sn[j]);
+            }
+            *reinterpret_cast<VecT*>(out + d0) = ra;
+            *reinterpret_cast<VecT*>(out + d1) = rb;
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace cuda
+}  // namespace rope_ext

@@ -1,0 +1,31 @@
+// The variant names and the backend entry points (the op layer calls these).
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+#include "rope_params.h"
+
+namespace rope_ext {
+
+// Kernel variants, in the order of csrc/cuda/variants.cuh. "auto" picks the fastest
+// eligible one. rope_ext.IMPLS is read from kImplNames, so a variant added here is
+// tested and benchmarked without editing the tests or the bench.
+enum class Impl : int { kNaive = 0, kFp32 = 1, kFp32x4 = 2, kAuto = 3 };
+inline const std::vector<std::string>& impl_names() {
+  static const std::vector<std::string> names = {"naive", "fp32", "fp32x4"};
+  return names;
+}
+
+// Whether variant 3 (16-byte vectors) can run on these tensors: unit feature
+// stride, 16-byte aligned rows and chunks. Shared by the CUDA selector and the error
+// message of an explicit impl="fp32x4".
+bool vector_eligible(const RopeParams& p, int64_t elem_size, std::string* why);
+
+void run_cpu(const RopeParams& p, Impl impl, at::ScalarType dtype);
+#ifdef ROPE_EXT_WITH_CUDA
+void run_cuda(const RopeParams& p, Impl impl, at::ScalarType dtype, c10::Device device);
+#endif
+
+}  // namespace rope_ext

@@ -1,0 +1,167 @@
+// Host/device helpers shared by every implementation: the CUDA variants and the
+// CPU path call these, so the index rules and the arithmetic exist once.
+#pragma once
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "rope_params.h"
+
+#if defined(__CUDACC__)
+#define ROPE_HD __host__ __device__ __forceinline__
+#else
+#define ROPE_HD inline
+#endif
+
+namespace rope_ext {
+
+// Arithmetic type: fp32 for fp32/fp16/bf16 (one rounding, at the store); double for
+// float64 inputs, so that gradcheck sees an exactly linear function of x.
+template <typename T>
+using acc_t = typename std::conditional<std::is_same<T, double>::value, double, float>::type;
+
+ROPE_HD int64_t load_index(const IndexArray& a, int64_t elem_offset) {
+  return a.is64 ? static_cast<const int64_t*>(a.ptr)[elem_offset]
+                : static_cast<int64_t>(static_cast<const int32_t*>(a.ptr)[elem_offset]);
+}
+
+ROPE_HD float load_float(const void* ptr, DType dt, int64_t off) {
+  switch (dt) {
+    case DType::kFloat16: return static_cast<float>(static_cast<const c10::Half*>(ptr)[off]);
+    case DType::kBFloat16: return static_cast<float>(static_cast<const c10::BFloat16*>(ptr)[off]);
+    default: return static_cast<const float*>(ptr)[off];
+  }
+}
+
+// The sequence holding packed token t: the last n with cu_seqlens[n] <= t.
+// Clamped to [0, num_seqs), so malformed cu_seqlens can never index out of bounds.
+ROPE_HD int64_t seq_of_token(const RopeParams& p, int64_t t) {
+  int64_t lo = 0, hi = p.num_seqs - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) >> 1;
+    if (load_index(p.cu_seqlens, mid * p.cu_seqlens.stride) <= t) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+ROPE_HD int64_t position_of(const RopeParams& p, int64_t b, int64_t s) {
+  if (p.positions.ptr) return load_index(p.positions, b * p.pos_stride_b + s * p.positions.stride);
+  if (p.cu_seqlens.ptr) {
+    const int64_t n = seq_of_token(p, s);
+    const int64_t start = load_index(p.cu_seqlens, n * p.cu_seqlens.stride);
+    return s - start + (p.offsets.ptr ? load_index(p.offsets, n * p.offsets.stride) : p.offset);
+  }
+  return s + (p.offsets.ptr ? load_index(p.offsets, b * p.offsets.stride) : p.offset);
+}
+
+// inv_freq[i] = fp32(base^(-2i/R)) evaluated in double: the same definition as
+// rope_ext.inv_freq() and the float64 reference, so angles agree to the last bit.
+ROPE_HD float base_inv_freq(double base, int i, int R) {
+  return static_cast<float>(::pow(base, -static_cast<double>(2 * i) / static_cast<double>(R)));
+}
+
+ROPE_HD float inv_freq_of(const RopeParams& p, int i) {
+  if (p.freq == FreqSource::kInvFreq) return p.inv_freq[i * p.inv_freq_stride];
+  if (p.freq == FreqSource::kBase) return base_inv_freq(p.base, i, p.R);
+  return 0.f;  // cos/sin cache: no frequency needed
+}
+
+// sin/cos of the angle pos * f, accurate at any position.
+// The fp32 product pos * f is off by up to ulp(pos * f) (~1 rad at pos = 2^24), and
+// fast-math __sinf/__cosf lose accuracy on large arguments. So: the product in double
+// (exact for |pos| < 2^29), reduced mod 2*pi with a two-part constant, then the
+// accurate (non-fast-math) sincosf on |r| <= pi. Angle error ~1e-7 rad, flat in pos.
+ROPE_HD void angle_sincos(int64_t pos, float f, float* s, float* c) {
+  const double a = static_cast<double>(pos) * static_cast<double>(f);
+  const double k = ::rint(a * 0.15915494309189535);  // 1 / (2 pi)
+  double r = ::fma(-k, 6.283185307179586, a);         // 2 pi, high part
+  r = ::fma(-k, 2.4492935982947064e-16, r);           // 2 pi, low part
+  const float rf = static_cast<float>(r);
+#if defined(__CUDA_ARCH__)
+  ::sincosf(rf, s, c);
+#else
+  *s = std::sin(rf);
+  *c = std::cos(rf);
+#endif
+}
+
+// sin/cos for pair i of a token at `pos`, sin already carrying the direction sign.
+// A cache position outside [0, cache_rows) gives NaN (visible) instead of a read
+// out of bounds; the host rejects such positions where it can check them for free.
+ROPE_HD void pair_sincos(const RopeParams& p, int64_t pos, int i, float f, float* s, float* c) {
+  if (p.freq == FreqSource::kCosSinCache) {
+    if (pos < 0 || pos >= p.cache_rows) {
+      *s = *c = std::numeric_limits<float>::quiet_NaN();
+      return;
+    }
+    const int64_t row = pos * p.cache_stride_row;
+    *c = load_float(p.cache, p.cache_dtype, row + i * p.cache_stride_col);
+    *s = load_float(p.cache, p.cache_dtype, row + (i + p.R / 2) * p.cache_stride_col);
+  } else {
+    angle_sincos(pos, f, s, c);
+  }
+  *s *= p.sign;
+}
+
+// Feature indices of pair i: neox (i, i + R/2), GPT-J (2i, 2i + 1).
+ROPE_HD void pair_dims(const RopeParams& p, int i, int* d0, int* d1) {
+  *d0 = p.interleaved ? 2 * i : i;
+  *d1 = p.interleaved ? 2 * i + 1 : i + p.R / 2;
+}
+
+// A token group is a token (b, s), or, when positions do not depend on b, the
+// column s of all B sequences: sin/cos are then computed once for the batch.
+ROPE_HD int64_t num_groups(const RopeParams& p) { return p.pos_shared_b ? p.S : p.B * p.S; }
+ROPE_HD int64_t batches_per_group(const RopeParams& p) { return p.pos_shared_b ? p.B : 1; }
+ROPE_HD int64_t heads_total(const RopeParams& p) {
+  return p.num_tensors > 1 ? p.t[0].H + p.t[1].H : p.t[0].H;
+}
+ROPE_HD int64_t rows_per_group(const RopeParams& p) { return batches_per_group(p) * heads_total(p); }
+
+ROPE_HD void group_token(const RopeParams& p, int64_t g, int64_t* b0, int64_t* s) {
+  if (p.pos_shared_b) { *b0 = 0; *s = g; }
+  else { *b0 = g / p.S; *s = g - (*b0) * p.S; }
+}
+
+// Row r of a group of NB batches: tensor t (q rows first, then k), batch b0 + bb,
+// head h. Returns the element offsets of the row's first feature in input and output.
+struct RowOffsets { int t; int64_t in, out; };
+ROPE_HD RowOffsets row_offsets(const RopeParams& p, int64_t NB, int64_t b0, int64_t s, int64_t r) {
+  int t = 0;
+  if (p.num_tensors > 1 && r >= NB * p.t[0].H) { r -= NB * p.t[0].H; t = 1; }
+  const TensorView& v = p.t[t];
+  const int64_t bb = r / v.H, h = r - bb * v.H, b = b0 + bb;
+  RowOffsets o;
+  o.t = t;
+  o.in = b * v.in_stride[0] + s * v.in_stride[1] + h * v.in_stride[2];
+  o.out = b * v.out_stride[0] + s * v.out_stride[1] + h * v.out_stride[2];
+  return o;
+}
+
+// Rotates pair i of one row (scalar loads; both elements are read before either is
+// written, which keeps the in-place op correct).
+template <typename T>
+ROPE_HD void rotate_pair(const RopeParams& p, const TensorView& v, const RowOffsets& o, int i,
+                         float s, float c) {
+  int d0, d1;
+  pair_dims(p, i, &d0, &d1);
+  const T* in = static_cast<const T*>(v.in);
+  T* out = static_cast<T*>(v.out);
+  using A = acc_t<T>;
+  const A x0 = static_cast<A>(in[o.in + d0 * v.in_stride[3]]);
+  const A x1 = static_cast<A>(in[o.in + d1 * v.in_stride[3]]);
+  out[o.out + d0 * v.out_stride[3]] = static_cast<T>(x0 * c - x1 * s);
+  out[o.out + d1 * v.out_stride[3]] = static_cast<T>(x1 * c + x0 * s);
+}
+
+template <typename T>
+ROPE_HD void copy_feature(const TensorView& v, const RowOffsets& o, int d) {
+  static_cast<T*>(v.out)[o.out + d * v.out_stride[3]] =
+      static_cast<const T*>(v.in)[o.in + d * v.in_stride[3]];
+}
+
+}  // namespace rope_ext

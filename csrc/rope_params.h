@@ -1,0 +1,75 @@
+// The contract between the op layer (rope_ops.cpp) and every implementation
+// (csrc/cuda/variants.cuh, csrc/cpu/rope_cpu.cpp).
+//
+// Every layout is reduced to a strided 4-D view [B, S, H, D] (bshd, sbhd and bhsd
+// are permutations; thd is [1, T, H, D]); strides are in elements and 64-bit, so
+// any view (a slice of a fused qkv projection, a transpose) is read in place.
+// Up to two tensors (q and k, possibly with different H and strides) share the
+// positions and the frequencies and are rotated in one launch.
+#pragma once
+#include <cstdint>
+
+namespace rope_ext {
+
+constexpr int kMaxTensors = 2;
+
+enum class FreqSource : int32_t {
+  kBase = 0,         // inv_freq[i] = fp32(base^(-2i/R)), computed on the device
+  kInvFreq = 1,      // fp32 tensor [R/2] (scaled variants: linear, NTK, yarn, llama3, ...)
+  kCosSinCache = 2,  // [rows, R]: cos in columns [0, R/2), sin in [R/2, R)
+};
+
+enum class DType : int32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+// An int32 or int64 vector in device (or host) memory.
+struct IndexArray {
+  const void* ptr = nullptr;
+  int64_t stride = 0;
+  bool is64 = true;
+};
+
+struct TensorView {
+  const void* in = nullptr;
+  void* out = nullptr;      // == in for the in-place ops
+  int64_t H = 0;            // heads of this tensor
+  int64_t in_stride[4] = {0, 0, 0, 0};   // b, s, h, d
+  int64_t out_stride[4] = {0, 0, 0, 0};
+};
+
+struct RopeParams {
+  TensorView t[kMaxTensors];
+  int num_tensors = 1;
+
+  int64_t B = 0, S = 0;     // batch, sequence (tokens = B * S)
+  int32_t D = 0;            // head dim
+  int32_t R = 0;            // rotary dim: even, <= D; features [R, D) pass through
+  bool interleaved = false; // false: neox pairs (i, i + R/2); true: GPT-J pairs (2i, 2i+1)
+  bool copy_tail = true;    // out of place: copy [R, D); in place: leave it untouched
+  float sign = 1.f;         // +1 forward, -1 backward (rotation by -theta)
+
+  // Position of token (b, s), first rule that applies:
+  //   positions given:  positions[b * pos_stride_b + s * pos.stride]
+  //   cu_seqlens given: s - cu_seqlens[n] + offsets[n]   (n: the sequence holding s; B == 1)
+  //   otherwise:        s + (offsets given ? offsets[b] : offset)
+  IndexArray positions;
+  int64_t pos_stride_b = 0;
+  IndexArray offsets;
+  int64_t offset = 0;
+  IndexArray cu_seqlens;
+  int64_t num_seqs = 0;     // cu_seqlens has num_seqs + 1 entries
+
+  FreqSource freq = FreqSource::kBase;
+  double base = 10000.0;
+  const float* inv_freq = nullptr;  // [R/2], stride inv_freq_stride
+  int64_t inv_freq_stride = 1;
+  const void* cache = nullptr;      // [cache_rows, R]
+  DType cache_dtype = DType::kFloat32;
+  int64_t cache_rows = 0;
+  int64_t cache_stride_row = 0, cache_stride_col = 0;
+
+  // True when a token's position does not depend on b (shared positions [S], or
+  // arange + scalar offset): the kernels then reuse sin/cos across the batch.
+  bool pos_shared_b = false;
+};
+
+}  // namespace rope_ext

@@ -1,0 +1,79 @@
+"""torch.compile and autograd support for the C++ ops (torch.ops.rope_ext.*).
+
+The ops are defined in C++ (csrc/rope_ops.cpp, TORCH_LIBRARY) so that an eager call
+costs one dispatcher hop; here they get their fake (meta) implementations and their
+backward: the rotation by -theta, i.e. the same op with `inverse` flipped. The backward
+needs only grad_out, never the saved input.
+"""
+import torch
+
+from . import _C  # noqa: F401  (loads the library: registers torch.ops.rope_ext)
+
+ops = torch.ops.rope_ext
+
+# Op argument order after the tensors to rotate (see the schemas in csrc/rope_ops.cpp).
+_N_OPTS = 11  # positions, offsets, cu_seqlens, inv_freq, cos_sin_cache, offset, base, rotary_dim, interleaved, inverse, impl
+_INVERSE = 9  # index of `inverse` in those options
+_IMPL = 10
+
+
+@torch.library.register_fake("rope_ext::rope")
+def _rope_fake(x, *opts):
+    return torch.empty_like(x)
+
+
+@torch.library.register_fake("rope_ext::rope_")
+def _rope_inplace_fake(x, *opts):
+    return None
+
+
+@torch.library.register_fake("rope_ext::rope_qk")
+def _rope_qk_fake(q, k, *opts):
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+@torch.library.register_fake("rope_ext::rope_qk_")
+def _rope_qk_inplace_fake(q, k, *opts):
+    return None
+
+
+def _save(ctx, opts):
+    tensors = opts[:5]
+    ctx.save_for_backward(*tensors)
+    ctx.scalars = opts[5:]
+
+
+def _backward_opts(ctx):
+    scalars = list(ctx.scalars)
+    scalars[_INVERSE - 5] = not scalars[_INVERSE - 5]
+    return (*ctx.saved_tensors, *scalars)
+
+
+def _grad_input(g, impl):
+    # An explicit variant runs on the gradient too; fp32x4 needs dense rows, and an
+    # autograd grad can be an expanded view (e.g. from .sum()).
+    return g if impl == "auto" else g.contiguous()
+
+
+def _rope_setup(ctx, inputs, output):
+    _save(ctx, inputs[1:])
+
+
+def _rope_backward(ctx, grad):
+    opts = _backward_opts(ctx)
+    return (ops.rope(_grad_input(grad, opts[_IMPL]), *opts),) + (None,) * _N_OPTS
+
+
+def _rope_qk_setup(ctx, inputs, output):
+    _save(ctx, inputs[2:])
+
+
+def _rope_qk_backward(ctx, gq, gk):
+    opts = _backward_opts(ctx)
+    impl = opts[_IMPL]
+    dq, dk = ops.rope_qk(_grad_input(gq, impl), _grad_input(gk, impl), *opts)
+    return (dq, dk) + (None,) * _N_OPTS
+
+
+torch.library.register_autograd("rope_ext::rope", _rope_backward, setup_context=_rope_setup)
+torch.library.register_autograd("rope_ext::rope_qk", _rope_qk_backward, setup_context=_rope_qk_setup)

@@ -1,0 +1,179 @@
+"""The public Python API: apply_rope, apply_rope_qk, rope.
+
+Each call maps its layout onto the kernels' strided [B, S, H, D] view (a permute or
+an unsqueeze: never a copy of x), checks the Python-level arguments, and calls one
+C++ op (csrc/rope_ops.cpp), which checks the rest and launches one kernel.
+"""
+import torch
+
+from . import _C
+from ._ops import ops
+
+#: Kernel variant names (csrc/cuda/variants.cuh); "auto" (the default) picks among them.
+IMPLS = tuple(_C.impl_names())
+#: bshd [B, S, H, D]; sbhd [S, B, H, D]; bhsd [B, H, S, D]; thd [T, H, D] (packed sequences).
+LAYOUTS = ("bshd", "sbhd", "bhsd", "thd")
+_PERM = {"bshd": None, "sbhd": (1, 0, 2, 3), "bhsd": (0, 2, 1, 3)}  # each its own inverse
+_DIMS = {"bshd": "[B, S, H, D]", "sbhd": "[S, B, H, D]", "bhsd": "[B, H, S, D]", "thd": "[T, H, D]"}
+
+
+class _DefaultBase(float):
+    """10000.0, but distinguishable from a base the caller passed on purpose."""
+
+    def __repr__(self):
+        return "10000.0"
+
+
+DEFAULT_BASE = _DefaultBase(10000.0)
+
+
+def _to_bshd(x, layout, name):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"rope_ext: {name} must be a torch.Tensor, got {type(x).__name__}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"rope_ext: layout must be one of {LAYOUTS}, got {layout!r}")
+    want = 3 if layout == "thd" else 4
+    if x.dim() != want:
+        raise ValueError(
+            f"rope_ext: layout={layout!r} needs {name} of rank {want} {_DIMS[layout]}, got shape {tuple(x.shape)}"
+        )
+    if layout == "thd":
+        return x.unsqueeze(0)
+    perm = _PERM[layout]
+    return x if perm is None else x.permute(perm)
+
+
+def _from_bshd(y, layout):
+    if layout == "thd":
+        return y.squeeze(0)
+    perm = _PERM[layout]
+    return y if perm is None else y.permute(perm)
+
+
+def _op_options(layout, positions, offsets, base, impl, cu_seqlens, rotary_dim, interleaved, inv_freq,
+                cos_sin_cache):
+    """The op's trailing arguments (schema order), after the Python-level checks."""
+    for name, t in (("positions", positions), ("cu_seqlens", cu_seqlens), ("inv_freq", inv_freq),
+                    ("cos_sin_cache", cos_sin_cache)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"rope_ext: {name} must be a torch.Tensor or None, got {type(t).__name__}")
+    if layout == "thd":
+        if positions is None and cu_seqlens is None:
+            raise ValueError("rope_ext: layout='thd' needs cu_seqlens (int32 [N+1]) or positions ([T])")
+    elif cu_seqlens is not None:
+        raise ValueError(f"rope_ext: cu_seqlens needs layout='thd', got layout={layout!r}")
+    offset, offsets_t = 0, None
+    if isinstance(offsets, torch.Tensor):
+        offsets_t = offsets
+    elif offsets is not None:
+        if isinstance(offsets, bool) or not isinstance(offsets, int):
+            raise TypeError(f"rope_ext: offsets must be an int or an int tensor [B], got {type(offsets).__name__}")
+        offset = offsets
+    if (inv_freq is not None or cos_sin_cache is not None) and base is not DEFAULT_BASE:
+        raise ValueError("rope_ext: give one frequency source: base, inv_freq or cos_sin_cache")
+    if isinstance(base, bool) or not isinstance(base, (int, float)):
+        raise TypeError(f"rope_ext: base must be a number, got {type(base).__name__}")
+    if not isinstance(impl, str):
+        raise TypeError(f"rope_ext: impl must be a str (one of 'auto', {', '.join(map(repr, IMPLS))}), got {type(impl).__name__}")
+    if rotary_dim is None:
+        rotary_dim = -1
+    elif isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int):
+        raise TypeError(f"rope_ext: rotary_dim must be an int or None, got {type(rotary_dim).__name__}")
+    elif rotary_dim <= 0:
+        raise ValueError(f"rope_ext: rotary_dim must be even and in (0, head_dim], got {rotary_dim}")
+    return [positions, offsets_t, cu_seqlens, inv_freq, cos_sin_cache, offset, float(base), rotary_dim,
+            bool(interleaved), False, impl]
+
+
+def _check_inplace(t, name):
+    if t.is_leaf and t.requires_grad:
+        raise RuntimeError(
+            f"rope_ext: inplace=True on {name}, a leaf tensor that requires grad, would overwrite a value "
+            "autograd needs; use inplace=False or rotate a non-leaf (e.g. the output of a projection)"
+        )
+
+
+class _InplaceRope(torch.autograd.Function):
+    """In-place rotation of tensors that need grad: backward = rotation by -theta."""
+
+    @staticmethod
+    def forward(ctx, opts, *xs):
+        (ops.rope_ if len(xs) == 1 else ops.rope_qk_)(*xs, *opts)
+        ctx.mark_dirty(*xs)
+        ctx.opts = opts
+        return xs if len(xs) > 1 else xs[0]
+
+    @staticmethod
+    def backward(ctx, *grads):
+        opts = list(ctx.opts)
+        opts[9] = not opts[9]
+        if opts[10] != "auto":
+            grads = [g.contiguous() for g in grads]
+        outs = ops.rope(grads[0], *opts) if len(grads) == 1 else ops.rope_qk(*grads, *opts)
+        return (None, outs) if len(grads) == 1 else (None, *outs)
+
+
+def _run(xs, layout, opts, inplace):
+    x4 = [_to_bshd(x, layout, name) for x, name in zip(xs, ("x", "k") if len(xs) == 1 else ("q", "k"))]
+    if not inplace:
+        out = ops.rope(*x4, *opts) if len(x4) == 1 else ops.rope_qk(*x4, *opts)
+        out = (out,) if len(x4) == 1 else out
+        return tuple(_from_bshd(o, layout) for o in out)
+    for x, name in zip(xs, ("x", "k")):
+        _check_inplace(x, name)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
+        _InplaceRope.apply(opts, *x4)
+    else:
+        (ops.rope_ if len(x4) == 1 else ops.rope_qk_)(*x4, *opts)
+    return tuple(xs)
+
+
+def apply_rope(x, positions=None, *, layout="bshd", offsets=None, base=DEFAULT_BASE, impl="auto",
+               cu_seqlens=None, rotary_dim=None, interleaved=False, inv_freq=None, cos_sin_cache=None,
+               inplace=False):
+    """Rotary position embedding of x; returns a new tensor of x's shape and dtype.
+
+    x: [B, S, H, D] (layout="bshd"), [S, B, H, D] ("sbhd"), [B, H, S, D] ("bhsd") or
+       [T, H, D] ("thd", packed sequences), float32/float16/bfloat16 (float64 too), any strides.
+    positions: int32/int64 [B, S] or [S] ([T] for thd). Default: arange(S) + offsets,
+       or for thd with cu_seqlens the index inside each sequence + offsets.
+    offsets: int, or int tensor [B] ([N] with cu_seqlens): position of each sequence's first token.
+    base: inv_freq[i] = base^(-2i/R), computed on the device (default 10000.0).
+    inv_freq: fp32 [R/2] frequencies (scaled RoPE variants; see rope_ext.inv_freq).
+    cos_sin_cache: [max_pos, R] table, cos in columns [0, R/2), sin in [R/2, R).
+    rotary_dim: R, even, <= D (default D); features [R, D) pass through unchanged.
+    interleaved: False = neox pairs (i, i + R/2); True = GPT-J pairs (2i, 2i+1).
+    inplace: write into x and return x (no allocation).
+    impl: "auto" or a name in rope_ext.IMPLS.
+    Differentiable with respect to x.
+    """
+    opts = _op_options(layout, positions, offsets, base, impl, cu_seqlens, rotary_dim, interleaved, inv_freq,
+                       cos_sin_cache)
+    return _run((x,), layout, opts, inplace)[0]
+
+
+def apply_rope_qk(q, k, positions=None, *, layout="bshd", offsets=None, base=DEFAULT_BASE, impl="auto",
+                  cu_seqlens=None, rotary_dim=None, interleaved=False, inv_freq=None, cos_sin_cache=None,
+                  inplace=False):
+    """apply_rope of q and k in ONE kernel launch (sin/cos shared); returns (q_out, k_out).
+
+    q and k may have different head counts (GQA/MQA) and different strides; every other
+    dimension, the dtype and the device must match. Same keywords as apply_rope.
+    """
+    opts = _op_options(layout, positions, offsets, base, impl, cu_seqlens, rotary_dim, interleaved, inv_freq,
+                       cos_sin_cache)
+    return _run((q, k), layout, opts, inplace)
+
+
+def rope(x, impl="auto", base=DEFAULT_BASE):
+    """The single-call form: x [..., S, D] (e.g. [S, D], one head of one sequence),
+    position = index along S, neox pairing. Returns a new tensor like x."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"rope_ext: x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() < 2:
+        raise ValueError(f"rope_ext: rope() needs x of rank >= 2 [..., S, D], got shape {tuple(x.shape)}")
+    S, D = x.shape[-2], x.shape[-1]
+    x4 = x.unsqueeze(-2)  # [..., S, 1, D]
+    x4 = x4.unsqueeze(0) if x.dim() == 2 else x4.reshape(-1, S, 1, D) if x.dim() > 3 else x4
+    opts = _op_options("bshd", None, None, base, impl, None, None, False, None, None)
+    return ops.rope(x4, *opts).reshape(x.shape)

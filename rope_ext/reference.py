@@ -1,0 +1,132 @@
+"""Pure-PyTorch references, taking the same arguments as rope_ext.apply_rope.
+
+rope_naive    recomputes inv_freq, cos and sin on every call (the HF-style eager
+              formula: fp32 frequencies and fp32 angles, fp32 math, cast back).
+rope_cached   gathers cos/sin rows from a precomputed fp32 table (the vLLM / HF
+              cache style); the table is built once per (R, frequencies, device).
+rope_float64  the ground truth: float64 everywhere, the angle pos * inv_freq exact
+              from the fp32 inverse frequencies the kernels use (rope_ext.inv_freq).
+
+These are written independently of the kernels' index code (layouts, positions,
+pairing are spelled out here again) so that a shared mistake cannot hide.
+"""
+import torch
+
+from .frequencies import inv_freq as _canonical_inv_freq
+
+_TO_BSHD = {"bshd": (0, 1, 2, 3), "sbhd": (1, 0, 2, 3), "bhsd": (0, 2, 1, 3)}
+
+
+def _as_bshd(x, layout):
+    if layout == "thd":
+        return x[None]
+    if layout not in _TO_BSHD:
+        raise ValueError(f"unknown layout {layout!r}")
+    return x.permute(_TO_BSHD[layout])
+
+
+def _from_bshd(y, layout):
+    return y[0] if layout == "thd" else y.permute(_TO_BSHD[layout])  # the permutations are involutions
+
+
+def positions_bs(B, S, positions=None, offsets=None, cu_seqlens=None, device=None):
+    """int64 [B, S] position of every token, by the rules of apply_rope."""
+    if positions is not None:
+        p = positions.to(device=device, dtype=torch.int64)
+        return p.expand(B, S) if p.dim() == 1 else p.expand(B, S)
+    idx = torch.arange(S, device=device, dtype=torch.int64)
+    if cu_seqlens is not None:
+        cu = cu_seqlens.to(device=device, dtype=torch.int64)
+        seq = torch.searchsorted(cu[1:], idx, right=True).clamp(max=cu.numel() - 2)
+        start = offsets.to(device=device, dtype=torch.int64)[seq] if isinstance(offsets, torch.Tensor) else (offsets or 0)
+        return (idx - cu[seq] + start)[None]
+    if isinstance(offsets, torch.Tensor):
+        return idx[None] + offsets.to(device=device, dtype=torch.int64)[:, None]
+    return (idx + (offsets or 0))[None].expand(B, S)
+
+
+def _rotate(x, cos, sin, R, interleaved):
+    """x [B, S, H, D] (compute dtype), cos/sin [B, S, R/2] -> rotated x."""
+    xr, tail = x[..., :R], x[..., R:]
+    if interleaved:
+        x0, x1 = xr[..., 0::2], xr[..., 1::2]
+    else:
+        x0, x1 = xr[..., : R // 2], xr[..., R // 2:]
+    c, s = cos[:, :, None, :], sin[:, :, None, :]
+    o0, o1 = x0 * c - x1 * s, x1 * c + x0 * s
+    rot = torch.stack([o0, o1], dim=-1).flatten(-2) if interleaved else torch.cat([o0, o1], dim=-1)
+    return torch.cat([rot, tail], dim=-1)
+
+
+def _reference(x, positions, layout, offsets, base, cu_seqlens, rotary_dim, interleaved, inv_freq, cos_sin_cache,
+               inplace, mode, inverse=False):
+    x4 = _as_bshd(x, layout)
+    B, S, H, D = x4.shape
+    R = D if rotary_dim is None else rotary_dim
+    pos = positions_bs(B, S, positions, offsets, cu_seqlens, x.device)
+    ct = torch.float64 if mode == "float64" else torch.float32
+    if cos_sin_cache is not None:
+        table = cos_sin_cache.to(ct)
+        cos, sin = table[pos, : R // 2], table[pos, R // 2:]
+    elif mode == "float64":
+        f = (inv_freq if inv_freq is not None else _canonical_inv_freq(R, float(base))).to(x.device, torch.float64)
+        ang = pos.to(torch.float64)[..., None] * f  # exact: pos < 2^29, f has 24 bits
+        cos, sin = ang.cos(), ang.sin()
+    elif mode == "cached":
+        table = cos_sin_table(R, base, int(pos.max()) + 1 if pos.numel() else 1, x.device, inv_freq)
+        cos, sin = table[pos, : R // 2], table[pos, R // 2:]
+    else:  # naive: HF-style fp32 frequencies and angles, recomputed every call
+        f = inv_freq if inv_freq is not None else 1.0 / (base ** (torch.arange(0, R, 2, device=x.device).float() / R))
+        ang = pos.float()[..., None] * f.to(x.device, torch.float32)
+        cos, sin = ang.cos(), ang.sin()
+    if inverse:
+        sin = -sin
+    out = _from_bshd(_rotate(x4.to(ct), cos, sin, R, interleaved), layout)
+    if mode == "float64":
+        return out
+    out = out.to(x.dtype)
+    if inplace:
+        return x.copy_(out)
+    return out
+
+
+_TABLES = {}
+
+
+def cos_sin_table(rotary_dim, base=10000.0, max_position=4096, device="cpu", inv_freq=None):
+    """fp32 [max_position, R] table, cos in the first R/2 columns, sin in the rest (the
+    vLLM / FlashInfer convention, also accepted by apply_rope as cos_sin_cache).
+    Built from fp32 angles, as HF and vLLM do; cached and grown as needed."""
+    key = (rotary_dim, float(base), str(device), None if inv_freq is None else tuple(inv_freq.tolist()))
+    t = _TABLES.get(key)
+    if t is None or t.shape[0] < max_position:
+        n = max(max_position, 1 if t is None else 2 * t.shape[0])
+        f = inv_freq if inv_freq is not None else 1.0 / (base ** (torch.arange(0, rotary_dim, 2, device=device).float() / rotary_dim))
+        ang = torch.arange(n, device=device, dtype=torch.float32)[:, None] * f.to(device, torch.float32)
+        t = torch.cat([ang.cos(), ang.sin()], dim=-1)
+        _TABLES[key] = t
+    return t
+
+
+def _make(mode, doc):
+    def ref(x, positions=None, *, layout="bshd", offsets=None, base=10000.0, impl=None, cu_seqlens=None,
+            rotary_dim=None, interleaved=False, inv_freq=None, cos_sin_cache=None, inplace=False, inverse=False):
+        return _reference(x, positions, layout, offsets, base, cu_seqlens, rotary_dim, interleaved, inv_freq,
+                          cos_sin_cache, inplace, mode, inverse)
+
+    ref.__name__ = f"rope_{mode}"
+    ref.__doc__ = doc + "\n\nSame arguments as rope_ext.apply_rope (impl is ignored); inverse=True rotates by -theta."
+    return ref
+
+
+rope_naive = _make("naive", "Reference: cos/sin recomputed every call, fp32 math, returns x's dtype.")
+rope_cached = _make("cached", "Reference: cos/sin gathered from a precomputed fp32 table, returns x's dtype.")
+rope_float64 = _make("float64", "Ground truth in float64 (returns float64; inplace is ignored).")
+
+
+def apply_cos_sin(x, cos, sin):
+    """The cached formula on [..., S, D] x with cos/sin [S, D] (HF's rotate_half form):
+    x * cos + rotate_half(x) * sin. Used by the bench as the torch.compile baseline."""
+    half = x.shape[-1] // 2
+    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rot * sin

@@ -1,0 +1,108 @@
+"""Every variant x dtype x layout x memory view, forward and backward, against the
+float64 truth and both PyTorch references. CPU always; CUDA where there is a GPU."""
+import pytest
+import torch
+
+import rope_ext
+from rope_ext import reference as ref
+from conftest import IMPLS, DTYPES, assert_close_f64, assert_close_ref, make_view, randn, vector_ok
+
+B, S, H, D = 2, 37, 3, 64
+CU = [0, 5, 30, 74]  # thd: three packed sequences, T = B * S = 74
+
+
+def shape_of(layout):
+    return {"bshd": (B, S, H, D), "sbhd": (S, B, H, D), "bhsd": (B, H, S, D), "thd": (B * S, H, D)}[layout]
+
+
+def layout_kwargs(layout, device):
+    if layout == "thd":
+        return {"layout": "thd", "cu_seqlens": torch.tensor(CU, dtype=torch.int32, device=device)}
+    return {"layout": layout}
+
+
+def check_fwd_bwd(x, impl, **kw):
+    """apply_rope(x) against float64 and the references; then its gradient."""
+    scale = x.abs().max().item()
+    x_before = x.clone()
+    if impl == "fp32x4" and not vector_ok(x, kw.get("rotary_dim"), kw.get("interleaved", False)):
+        with pytest.raises(ValueError, match="fp32x4"):
+            rope_ext.apply_rope(x, impl=impl, **kw)
+        return
+    out = rope_ext.apply_rope(x, impl=impl, **kw)
+    assert out.dtype == x.dtype and out.shape == x.shape
+    assert torch.equal(x, x_before), "input was modified"
+    assert_close_f64(out, ref.rope_float64(x, **kw), scale, "forward vs float64")
+    assert_close_ref(out, ref.rope_naive(x, **kw), scale, "forward vs rope_naive")
+    assert_close_ref(out, ref.rope_cached(x, **kw), scale, "forward vs rope_cached")
+    # Backward: grad_x = R(-theta) grad_out.
+    xl = x.detach().requires_grad_()
+    g = randn(out.shape, x.dtype, x.device)
+    rope_ext.apply_rope(xl, impl=impl, **kw).backward(g)
+    assert_close_f64(xl.grad, ref.rope_float64(g, inverse=True, **kw), g.abs().max().item(), "backward vs float64")
+
+
+@pytest.mark.parametrize("view", ["contiguous", "slice", "transposed"])
+@pytest.mark.parametrize("layout", rope_ext.LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_variant_dtype_layout_view(device, impl, dtype, layout, view):
+    x = make_view(shape_of(layout), dtype, device, view)
+    check_fwd_bwd(x, impl, **layout_kwargs(layout, device))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_float64_input(device, impl):
+    x = randn((B, S, H, D), torch.float64, device)
+    check_fwd_bwd(x, impl)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_long_positions_fp32(device, impl):
+    """In-kernel sin/cos stay accurate far out: positions up to 2^24, fp32 within
+    2e-6 * max|x| of float64 (an fp32 angle would be off by up to ~1 rad here)."""
+    x = randn((2, 64, 2, 128), torch.float32, device)
+    pos = torch.randint(0, 2**24, (2, 64), device=device)
+    pos[0, :4] = torch.tensor([2**20, 2**24 - 1, 10**6, 131071])
+    out = rope_ext.apply_rope(x, pos, impl=impl)
+    assert_close_f64(out, ref.rope_float64(x, pos), x.abs().max().item(), "long positions")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_seed_rope_single_call(device, impl):
+    """rope(x): x [..., S, D], position = index along S."""
+    for shape in [(96, 64), (4, 96, 128), (2, 3, 40, 32)]:
+        x = randn(shape, torch.float32, device)
+        out = rope_ext.rope(x, impl=impl)
+        x4 = x.reshape(-1, shape[-2], 1, shape[-1])
+        assert_close_f64(out, ref.rope_float64(x4).reshape(shape), x.abs().max().item(), f"rope {shape}")
+
+
+def test_layouts_agree(device):
+    """The same tokens in every layout give the same rotated values."""
+    x = randn((B, S, H, D), torch.bfloat16, device)
+    base = rope_ext.apply_rope(x)
+    assert torch.equal(rope_ext.apply_rope(x.transpose(0, 1).contiguous(), layout="sbhd").transpose(0, 1), base)
+    assert torch.equal(rope_ext.apply_rope(x.transpose(1, 2).contiguous(), layout="bhsd").transpose(1, 2), base)
+
+
+def test_deterministic(device):
+    x = randn((B, S, H, D), torch.bfloat16, device)
+    pos = torch.randint(0, 100000, (B, S), device=device)
+    for impl in IMPLS:
+        a = rope_ext.apply_rope(x, pos, impl=impl)
+        assert torch.equal(a, rope_ext.apply_rope(x, pos, impl=impl)), impl
+
+
+def test_nonfinite_propagate_locally(device):
+    """NaN/Inf in x reach only the outputs that read them (the element and its partner)."""
+    x = randn((1, 4, 2, 16), torch.float32, device)
+    x[0, 1, 0, 3] = float("nan")
+    x[0, 2, 1, 12] = float("inf")
+    for impl in IMPLS:
+        out = rope_ext.apply_rope(x, impl=impl)
+        bad = ~torch.isfinite(out)
+        expect = torch.zeros_like(bad)
+        expect[0, 1, 0, [3, 11]] = True
+        expect[0, 2, 1, [4, 12]] = True
+        assert torch.equal(bad, expect), impl
