@@ -1,0 +1,90 @@
+"""The torch op layer: opcheck on every op, autograd gradcheck (float64, CPU),
+torch.compile(fullgraph=True) with no graph break, matching eager."""
+import pytest
+import torch
+
+import rope_ext
+from rope_ext import reference as ref
+from conftest import assert_close_f64, randn
+
+OPS = torch.ops.rope_ext
+
+
+def opts(positions=None, offsets=None, cu_seqlens=None, inv_freq=None, cache=None, offset=0, base=10000.0,
+         rotary_dim=-1, interleaved=False, inverse=False, impl="auto"):
+    return (positions, offsets, cu_seqlens, inv_freq, cache, offset, base, rotary_dim, interleaved, inverse, impl)
+
+
+def samples(device):
+    x = randn((2, 8, 3, 32), torch.float32, device)
+    k = randn((2, 8, 1, 32), torch.float32, device)
+    pos = torch.randint(0, 1000, (2, 8), device=device)
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32, device=device)
+    return [
+        ("rope", (x, *opts())),
+        ("rope", (x, *opts(positions=pos, rotary_dim=16, interleaved=True))),
+        ("rope", (x[:1].transpose(0, 1).contiguous().transpose(0, 1), *opts(cu_seqlens=cu, offsets=torch.tensor([2, 5], device=device)))),
+        ("rope", (x, *opts(inv_freq=rope_ext.inv_freq(32, 500.0, device=device), inverse=True))),
+        ("rope", (x, *opts(cache=ref.cos_sin_table(32, 10000.0, 1000, device), positions=pos))),
+        ("rope_", (x.clone(), *opts(positions=pos))),
+        ("rope_qk", (x, k, *opts(positions=pos))),
+        ("rope_qk_", (x.clone(), k.clone(), *opts(offset=7))),
+    ]
+
+
+@pytest.mark.parametrize("i", range(8))
+def test_opcheck(device, i):
+    name, args = samples(device)[i]
+    if name in ("rope", "rope_qk"):
+        args = (args[0].detach().requires_grad_(),) + args[1:] if name == "rope" else \
+            (args[0].detach().requires_grad_(), args[1].detach().requires_grad_()) + args[2:]
+    torch.library.opcheck(getattr(OPS, name).default, args)
+
+
+def test_gradcheck_float64_cpu():
+    x = torch.randn(2, 5, 2, 8, dtype=torch.float64, requires_grad=True)
+    pos = torch.randint(0, 50, (2, 5))
+    for kw in [{}, dict(positions=pos, rotary_dim=4), dict(interleaved=True, offsets=3), dict(layout="sbhd")]:
+        assert torch.autograd.gradcheck(lambda t: rope_ext.apply_rope(t, **kw), (x,))
+    k = torch.randn(2, 5, 1, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: rope_ext.apply_rope_qk(a, b, pos), (x, k))
+
+
+def _check_compiled(fn, *args, backend="aot_eager"):
+    torch._dynamo.reset()
+    eager = fn(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+    compiled = torch.compile(fn, fullgraph=True, backend=backend)(
+        *[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+    eager = eager if isinstance(eager, tuple) else (eager,)
+    compiled = compiled if isinstance(compiled, tuple) else (compiled,)
+    for e, c in zip(eager, compiled):
+        assert torch.equal(e, c)
+
+
+def test_compile_fullgraph(device):
+    x = randn((2, 16, 4, 64), torch.bfloat16, device)
+    k = randn((2, 16, 2, 64), torch.bfloat16, device)
+    pos = torch.randint(0, 4096, (2, 16), device=device)
+    t = randn((32, 4, 64), torch.bfloat16, device)
+    cu = torch.tensor([0, 10, 32], dtype=torch.int32, device=device)
+    _check_compiled(lambda a, p: rope_ext.apply_rope(a, p) * 2, x, pos, backend="inductor")
+    _check_compiled(lambda a, b, p: rope_ext.apply_rope_qk(a, b, p, interleaved=True), x, k, pos)
+    _check_compiled(lambda a, c: rope_ext.apply_rope(a, layout="thd", cu_seqlens=c, rotary_dim=32), t, cu)
+
+    def inplace(a, b, p):
+        a = a + 0  # a non-leaf of the graph, rotated in place
+        rope_ext.apply_rope_qk(a, b, p, inplace=True)
+        return a, b
+    _check_compiled(inplace, x, k, pos)
+
+
+def test_compile_backward(device):
+    """The compiled forward's backward (AOT autograd) is the rotation by -theta."""
+    x = randn((2, 16, 4, 64), torch.float32, device)
+    pos = torch.randint(0, 4096, (2, 16), device=device)
+    g = randn(x.shape, x.dtype, device)
+    torch._dynamo.reset()
+    f = torch.compile(lambda a, p: rope_ext.apply_rope(a, p), fullgraph=True, backend="aot_eager")
+    xl = x.clone().requires_grad_()
+    f(xl, pos).backward(g)
+    assert_close_f64(xl.grad, ref.rope_float64(g, pos, inverse=True), g.abs().max().item(), "compiled backward")
