@@ -24,22 +24,39 @@
 namespace rope_ext {
 namespace {
 
-std::string shape_str(const at::Tensor& t) {
-  std::ostringstream os;
-  os << t.sizes();
-  return os.str();
+// Error messages are assembled here with std::to_string and passed to TORCH_CHECK as
+// one string: c10::str's ostringstream formatting of numbers was seen to segfault
+// inside this extension on one PyTorch image (torch 2.11 on the H100 box), while a
+// single-string message is passed through without a stream.
+inline std::string fmt_one(const std::string& s) { return s; }
+inline std::string fmt_one(const char* s) { return s; }
+template <typename T, typename std::enable_if<std::is_arithmetic<T>::value, int>::type = 0>
+std::string fmt_one(T v) { return std::to_string(v); }
+inline std::string fmt_one(at::ScalarType t) { return c10::toString(t); }
+inline std::string fmt_one(const c10::Device& d) { return d.str(); }
+inline std::string fmt_one(at::IntArrayRef a) {
+  std::string s = "[";
+  for (size_t i = 0; i < a.size(); ++i) s += (i ? ", " : "") + std::to_string(a[i]);
+  return s + "]";
 }
+template <typename... A>
+std::string msg(const A&... a) {
+  std::string s;
+  int unused[] = {0, (s += fmt_one(a), 0)...};
+  (void)unused;
+  return s;
+}
+
+std::string shape_str(const at::Tensor& t) { return fmt_one(t.sizes()); }
 
 Impl parse_impl(const std::string& name) {
   const auto& names = impl_names();
   for (size_t i = 0; i < names.size(); ++i)
     if (names[i] == name) return static_cast<Impl>(i);
   if (name == "auto") return Impl::kAuto;
-  std::ostringstream os;
-  os << "rope_ext: impl must be 'auto'";
-  for (const auto& n : names) os << ", '" << n << "'";
-  os << "; got '" << name << "'";
-  TORCH_CHECK_VALUE(false, os.str());
+  std::string m = "rope_ext: impl must be 'auto'";
+  for (const auto& n : names) m += ", '" + n + "'";
+  TORCH_CHECK_VALUE(false, m + "; got '" + name + "'");
 }
 
 DType to_dtype(at::ScalarType s) {
@@ -47,13 +64,13 @@ DType to_dtype(at::ScalarType s) {
 }
 
 void check_device(const at::Tensor& t, const char* name, const at::Tensor& x) {
-  TORCH_CHECK_VALUE(t.device() == x.device(), "rope_ext: ", name, " must be on ", x.device(),
-                    " (the device of x), got ", t.device());
+  TORCH_CHECK_VALUE(t.device() == x.device(), msg("rope_ext: ", name, " must be on ", x.device(),
+                    " (the device of x), got ", t.device()));
 }
 
 void check_index(const at::Tensor& t, const char* name, const at::Tensor& x) {
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, "rope_ext: ", name,
-                   " must be an int32 or int64 tensor, got ", t.scalar_type());
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, msg("rope_ext: ", name,
+                   " must be an int32 or int64 tensor, got ", t.scalar_type()));
   check_device(t, name, x);
 }
 
@@ -86,12 +103,12 @@ void check_values_cpu(const RopeParams& p, const Options& o) {
     const at::Tensor cu = o.cu_seqlens->to(at::kLong);
     const int64_t n = cu.numel();
     const int64_t* c = cu.data_ptr<int64_t>();
-    TORCH_CHECK_VALUE(c[0] == 0, "rope_ext: cu_seqlens must start at 0, got ", c[0]);
-    TORCH_CHECK_VALUE(c[n - 1] == p.S, "rope_ext: cu_seqlens must end at T = ", p.S,
-                      " (the number of tokens), got ", c[n - 1]);
+    TORCH_CHECK_VALUE(c[0] == 0, msg("rope_ext: cu_seqlens must start at 0, got ", c[0]));
+    TORCH_CHECK_VALUE(c[n - 1] == p.S, msg("rope_ext: cu_seqlens must end at T = ", p.S,
+                      " (the number of tokens), got ", c[n - 1]));
     for (int64_t i = 1; i < n; ++i)
-      TORCH_CHECK_VALUE(c[i] >= c[i - 1], "rope_ext: cu_seqlens must be non-decreasing, got ",
-                        c[i - 1], " then ", c[i], " at index ", i);
+      TORCH_CHECK_VALUE(c[i] >= c[i - 1], msg("rope_ext: cu_seqlens must be non-decreasing, got ",
+                        c[i - 1], " then ", c[i], " at index ", i));
   }
   const bool cpu_data = (!o.positions || o.positions->is_cpu()) && (!o.offsets || o.offsets->is_cpu()) &&
                         (!o.cu_seqlens || o.cu_seqlens->is_cpu());
@@ -102,11 +119,11 @@ void check_values_cpu(const RopeParams& p, const Options& o) {
     if (o.positions->numel() == 0) return;
     lo = o.positions->min().item<int64_t>();
     hi = o.positions->max().item<int64_t>();
-    TORCH_CHECK_VALUE(lo >= 0, "rope_ext: positions must be >= 0, got ", lo);
+    TORCH_CHECK_VALUE(lo >= 0, msg("rope_ext: positions must be >= 0, got ", lo));
   } else {
     at::Tensor start = o.offsets ? o.offsets->to(at::kLong) : at::full({1}, o.offset, at::kLong);
     lo = start.min().item<int64_t>();
-    TORCH_CHECK_VALUE(lo >= 0, "rope_ext: offsets must be >= 0, got ", lo);
+    TORCH_CHECK_VALUE(lo >= 0, msg("rope_ext: offsets must be >= 0, got ", lo));
     at::Tensor len = at::full({1}, p.S, at::kLong);
     if (o.cu_seqlens) {
       const at::Tensor cu = o.cu_seqlens->to(at::kLong);
@@ -115,8 +132,8 @@ void check_values_cpu(const RopeParams& p, const Options& o) {
     hi = (start + len - 1).max().item<int64_t>();  // last position of each sequence
   }
   if (p.freq == FreqSource::kCosSinCache)
-    TORCH_CHECK_VALUE(hi < p.cache_rows, "rope_ext: positions must be < ", p.cache_rows,
-                      " (the rows of cos_sin_cache), got ", hi);
+    TORCH_CHECK_VALUE(hi < p.cache_rows, msg("rope_ext: positions must be < ", p.cache_rows,
+                      " (the rows of cos_sin_cache), got ", hi));
 }
 
 // A strided view whose elements are all distinct: sorted by stride, each dimension
@@ -163,32 +180,29 @@ RopeParams make_params(const std::vector<at::Tensor>& ins, const std::vector<at:
   for (size_t i = 0; i < ins.size(); ++i) {
     const at::Tensor& t = ins[i];
     TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat || t.scalar_type() == at::kHalf ||
-                         t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kDouble,
-                     "rope_ext: ", names[i], " must be float32, float16, bfloat16 or float64, got ",
-                     t.scalar_type());
-    TORCH_CHECK_VALUE(t.dim() == 4, "rope_ext: ", names[i],
-                      " must be 4-D [B, S, H, D] after the layout transform, got shape ", shape_str(t));
+                         t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kDouble, msg("rope_ext: ", names[i], " must be float32, float16, bfloat16 or float64, got ",
+                     t.scalar_type()));
+    TORCH_CHECK_VALUE(t.dim() == 4, msg("rope_ext: ", names[i],
+                      " must be 4-D [B, S, H, D] after the layout transform, got shape ", shape_str(t)));
     if (i > 0) {
-      TORCH_CHECK_VALUE(t.device() == x.device(), "rope_ext: q and k must be on the same device, got ",
-                        x.device(), " and ", t.device());
-      TORCH_CHECK_TYPE(t.scalar_type() == x.scalar_type(), "rope_ext: q and k must have the same dtype, got ",
-                       x.scalar_type(), " and ", t.scalar_type());
-      TORCH_CHECK_VALUE(t.size(0) == x.size(0) && t.size(1) == x.size(1) && t.size(3) == x.size(3),
-                        "rope_ext: q and k must agree in every dimension but heads, got q ",
-                        shape_str(x), " and k ", shape_str(t));
+      TORCH_CHECK_VALUE(t.device() == x.device(), msg("rope_ext: q and k must be on the same device, got ",
+                        x.device(), " and ", t.device()));
+      TORCH_CHECK_TYPE(t.scalar_type() == x.scalar_type(), msg("rope_ext: q and k must have the same dtype, got ",
+                       x.scalar_type(), " and ", t.scalar_type()));
+      TORCH_CHECK_VALUE(t.size(0) == x.size(0) && t.size(1) == x.size(1) && t.size(3) == x.size(3), msg("rope_ext: q and k must agree in every dimension but heads, got q ",
+                        shape_str(x), " and k ", shape_str(t)));
     }
-    TORCH_CHECK_VALUE(x.is_cpu() || x.is_cuda(), "rope_ext: x must be a CPU or CUDA tensor, got ", x.device());
+    TORCH_CHECK_VALUE(x.is_cpu() || x.is_cuda(), msg("rope_ext: x must be a CPU or CUDA tensor, got ", x.device()));
   }
   RopeParams p;
   p.num_tensors = static_cast<int>(ins.size());
   p.B = x.size(0);
   p.S = x.size(1);
   const int64_t D = x.size(3);
-  TORCH_CHECK_VALUE(D % 2 == 0, "rope_ext: the head dim D must be even, got D = ", D);
-  TORCH_CHECK_VALUE(D <= (1 << 20), "rope_ext: the head dim D must be at most 2^20, got ", D);
+  TORCH_CHECK_VALUE(D % 2 == 0, msg("rope_ext: the head dim D must be even, got D = ", D));
+  TORCH_CHECK_VALUE(D <= (1 << 20), msg("rope_ext: the head dim D must be at most 2^20, got ", D));
   const int64_t R = o.rotary_dim < 0 ? D : o.rotary_dim;
-  TORCH_CHECK_VALUE(R > 0 && R % 2 == 0 && R <= D,
-                    "rope_ext: rotary_dim must be even and in (0, D = ", D, "], got ", o.rotary_dim);
+  TORCH_CHECK_VALUE(R > 0 && R % 2 == 0 && R <= D, msg("rope_ext: rotary_dim must be even and in (0, D = ", D, "], got ", o.rotary_dim));
   p.D = static_cast<int32_t>(D);
   p.R = static_cast<int32_t>(R);
   p.interleaved = o.interleaved;
@@ -213,17 +227,16 @@ RopeParams make_params(const std::vector<at::Tensor>& ins, const std::vector<at:
     check_index(pt, "positions", x);
     const bool ok = (pt.dim() == 1 && pt.size(0) == p.S) ||
                     (pt.dim() == 2 && (pt.size(0) == p.B || pt.size(0) == 1) && pt.size(1) == p.S);
-    TORCH_CHECK_VALUE(ok, "rope_ext: positions must have shape [B, S] = [", p.B, ", ", p.S, "] or [S] = [",
-                      p.S, "], got ", shape_str(pt));
+    TORCH_CHECK_VALUE(ok, msg("rope_ext: positions must have shape [B, S] = [", p.B, ", ", p.S, "] or [S] = [",
+                      p.S, "], got ", shape_str(pt)));
     p.positions = index_array(pt, pt.stride(-1));
     p.pos_stride_b = (pt.dim() == 2 && pt.size(0) == p.B) ? pt.stride(0) : 0;
   }
   if (o.cu_seqlens) {
     const at::Tensor& cu = *o.cu_seqlens;
     check_index(cu, "cu_seqlens", x);
-    TORCH_CHECK_VALUE(cu.dim() == 1 && cu.size(0) >= 2,
-                      "rope_ext: cu_seqlens must be 1-D [N + 1] with N >= 1 sequences, got shape ", shape_str(cu));
-    TORCH_CHECK_VALUE(p.B == 1, "rope_ext: cu_seqlens needs packed tokens (layout 'thd'), got B = ", p.B);
+    TORCH_CHECK_VALUE(cu.dim() == 1 && cu.size(0) >= 2, msg("rope_ext: cu_seqlens must be 1-D [N + 1] with N >= 1 sequences, got shape ", shape_str(cu)));
+    TORCH_CHECK_VALUE(p.B == 1, msg("rope_ext: cu_seqlens needs packed tokens (layout 'thd'), got B = ", p.B));
     p.cu_seqlens = index_array(cu, cu.stride(0));
     p.num_seqs = cu.size(0) - 1;
   }
@@ -232,9 +245,9 @@ RopeParams make_params(const std::vector<at::Tensor>& ins, const std::vector<at:
     check_index(off, "offsets", x);
     TORCH_CHECK_VALUE(!o.positions, "rope_ext: give positions or offsets, not both (positions are absolute)");
     const int64_t want = o.cu_seqlens ? p.num_seqs : p.B;
-    TORCH_CHECK_VALUE(off.dim() == 1 && off.size(0) == want, "rope_ext: offsets must have shape [",
+    TORCH_CHECK_VALUE(off.dim() == 1 && off.size(0) == want, msg("rope_ext: offsets must have shape [",
                       want, "] (one per ", o.cu_seqlens ? "sequence of cu_seqlens" : "batch entry",
-                      "), got ", shape_str(off));
+                      "), got ", shape_str(off)));
     p.offsets = index_array(off, off.stride(0));
   }
   p.offset = o.offset;
@@ -246,20 +259,19 @@ RopeParams make_params(const std::vector<at::Tensor>& ins, const std::vector<at:
   p.base = o.base;
   if (o.inv_freq) {
     const at::Tensor& f = *o.inv_freq;
-    TORCH_CHECK_TYPE(f.scalar_type() == at::kFloat, "rope_ext: inv_freq must be float32, got ", f.scalar_type());
+    TORCH_CHECK_TYPE(f.scalar_type() == at::kFloat, msg("rope_ext: inv_freq must be float32, got ", f.scalar_type()));
     check_device(f, "inv_freq", x);
-    TORCH_CHECK_VALUE(f.dim() == 1 && f.size(0) == R / 2, "rope_ext: inv_freq must have shape [rotary_dim / 2] = [",
-                      R / 2, "], got ", shape_str(f));
+    TORCH_CHECK_VALUE(f.dim() == 1 && f.size(0) == R / 2, msg("rope_ext: inv_freq must have shape [rotary_dim / 2] = [",
+                      R / 2, "], got ", shape_str(f)));
     p.freq = FreqSource::kInvFreq;
     p.inv_freq = f.data_ptr<float>();
     p.inv_freq_stride = f.stride(0);
   } else if (o.cos_sin_cache) {
     const at::Tensor& c = *o.cos_sin_cache;
-    TORCH_CHECK_TYPE(c.scalar_type() == at::kFloat || c.scalar_type() == at::kHalf || c.scalar_type() == at::kBFloat16,
-                     "rope_ext: cos_sin_cache must be float32, float16 or bfloat16, got ", c.scalar_type());
+    TORCH_CHECK_TYPE(c.scalar_type() == at::kFloat || c.scalar_type() == at::kHalf || c.scalar_type() == at::kBFloat16, msg("rope_ext: cos_sin_cache must be float32, float16 or bfloat16, got ", c.scalar_type()));
     check_device(c, "cos_sin_cache", x);
-    TORCH_CHECK_VALUE(c.dim() == 2 && c.size(1) == R, "rope_ext: cos_sin_cache must have shape [max_position, rotary_dim = ",
-                      R, "] (cos in the first rotary_dim/2 columns, sin in the rest), got ", shape_str(c));
+    TORCH_CHECK_VALUE(c.dim() == 2 && c.size(1) == R, msg("rope_ext: cos_sin_cache must have shape [max_position, rotary_dim = ",
+                      R, "] (cos in the first rotary_dim/2 columns, sin in the rest), got ", shape_str(c)));
     p.freq = FreqSource::kCosSinCache;
     p.cache = c.data_ptr();
     p.cache_dtype = to_dtype(c.scalar_type());
@@ -267,15 +279,15 @@ RopeParams make_params(const std::vector<at::Tensor>& ins, const std::vector<at:
     p.cache_stride_row = c.stride(0);
     p.cache_stride_col = c.stride(1);
   } else {
-    TORCH_CHECK_VALUE(o.base > 0 && std::isfinite(o.base), "rope_ext: base must be a positive finite number, got ", o.base);
+    TORCH_CHECK_VALUE(o.base > 0 && std::isfinite(o.base), msg("rope_ext: base must be a positive finite number, got ", o.base));
   }
 
   // In place: every output element must have its own memory, or rows would race.
   if (inplace) {
     for (size_t i = 0; i < ins.size(); ++i)
-      TORCH_CHECK_VALUE(non_overlapping(ins[i].sizes(), ins[i].strides()), "rope_ext: in-place needs ", names[i],
+      TORCH_CHECK_VALUE(non_overlapping(ins[i].sizes(), ins[i].strides()), msg("rope_ext: in-place needs ", names[i],
                         " with non-overlapping memory (not an expand()ed view), got shape ", shape_str(ins[i]),
-                        " strides ", ins[i].strides());
+                        " strides ", ins[i].strides()));
     if (ins.size() > 1)
       TORCH_CHECK_VALUE(disjoint_heads(ins[0], ins[1]),
                         "rope_ext: in-place q and k must not share memory (disjoint head slices of one buffer are fine)");
@@ -285,9 +297,8 @@ RopeParams make_params(const std::vector<at::Tensor>& ins, const std::vector<at:
   }
   if (impl == Impl::kFp32x4) {
     std::string why;
-    TORCH_CHECK_VALUE(vector_eligible(p, x.element_size(), &why),
-                      "rope_ext: impl='fp32x4' needs 16-byte vector access, but ", why,
-                      "; use impl='auto' (falls back to the scalar kernel) or make x contiguous");
+    TORCH_CHECK_VALUE(vector_eligible(p, x.element_size(), &why), msg("rope_ext: impl='fp32x4' needs 16-byte vector access, but ", why,
+                      "; use impl='auto' (falls back to the scalar kernel) or make x contiguous"));
   }
   if (x.is_cpu()) check_values_cpu(p, o);
   *impl_out = impl;

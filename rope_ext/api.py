@@ -86,9 +86,6 @@ def _op_options(layout, positions, offsets, base, impl, cu_seqlens, rotary_dim, 
 
 
 def _check_inplace(t, name):
-    if torch._debug_has_internal_overlap(t) == 1:  # MemOverlap::Yes: a stride-0 (expanded) dimension
-        raise ValueError(f"rope_ext: in-place needs {name} with non-overlapping memory (not an expand()ed view), "
-                         f"got shape {tuple(t.shape)} strides {t.stride()}")
     if t.is_leaf and t.requires_grad:
         raise RuntimeError(
             f"rope_ext: inplace=True on {name}, a leaf tensor that requires grad, would overwrite a value "

@@ -71,7 +71,7 @@ def test_value_checks_cpu():
     """Checks of index values run on the host for CPU tensors (free there)."""
     x = randn((B, S, H, D), torch.float32, "cpu")
     t = randn((S, H, D), torch.float32, "cpu")
-    cache = ref.cos_sin_table(D, 10000.0, 64, "cpu")
+    cache = ref.cos_sin_table(D, 10000.0, 64, "cpu")[:64]  # the shared table may have grown
     before = x.clone()
     with pytest.raises(ValueError, match="positions must be >= 0"):
         rope_ext.apply_rope(x, torch.full((S,), -1))
