@@ -70,9 +70,6 @@ def hf_cos_sin(S, D, dtype, base=10000.0):
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-_compiled = torch.compile(ref.apply_cos_sin, dynamic=False) if CUDA else None
-
-
 def workload_rows(x, rope_call, cos, sin, inverse, timer, bw):
     """Time every implementation on x; rows of dicts."""
     nbytes = 2 * x.numel() * x.element_size()
@@ -82,8 +79,12 @@ def workload_rows(x, rope_call, cos, sin, inverse, timer, bw):
          ref.rope_naive(x.unsqueeze(2), inverse=inverse)),
         ("torch cached", lambda: ref.apply_cos_sin(x, cos, s)),
     ]
-    if _compiled is not None:
-        impls.append(("torch.compile(cached)", lambda: _compiled(x, cos, s)))
+    if CUDA:
+        # A fresh static-shape compile per workload: torch.compile's best case (its
+        # warm-up, 0.7-3.6 s per new shape, happens in the untimed warm-up calls).
+        torch._dynamo.reset()
+        compiled = torch.compile(ref.apply_cos_sin, dynamic=False)
+        impls.append(("torch.compile(cached)", lambda: compiled(x, cos, s)))
     for name in rope_ext.IMPLS + ("auto",):
         impls.append((f"rope_ext {name}", lambda name=name: rope_call(x, name, inverse)))
     rows, base_us = [], None
