@@ -134,7 +134,10 @@ ROPE_HD RowOffsets row_offsets(const RopeParams& p, int64_t NB, int64_t b0, int6
   int t = 0;
   if (p.num_tensors > 1 && r >= NB * p.t[0].H) { r -= NB * p.t[0].H; t = 1; }
   const TensorView& v = p.t[t];
-  const int64_t bb = r / v.H, h = r - bb * v.H, b = b0 + bb;
+  // 32-bit division: rows of a group fit (the host keeps NB * heads < 2^31), and a
+  // 64-bit divide is a long subroutine that cost the vector kernel registers.
+  const uint32_t bb32 = static_cast<uint32_t>(r) / static_cast<uint32_t>(v.H);
+  const int64_t bb = bb32, h = r - bb * v.H, b = b0 + bb;
   RowOffsets o;
   o.t = t;
   o.in = b * v.in_stride[0] + s * v.in_stride[1] + h * v.in_stride[2];

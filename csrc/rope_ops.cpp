@@ -200,7 +200,8 @@ RopeParams make_params(const std::vector<at::Tensor>& ins, const std::vector<at:
   p.S = x.size(1);
   const int64_t D = x.size(3);
   TORCH_CHECK_VALUE(D % 2 == 0, msg("rope_ext: the head dim D must be even, got D = ", D));
-  TORCH_CHECK_VALUE(D <= (1 << 20), msg("rope_ext: the head dim D must be at most 2^20, got ", D));
+  // The kernels keep [R/2] frequencies, sins and cosines in shared memory (48 KB).
+  TORCH_CHECK_VALUE(D <= 8192, msg("rope_ext: the head dim D must be at most 8192, got ", D));
   const int64_t R = o.rotary_dim < 0 ? D : o.rotary_dim;
   TORCH_CHECK_VALUE(R > 0 && R % 2 == 0 && R <= D, msg("rope_ext: rotary_dim must be even and in (0, D = ", D, "], got ", o.rotary_dim));
   p.D = static_cast<int32_t>(D);
@@ -252,6 +253,10 @@ RopeParams make_params(const std::vector<at::Tensor>& ins, const std::vector<at:
   }
   p.offset = o.offset;
   p.pos_shared_b = p.B == 1 || (o.positions ? p.pos_stride_b == 0 : !o.offsets);
+  // Rows of one group (NB batches x heads of q and k) are indexed in 32 bits.
+  const int64_t heads = ins.size() > 1 ? ins[0].size(2) + ins[1].size(2) : ins[0].size(2);
+  TORCH_CHECK_VALUE(heads < (int64_t(1) << 31), msg("rope_ext: at most 2^31 - 1 heads, got ", heads));
+  if (p.B * heads >= (int64_t(1) << 31)) p.pos_shared_b = false;
 
   // Frequencies.
   TORCH_CHECK_VALUE(!(o.inv_freq && o.cos_sin_cache),

@@ -17,14 +17,7 @@ _PERM = {"bshd": None, "sbhd": (1, 0, 2, 3), "bhsd": (0, 2, 1, 3)}  # each its o
 _DIMS = {"bshd": "[B, S, H, D]", "sbhd": "[S, B, H, D]", "bhsd": "[B, H, S, D]", "thd": "[T, H, D]"}
 
 
-class _DefaultBase(float):
-    """10000.0, but distinguishable from a base the caller passed on purpose."""
-
-    def __repr__(self):
-        return "10000.0"
-
-
-DEFAULT_BASE = _DefaultBase(10000.0)
+DEFAULT_BASE = 10000.0
 
 
 def _to_bshd(x, layout, name):
@@ -69,7 +62,10 @@ def _op_options(layout, positions, offsets, base, impl, cu_seqlens, rotary_dim, 
         if isinstance(offsets, bool) or not isinstance(offsets, int):
             raise TypeError(f"rope_ext: offsets must be an int or an int tensor [B], got {type(offsets).__name__}")
         offset = offsets
-    if (inv_freq is not None or cos_sin_cache is not None) and base is not DEFAULT_BASE:
+    # A base other than the default next to inv_freq / cos_sin_cache is a conflict. (A
+    # plain float default keeps this traceable by torch.compile; an explicit
+    # base=10000.0 beside another source cannot be told apart and is simply unused.)
+    if (inv_freq is not None or cos_sin_cache is not None) and base != DEFAULT_BASE:
         raise ValueError("rope_ext: give one frequency source: base, inv_freq or cos_sin_cache")
     if isinstance(base, bool) or not isinstance(base, (int, float)):
         raise TypeError(f"rope_ext: base must be a number, got {type(base).__name__}")

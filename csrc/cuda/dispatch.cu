@@ -26,6 +26,21 @@ int sm_count(int device) {
   return n;
 }
 
+// Blocks of `kernel` resident per SM at this block size and shared memory; the
+// runtime's answer is cached (it is asked on every launch otherwise).
+template <typename K>
+int resident_blocks(K kernel, int threads, size_t smem) {
+  struct Entry { const void* k; int threads; size_t smem; int n; };
+  static thread_local Entry cache[8] = {};
+  static thread_local int next = 0;
+  for (const Entry& e : cache)
+    if (e.k == reinterpret_cast<const void*>(kernel) && e.threads == threads && e.smem == smem) return e.n;
+  int n = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
+  cache[next++ % 8] = Entry{reinterpret_cast<const void*>(kernel), threads, smem, std::max(1, n)};
+  return std::max(1, n);
+}
+
 // Flat grid for the element/pair variants: enough blocks for several waves, the rest
 // by grid-stride (keeps gridDim.x in range for tensors of any size).
 dim3 flat_grid(int64_t work, int threads, int device) {
@@ -34,7 +49,7 @@ dim3 flat_grid(int64_t work, int threads, int device) {
 
 template <typename T>
 void launch(const RopeParams& p, Impl impl, int device, cudaStream_t stream) {
-  const size_t smem = sizeof(float) * std::max(1, p.R / 2);
+  const size_t smem = sizeof(float) * std::max(1, p.R / 2);  // frequency table
   const int64_t tokens_rows = p.B * p.S * heads_total(p);
   if (tokens_rows == 0) return;
   if (impl == Impl::kNaive) {
@@ -50,20 +65,22 @@ void launch(const RopeParams& p, Impl impl, int device, cudaStream_t stream) {
     const int chunks = rot_chunks + (p.copy_tail ? (p.D - p.R) / V : 0);
     const int64_t rows = rows_per_group(p), groups = num_groups(p);
     // x: the chunks of a row; y: rows, about kRowsInFlight per thread, 256 threads.
-    const int bx = std::min(chunks, 256);
+    const int bx = std::min(chunks, cuda::kMaxThreads);
     const int by = static_cast<int>(std::max<int64_t>(
-        1, std::min<int64_t>(ceil_div(rows, cuda::kRowsInFlight), 256 / bx)));
+        1, std::min<int64_t>(ceil_div(rows, cuda::kRowsInFlight), cuda::kMaxThreads / bx)));
     // Few tokens (decode): split each group's rows over more blocks to fill the SMs.
     const int64_t want_blocks = 2L * sm_count(device) * std::max(1, 2048 / (bx * by));
     int64_t gy = 1;
     if (groups < want_blocks)
       gy = std::min<int64_t>({ceil_div(want_blocks, groups), ceil_div(rows, by), 65535});
-    const dim3 grid(static_cast<unsigned>(std::min<int64_t>(groups, 2147483647L)),
-                    static_cast<unsigned>(gy));
-    if (p.interleaved)
-      cuda::rope_fp32x4_kernel<T, true><<<grid, dim3(bx, by), smem, stream>>>(p);
-    else
-      cuda::rope_fp32x4_kernel<T, false><<<grid, dim3(bx, by), smem, stream>>>(p);
+    const size_t smem3 = 3 * smem;  // + the group's sin and cos
+    auto kernel = p.interleaved ? cuda::rope_fp32x4_kernel<T, true> : cuda::rope_fp32x4_kernel<T, false>;
+    // One wave of resident blocks, each walking several groups (the frequency table
+    // and the block start are paid once per block, not once per token); gy blocks
+    // share a group's rows.
+    const int64_t resident = sm_count(device) * resident_blocks(kernel, bx * by, smem3);
+    const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(groups, ceil_div(resident, gy)));
+    kernel<<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), dim3(bx, by), smem3, stream>>>(p);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

@@ -7,11 +7,11 @@
 //              place (a thread would read a partner another thread already wrote).
 //   2. fp32    one thread per rotation pair (or tail element), scalar loads/stores,
 //              frequencies from a per-block shared-memory table.
-//   3. fp32x4  one thread per 16-byte chunk of the rotary features of a token; it
-//              computes sin/cos for its chunk once and reuses them across every head
-//              of q and k (and across the batch when positions are shared), with
-//              16-byte loads (4 fp32 / 8 fp16/bf16) from each half, several rows in
-//              flight per thread. Needs unit feature stride and 16-byte alignment.
+//   3. fp32x4  a block per token group: sin/cos computed once per group into shared
+//              memory, reused across every head of q and k (and across the batch when
+//              positions are shared); each thread moves a 16-byte chunk (4 fp32 /
+//              8 fp16/bf16) of each half of several rows, kRowsInFlight loads in flight.
+//              Needs unit feature stride and 16-byte alignment.
 //
 // What was learned (H100 numbers in README.md / bench/NOTES.md):
 //   - sin/cos dominate the scalar variants at one head: reusing them across heads
@@ -97,6 +97,9 @@ __global__ void rope_fp32_kernel(const RopeParams p) {
 }
 
 // ---------------------------------------------------------------- 3. fp32x4
+constexpr int kRowsInFlight = 4;  // rows loaded before the first use: hides DRAM latency
+constexpr int kMaxThreads = 256;  // per block (launch bounds: lets ptxas budget registers)
+
 template <typename T, int N>
 struct alignas(16) Vec {
   T v[N];
@@ -120,86 +123,127 @@ __device__ __forceinline__ void store_vec(T* p, const VecT& v) {
 // Launch shape: blockDim.x threads walk the chunks of a row (a chunk = 16 bytes of
 // one half, or of the tail), blockDim.y rows; blockIdx.x walks token groups,
 // blockIdx.y splits a group's rows when there are few tokens (decode) to fill the SMs.
-constexpr int kRowsInFlight = 4;  // rows loaded before the first use: hides DRAM latency
 
+// The rows a thread moves in one step: kRowsInFlight rows of one chunk, loaded
+// together (all loads issued before any is used), then rotated and stored.
 template <typename T, bool kInterleaved>
-__global__ void rope_fp32x4_kernel(const RopeParams p) {
-  constexpr int V = 16 / sizeof(T);           // elements per 16-byte access
-  constexpr int P = kInterleaved ? V / 2 : V;  // pairs per chunk
+struct ChunkBatch {
+  static constexpr int V = 16 / sizeof(T);           // elements per 16-byte access
+  static constexpr int P = kInterleaved ? V / 2 : V;  // pairs per chunk
   using VecT = Vec<T, V>;
-  using A = acc_t<T>;
-  extern __shared__ float freq[];
-  fill_freq_table(p, freq);
+  VecT a[kRowsInFlight], b[kRowsInFlight];
+  RowOffsets o[kRowsInFlight];
 
-  const int rot_chunks = kInterleaved ? p.R / V : p.R / 2 / V;
+  __device__ __forceinline__ void load(const RopeParams& p, int64_t NB, int64_t b0, int64_t s, int64_t r0,
+                                       int64_t step, int64_t rows, int64_t d0, int64_t d1, bool pair) {
+#pragma unroll
+    for (int u = 0; u < kRowsInFlight; ++u) {
+      const int64_t r = r0 + u * step;
+      if (r >= rows) break;
+      o[u] = row_offsets(p, NB, b0, s, r);
+      const T* in = static_cast<const T*>(p.t[o[u].t].in) + o[u].in;
+      a[u] = load_vec<VecT>(in + d0);
+      if (pair) b[u] = load_vec<VecT>(in + d1);
+    }
+  }
+
+  // sn/cs: this chunk's P sines and cosines (shared memory); null for a tail chunk.
+  __device__ __forceinline__ void store(const RopeParams& p, int64_t r0, int64_t step, int64_t rows,
+                                        int64_t d0, int64_t d1, const float* sn, const float* cs) {
+    using A = acc_t<T>;
+#pragma unroll
+    for (int u = 0; u < kRowsInFlight; ++u) {
+      if (r0 + u * step >= rows) break;
+      T* out = static_cast<T*>(p.t[o[u].t].out) + o[u].out;
+      if (!sn) {
+        store_vec(out + d0, a[u]);
+        continue;
+      }
+      VecT ra, rb;
+      if (kInterleaved) {
+#pragma unroll
+        for (int j = 0; j < P; ++j) {
+          const A x0 = static_cast<A>(a[u].v[2 * j]), x1 = static_cast<A>(a[u].v[2 * j + 1]);
+          ra.v[2 * j] = static_cast<T>(x0 * cs[j] - x1 * sn[j]);
+          ra.v[2 * j + 1] = static_cast<T>(x1 * cs[j] + x0 * sn[j]);
+        }
+        store_vec(out + d0, ra);
+      } else {
+#pragma unroll
+        for (int j = 0; j < P; ++j) {
+          const A x0 = static_cast<A>(a[u].v[j]), x1 = static_cast<A>(b[u].v[j]);
+          ra.v[j] = static_cast<T>(x0 * cs[j] - x1 * sn[j]);
+          rb.v[j] = static_cast<T>(x1 * cs[j] + x0 * sn[j]);
+        }
+        store_vec(out + d0, ra);
+        store_vec(out + d1, rb);
+      }
+    }
+  }
+};
+
+// minBlocks 3: caps registers at 80 (the bf16 neox kernel wanted 114 = 2 blocks/SM)
+// with no spills; 4 would cap at 64 and spill.
+template <typename T, bool kInterleaved>
+__global__ void __launch_bounds__(kMaxThreads) rope_fp32x4_kernel(const RopeParams p) {
+  using Batch = ChunkBatch<T, kInterleaved>;
+  constexpr int V = Batch::V, P = Batch::P;
+  // Shared memory: frequencies, then the current group's sin and cos ([R/2] each).
+  extern __shared__ float smem[];
+  const int half = p.R / 2;
+  float* freq = smem;
+  float* s_sin = smem + half;
+  float* s_cos = s_sin + half;
+
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x, nthreads = blockDim.x * blockDim.y;
+  const int rot_chunks = kInterleaved ? p.R / V : half / V;
   const int chunks = rot_chunks + (p.copy_tail ? (p.D - p.R) / V : 0);
   const int64_t NB = batches_per_group(p);
   const int64_t rows = rows_per_group(p);
   const int64_t groups = num_groups(p);
-  const int64_t row_step = (int64_t)gridDim.y * blockDim.y;
+  const int64_t step = (int64_t)gridDim.y * blockDim.y;
+  const int64_t first_r0 = blockIdx.y * (int64_t)blockDim.y + threadIdx.y;
+  auto offsets = [&](int c, int64_t* d0, int64_t* d1) {
+    // neox: [cV, cV+V) and [R/2 + cV, ...); interleaved: [cV, cV+V) holding P
+    // (even, odd) pairs; a tail chunk copies [R + (c - rot_chunks) V, ...).
+    *d0 = c < rot_chunks ? (int64_t)c * V : p.R + (int64_t)(c - rot_chunks) * V;
+    *d1 = *d0 + half;
+  };
 
-  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+  Batch batch;
+  bool freq_ready = false;
+  // A few long-lived blocks walk the groups (the grid is sized to stay resident): the
+  // frequency table is computed once per block, not once per token.
+  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {  // uniform across the block
     int64_t b0, s;
     group_token(p, g, &b0, &s);
+    // The first loads go out before the sin/cos phase, so DRAM latency overlaps it.
+    const int c0 = threadIdx.x;
+    const bool early = c0 < chunks && first_r0 < rows;
+    int64_t d0, d1;
+    offsets(c0, &d0, &d1);
+    if (early) batch.load(p, NB, b0, s, first_r0, step, rows, d0, d1, !kInterleaved && c0 < rot_chunks);
+    if (!freq_ready) {
+      for (int i = tid; i < half; i += nthreads) freq[i] = inv_freq_of(p, i);
+      __syncthreads();
+      freq_ready = true;
+    }
+    // sin/cos of the group's position, once per block in a phase of its own (inside
+    // the row loop they cost 32x the work and pushed registers to 128).
     const int64_t pos = position_of(p, b0, s);
-    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+    for (int i = tid; i < half; i += nthreads) pair_sincos(p, pos, i, freq[i], &s_sin[i], &s_cos[i]);
+    __syncthreads();
+    for (int c = c0; c < chunks; c += blockDim.x) {
+      offsets(c, &d0, &d1);
       const bool rot = c < rot_chunks;
-      // sin/cos of this chunk's P pairs, once for all rows of the group.
-      float sn[P], cs[P];
-      if (rot) {
-#pragma unroll
-        for (int j = 0; j < P; ++j) pair_sincos(p, pos, c * P + j, freq[c * P + j], &sn[j], &cs[j]);
-      }
-      // Feature offsets of the chunk: neox reads [cV, cV+V) and [R/2 + cV, ...);
-      // interleaved reads [cV, cV+V) holding P (even, odd) pairs; a tail chunk copies.
-      const int64_t d0 = rot ? (int64_t)c * V : p.R + (int64_t)(c - rot_chunks) * V;
-      const int64_t d1 = d0 + p.R / 2;
-      for (int64_t r0 = blockIdx.y * (int64_t)blockDim.y + threadIdx.y; r0 < rows;
-           r0 += kRowsInFlight * row_step) {
-        VecT a[kRowsInFlight], bv[kRowsInFlight];
-        RowOffsets o[kRowsInFlight];
-#pragma unroll
-        for (int u = 0; u < kRowsInFlight; ++u) {
-          const int64_t r = r0 + u * row_step;
-          if (r >= rows) break;
-          o[u] = row_offsets(p, NB, b0, s, r);
-          const T* in = static_cast<const T*>(p.t[o[u].t].in) + o[u].in;
-          a[u] = load_vec<VecT>(in + d0);
-          if (!kInterleaved && rot) bv[u] = load_vec<VecT>(in + d1);
-        }
-#pragma unroll
-        for (int u = 0; u < kRowsInFlight; ++u) {
-          const int64_t r = r0 + u * row_step;
-          if (r >= rows) break;
-          T* out = static_cast<T*>(p.t[o[u].t].out) + o[u].out;
-          if (!rot) {
-            store_vec(out + d0, a[u]);
-            continue;
-          }
-          VecT ra, rb;
-          if (kInterleaved) {
-#pragma unroll
-            for (int j = 0; j < P; ++j) {
-              const A x0 = static_cast<A>(a[u].v[2 * j]);
-              const A x1 = static_cast<A>(a[u].v[2 * j + 1]);
-              ra.v[2 * j] = static_cast<T>(x0 * cs[j] - x1 * sn[j]);
-              ra.v[2 * j + 1] = static_cast<T>(x1 * cs[j] + x0 * sn[j]);
-            }
-            store_vec(out + d0, ra);
-          } else {
-#pragma unroll
-            for (int j = 0; j < P; ++j) {
-              const A x0 = static_cast<A>(a[u].v[j]);
-              const A x1 = static_cast<A>(bv[u].v[j]);
-              ra.v[j] = static_cast<T>(x0 * cs[j] - x1 * sn[j]);
-              rb.v[j] = static_cast<T>(x1 * cs[j] + x0 * sn[j]);
-            }
-            store_vec(out + d0, ra);
-            store_vec(out + d1, rb);
-          }
-        }
+      const float* sn = rot ? s_sin + c * P : nullptr;
+      const float* cs = rot ? s_cos + c * P : nullptr;
+      for (int64_t r0 = first_r0; r0 < rows; r0 += kRowsInFlight * step) {
+        if (!(c == c0 && r0 == first_r0)) batch.load(p, NB, b0, s, r0, step, rows, d0, d1, !kInterleaved && rot);
+        batch.store(p, r0, step, rows, d0, d1, sn, cs);
       }
     }
+    __syncthreads();  // s_sin/s_cos are rewritten for the next group
   }
 }
 
