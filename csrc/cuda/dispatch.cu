@@ -73,14 +73,13 @@ void launch(const RopeParams& p, Impl impl, int device, cudaStream_t stream) {
     int64_t gy = 1;
     if (groups < want_blocks)
       gy = std::min<int64_t>({ceil_div(want_blocks, groups), ceil_div(rows, by), 65535});
-    const size_t smem3 = 3 * smem;  // + the group's sin and cos
     auto kernel = p.interleaved ? cuda::rope_fp32x4_kernel<T, true> : cuda::rope_fp32x4_kernel<T, false>;
     // One wave of resident blocks, each walking several groups (the frequency table
     // and the block start are paid once per block, not once per token); gy blocks
     // share a group's rows.
-    const int64_t resident = sm_count(device) * resident_blocks(kernel, bx * by, smem3);
+    const int64_t resident = sm_count(device) * resident_blocks(kernel, bx * by, smem);
     const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(groups, ceil_div(resident, gy)));
-    kernel<<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), dim3(bx, by), smem3, stream>>>(p);
+    kernel<<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), dim3(bx, by), smem, stream>>>(p);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

@@ -7,11 +7,11 @@
 //              place (a thread would read a partner another thread already wrote).
 //   2. fp32    one thread per rotation pair (or tail element), scalar loads/stores,
 //              frequencies from a per-block shared-memory table.
-//   3. fp32x4  a block per token group: sin/cos computed once per group into shared
-//              memory, reused across every head of q and k (and across the batch when
-//              positions are shared); each thread moves a 16-byte chunk (4 fp32 /
-//              8 fp16/bf16) of each half of several rows, kRowsInFlight loads in flight.
-//              Needs unit feature stride and 16-byte alignment.
+//   3. fp32x4  blocks walk token groups; each thread owns a 16-byte chunk (4 fp32 /
+//              8 fp16/bf16) of each half, issues its loads for kRowsInFlight rows, then
+//              computes the chunk's sin/cos once and reuses them for every row of the
+//              group: all heads of q and k, and the whole batch when positions are
+//              shared. Needs unit feature stride and 16-byte alignment.
 //
 // What was learned (H100 numbers in README.md / bench/NOTES.md):
 //   - sin/cos dominate the scalar variants at one head: reusing them across heads
@@ -188,14 +188,10 @@ template <typename T, bool kInterleaved>
 __global__ void __launch_bounds__(kMaxThreads) rope_fp32x4_kernel(const RopeParams p) {
   using Batch = ChunkBatch<T, kInterleaved>;
   constexpr int V = Batch::V, P = Batch::P;
-  // Shared memory: frequencies, then the current group's sin and cos ([R/2] each).
-  extern __shared__ float smem[];
-  const int half = p.R / 2;
-  float* freq = smem;
-  float* s_sin = smem + half;
-  float* s_cos = s_sin + half;
+  extern __shared__ float freq[];  // [R/2], once per block
+  fill_freq_table(p, freq);
 
-  const int tid = threadIdx.y * blockDim.x + threadIdx.x, nthreads = blockDim.x * blockDim.y;
+  const int half = p.R / 2;
   const int rot_chunks = kInterleaved ? p.R / V : half / V;
   const int chunks = rot_chunks + (p.copy_tail ? (p.D - p.R) / V : 0);
   const int64_t NB = batches_per_group(p);
@@ -203,47 +199,34 @@ __global__ void __launch_bounds__(kMaxThreads) rope_fp32x4_kernel(const RopePara
   const int64_t groups = num_groups(p);
   const int64_t step = (int64_t)gridDim.y * blockDim.y;
   const int64_t first_r0 = blockIdx.y * (int64_t)blockDim.y + threadIdx.y;
-  auto offsets = [&](int c, int64_t* d0, int64_t* d1) {
-    // neox: [cV, cV+V) and [R/2 + cV, ...); interleaved: [cV, cV+V) holding P
-    // (even, odd) pairs; a tail chunk copies [R + (c - rot_chunks) V, ...).
-    *d0 = c < rot_chunks ? (int64_t)c * V : p.R + (int64_t)(c - rot_chunks) * V;
-    *d1 = *d0 + half;
-  };
 
   Batch batch;
-  bool freq_ready = false;
-  // A few long-lived blocks walk the groups (the grid is sized to stay resident): the
-  // frequency table is computed once per block, not once per token.
-  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {  // uniform across the block
+  // No barrier per group: each thread computes its own chunk's sin/cos after its loads
+  // are in flight, and warps drift freely, so one warp's sin/cos overlaps another's
+  // DRAM traffic. (A shared-memory sin/cos phase per group needed two __syncthreads
+  // per token and held the bf16 bshd case at 75% of copy bandwidth.)
+  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
     int64_t b0, s;
     group_token(p, g, &b0, &s);
-    // The first loads go out before the sin/cos phase, so DRAM latency overlaps it.
-    const int c0 = threadIdx.x;
-    const bool early = c0 < chunks && first_r0 < rows;
-    int64_t d0, d1;
-    offsets(c0, &d0, &d1);
-    if (early) batch.load(p, NB, b0, s, first_r0, step, rows, d0, d1, !kInterleaved && c0 < rot_chunks);
-    if (!freq_ready) {
-      for (int i = tid; i < half; i += nthreads) freq[i] = inv_freq_of(p, i);
-      __syncthreads();
-      freq_ready = true;
-    }
-    // sin/cos of the group's position, once per block in a phase of its own (inside
-    // the row loop they cost 32x the work and pushed registers to 128).
     const int64_t pos = position_of(p, b0, s);
-    for (int i = tid; i < half; i += nthreads) pair_sincos(p, pos, i, freq[i], &s_sin[i], &s_cos[i]);
-    __syncthreads();
-    for (int c = c0; c < chunks; c += blockDim.x) {
-      offsets(c, &d0, &d1);
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
       const bool rot = c < rot_chunks;
-      const float* sn = rot ? s_sin + c * P : nullptr;
-      const float* cs = rot ? s_cos + c * P : nullptr;
+      // neox: [cV, cV+V) and [R/2 + cV, ...); interleaved: [cV, cV+V) holding P
+      // (even, odd) pairs; a tail chunk copies [R + (c - rot_chunks) V, ...).
+      const int64_t d0 = rot ? (int64_t)c * V : p.R + (int64_t)(c - rot_chunks) * V;
+      const int64_t d1 = d0 + half;
+      float sn[P], cs[P];
+      bool have_sincos = false;
       for (int64_t r0 = first_r0; r0 < rows; r0 += kRowsInFlight * step) {
-        if (!(c == c0 && r0 == first_r0)) batch.load(p, NB, b0, s, r0, step, rows, d0, d1, !kInterleaved && rot);
-        batch.store(p, r0, step, rows, d0, d1, sn, cs);
+        batch.load(p, NB, b0, s, r0, step, rows, d0, d1, !kInterleaved && rot);
+        if (rot && !have_sincos) {  // once per (group, chunk), reused for every row
+#pragma unroll
+          for (int j = 0; j < P; ++j) pair_sincos(p, pos, c * P + j, freq[c * P + j], &sn[j], &cs[j]);
+          have_sincos = true;
+        }
+        batch.store(p, r0, step, rows, d0, d1, rot ? sn : nullptr, cs);
       }
     }
-    __syncthreads();  // s_sin/s_cos are rewritten for the next group
   }
 }
 

@@ -1,0 +1,19 @@
+"""One call of one workload, for ncu:  ncu --set full python bench/profile_one.py w1 fp32x4"""
+import sys
+
+import torch
+
+import rope_ext
+
+w, impl = sys.argv[1], sys.argv[2]
+if w == "w1":
+    x = torch.randn(4, 4096, 32, 128, device="cuda").bfloat16()
+    fn = lambda: rope_ext.apply_rope(x, impl=impl)  # noqa: E731
+elif w == "w3":
+    x = torch.randn(128, 8192, 128, device="cuda")
+    fn = lambda: rope_ext.rope(x, impl=impl)  # noqa: E731
+else:
+    raise SystemExit(f"unknown workload {w}")
+for _ in range(3):
+    fn()
+torch.cuda.synchronize()
