@@ -184,8 +184,8 @@ struct ChunkBatch {
 
 // minBlocks 3: caps registers at 80 (the bf16 neox kernel wanted 114 = 2 blocks/SM)
 // with no spills; 4 would cap at 64 and spill.
-template <typename T, bool kInterleaved>
-__global__ void __launch_bounds__(kMaxThreads) rope_fp32x4_kernel(const RopeParams p) {
+template <typename T, bool kInterleaved, int kMinBlocks = 1>
+__global__ void __launch_bounds__(kMaxThreads, kMinBlocks) rope_fp32x4_kernel(const RopeParams p) {
   using Batch = ChunkBatch<T, kInterleaved>;
   constexpr int V = Batch::V, P = Batch::P;
   extern __shared__ float freq[];  // [R/2], once per block
