@@ -5,7 +5,8 @@
     python bench/run.py --json out.json --csv out.csv
 
 Timing: CUDA events around each call, after warm-up, with the L2 flushed (a 256 MB
-write) before every timed call; the median of --reps calls. GB/s counts the bytes
+write) before every timed call and the GPU held busy (torch.cuda._sleep) while the host
+enqueues it, so host overhead stays out of the device time; the median of --reps calls. GB/s counts the bytes
 that must move: x read once and the output written once. "% copy" compares with a
 device-to-device copy measured in the same run the same way. Without a GPU it runs
 a small CPU sweep (wall clock) and says so.
@@ -46,6 +47,9 @@ class Timer:
         ts = []
         for _ in range(self.reps):
             self.flush.fill_(1)  # evict x from L2: time the DRAM traffic, not the cache
+            # Keep the GPU busy while the host enqueues the call: the events then time
+            # the kernel(s), not the Python/dispatcher overhead before the launch.
+            torch.cuda._sleep(1_000_000)
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
             fn()
