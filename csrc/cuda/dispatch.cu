@@ -8,7 +8,6 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "../dispatch.h"
 #include "variants.cuh"
@@ -65,19 +64,18 @@ void launch(const RopeParams& p, Impl impl, int device, cudaStream_t stream) {
     const int rot_chunks = p.interleaved ? p.R / V : p.R / 2 / V;
     const int chunks = rot_chunks + (p.copy_tail ? (p.D - p.R) / V : 0);
     const int64_t rows = rows_per_group(p), groups = num_groups(p);
-    // x: the chunks of a row; y: rows, about kRowsInFlight per thread, 256 threads.
+    // x: the chunks of a row (a warp of bf16 neox D=128 covers 4 rows).
     const int bx = std::min(chunks, cuda::kMaxThreads);
-    static const int rpt = getenv("ROPE_EXT_RPT") ? atoi(getenv("ROPE_EXT_RPT")) : 4;  // TUNING (temporary)
-    static const int minb = getenv("ROPE_EXT_MINB") ? atoi(getenv("ROPE_EXT_MINB")) : 1;  // TUNING (temporary)
+    // y: about kRowsPerThread rows per thread (each thread recomputes its chunk's
+    // sin/cos per group, so fewer, longer threads do less of that), at least a warp.
     const int by = static_cast<int>(std::max<int64_t>(
-        std::max(1, 32 / bx), std::min<int64_t>(ceil_div(rows, rpt), cuda::kMaxThreads / bx)));
+        std::max(1, 32 / bx), std::min<int64_t>(ceil_div(rows, cuda::kRowsPerThread), cuda::kMaxThreads / bx)));
     // Few tokens (decode): split each group's rows over more blocks to fill the SMs.
     const int64_t want_blocks = 2L * sm_count(device) * std::max(1, 2048 / (bx * by));
     int64_t gy = 1;
     if (groups < want_blocks)
       gy = std::min<int64_t>({ceil_div(want_blocks, groups), ceil_div(rows, by), 65535});
-    auto kernel = p.interleaved ? (minb == 3 ? cuda::rope_fp32x4_kernel<T, true, 3> : cuda::rope_fp32x4_kernel<T, true, 1>)
-                                : (minb == 3 ? cuda::rope_fp32x4_kernel<T, false, 3> : cuda::rope_fp32x4_kernel<T, false, 1>);
+    auto kernel = p.interleaved ? cuda::rope_fp32x4_kernel<T, true> : cuda::rope_fp32x4_kernel<T, false>;
     // One wave of resident blocks, each walking several groups (the frequency table
     // and the block start are paid once per block, not once per token); gy blocks
     // share a group's rows.

@@ -13,11 +13,17 @@
 //              group: all heads of q and k, and the whole batch when positions are
 //              shared. Needs unit feature stride and 16-byte alignment.
 //
-// What was learned (H100 numbers in README.md / bench/NOTES.md):
-//   - sin/cos dominate the scalar variants at one head: reusing them across heads
-//     and the batch (variant 3) takes them off the critical path.
-//   - Accurate sin/cos cost little once reduced in double (rope_math.h); fast-math
-//     intrinsics are not needed for speed and are wrong at long positions.
+// What was learned on the H100 (bench/NOTES.md has the numbers and the method):
+//   - Variant 3's x loads must be uint4: a struct copy of Vec<bf16, 8> compiled to
+//     eight 2-byte loads (bf16 bshd W1 222 us -> 127 us once fixed; fp32 was fine).
+//   - A shared-memory sin/cos phase per token needs two __syncthreads per group and
+//     keeps warps in lock-step (W1 120 us, 75% of copy). Per-thread sin/cos issued
+//     after the loads, warps drifting freely, did no better on its own; the kernel is
+//     instruction-heavy (ncu: DRAM 60%, 2 blocks/SM at ~120 registers, ~10 cycles per
+//     issued instruction). 16 rows per thread instead of 4 cut W1 by ~20% (fewer
+//     redundant sin/cos); a 3-blocks/SM launch bound spills and is slower.
+//   - Accurate sin/cos are affordable: the angle reduced in double (rope_math.h) and
+//     the non-fast-math sincosf on |r| <= pi.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -98,7 +104,8 @@ __global__ void rope_fp32_kernel(const RopeParams p) {
 
 // ---------------------------------------------------------------- 3. fp32x4
 constexpr int kRowsInFlight = 4;  // rows loaded before the first use: hides DRAM latency
-constexpr int kMaxThreads = 256;  // per block (launch bounds: lets ptxas budget registers)
+constexpr int kMaxThreads = 256;  // per block
+constexpr int kRowsPerThread = 16;  // rows of a group per thread (launch shape, dispatch.cu)
 
 template <typename T, int N>
 struct alignas(16) Vec {
@@ -184,8 +191,8 @@ struct ChunkBatch {
 
 // minBlocks 3: caps registers at 80 (the bf16 neox kernel wanted 114 = 2 blocks/SM)
 // with no spills; 4 would cap at 64 and spill.
-template <typename T, bool kInterleaved, int kMinBlocks = 1>
-__global__ void __launch_bounds__(kMaxThreads, kMinBlocks) rope_fp32x4_kernel(const RopeParams p) {
+template <typename T, bool kInterleaved>
+__global__ void __launch_bounds__(kMaxThreads) rope_fp32x4_kernel(const RopeParams p) {
   using Batch = ChunkBatch<T, kInterleaved>;
   constexpr int V = Batch::V, P = Batch::P;
   extern __shared__ float freq[];  // [R/2], once per block
