@@ -2,11 +2,10 @@
 // translation of tensors into RopeParams, the per-backend implementations
 // (TORCH_LIBRARY_IMPL) and the pybind11 module.
 //
-// Every check runs on the host before any kernel and reads no device memory (no
-// synchronization, CUDA-graph safe). Checks of tensor *values* (positions >= 0 and
-// inside the cache, cu_seqlens monotone from 0 to T) run here for CPU tensors; for
-// CUDA tensors the Python layer runs them when rope_ext.checks("values") is on, and
-// the kernels never read out of bounds either way (rope_math.h).
+// Every check runs on the host before any kernel. Shapes, dtypes, devices, strides
+// and overlap need no device memory (no synchronization, CUDA-graph safe). Checks of
+// index *values* (check_values) run for CPU tensors always and for CUDA tensors after
+// rope_ext.set_value_checks(True); the kernels never read out of bounds either way.
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
 #include <torch/csrc/autograd/variable.h>
@@ -96,11 +95,17 @@ struct Options {
   const std::string& impl;
 };
 
-// Host-side checks of index *values*, CPU tensors only (free there; on CUDA they
-// would need a device->host copy, which would break CUDA-graph capture).
-void check_values_cpu(const RopeParams& p, const Options& o) {
-  if (o.cu_seqlens && o.cu_seqlens->is_cpu()) {
-    const at::Tensor cu = o.cu_seqlens->to(at::kLong);
+// Checks of index *values*: positions >= 0 and inside the cache, cu_seqlens monotone
+// from 0 to T. Free for CPU tensors, so always run there. For CUDA tensors they need a
+// device->host copy (a synchronization, which CUDA-graph capture forbids), so they run
+// only after rope_ext.set_value_checks(True); the kernels never read out of bounds
+// either way (a cache position outside the table gives NaN rows).
+std::atomic<bool> g_check_device_values{false};
+
+void check_values(const RopeParams& p, const Options& o) {
+  auto host = [](const at::Tensor& t) { return t.to(at::kCPU, at::kLong); };
+  if (o.cu_seqlens) {
+    const at::Tensor cu = host(*o.cu_seqlens).contiguous();
     const int64_t n = cu.numel();
     const int64_t* c = cu.data_ptr<int64_t>();
     TORCH_CHECK_VALUE(c[0] == 0, msg("rope_ext: cu_seqlens must start at 0, got ", c[0]));
@@ -110,23 +115,22 @@ void check_values_cpu(const RopeParams& p, const Options& o) {
       TORCH_CHECK_VALUE(c[i] >= c[i - 1], msg("rope_ext: cu_seqlens must be non-decreasing, got ",
                         c[i - 1], " then ", c[i], " at index ", i));
   }
-  const bool cpu_data = (!o.positions || o.positions->is_cpu()) && (!o.offsets || o.offsets->is_cpu()) &&
-                        (!o.cu_seqlens || o.cu_seqlens->is_cpu());
-  if (!cpu_data || p.S == 0) return;
+  if (p.S == 0) return;
   // Smallest and largest position actually used.
   int64_t lo = 0, hi = 0;
   if (o.positions) {
     if (o.positions->numel() == 0) return;
-    lo = o.positions->min().item<int64_t>();
-    hi = o.positions->max().item<int64_t>();
+    const at::Tensor pt = host(*o.positions);
+    lo = pt.min().item<int64_t>();
+    hi = pt.max().item<int64_t>();
     TORCH_CHECK_VALUE(lo >= 0, msg("rope_ext: positions must be >= 0, got ", lo));
   } else {
-    at::Tensor start = o.offsets ? o.offsets->to(at::kLong) : at::full({1}, o.offset, at::kLong);
+    at::Tensor start = o.offsets ? host(*o.offsets) : at::full({1}, o.offset, at::kLong);
     lo = start.min().item<int64_t>();
     TORCH_CHECK_VALUE(lo >= 0, msg("rope_ext: offsets must be >= 0, got ", lo));
     at::Tensor len = at::full({1}, p.S, at::kLong);
     if (o.cu_seqlens) {
-      const at::Tensor cu = o.cu_seqlens->to(at::kLong);
+      const at::Tensor cu = host(*o.cu_seqlens);
       len = cu.slice(0, 1) - cu.slice(0, 0, -1);
     }
     hi = (start + len - 1).max().item<int64_t>();  // last position of each sequence
@@ -305,7 +309,7 @@ RopeParams make_params(const std::vector<at::Tensor>& ins, const std::vector<at:
     TORCH_CHECK_VALUE(vector_eligible(p, x.element_size(), &why), msg("rope_ext: impl='fp32x4' needs 16-byte vector access, but ", why,
                       "; use impl='auto' (falls back to the scalar kernel) or make x contiguous"));
   }
-  if (x.is_cpu()) check_values_cpu(p, o);
+  if (x.is_cpu() || g_check_device_values.load(std::memory_order_relaxed)) check_values(p, o);
   *impl_out = impl;
   return p;
 }
@@ -447,6 +451,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("impl_names", &rope_ext::impl_names, "kernel variant names, in order");
   m.def("set_poison", [](bool on) { rope_ext::g_poison = on; },
         "tests: fill outputs with NaN before each kernel so unwritten elements show");
+  m.def("set_value_checks", [](bool on) { rope_ext::g_check_device_values = on; },
+        "check positions/offsets/cu_seqlens values of CUDA tensors too (synchronizes)");
 #ifdef ROPE_EXT_WITH_CUDA
   m.attr("with_cuda") = true;
 #else

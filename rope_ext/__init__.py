@@ -11,7 +11,18 @@ from . import _C
 from . import reference
 from .api import IMPLS, LAYOUTS, apply_rope, apply_rope_qk, rope
 from .frequencies import inv_freq
+from .module import RotaryEmbedding
 
 WITH_CUDA = bool(_C.with_cuda)
 
-__all__ = ["IMPLS", "LAYOUTS", "WITH_CUDA", "apply_rope", "apply_rope_qk", "rope", "inv_freq", "reference"]
+
+def set_value_checks(enabled: bool) -> None:
+    """Also check index *values* of CUDA tensors (positions >= 0 and < cos_sin_cache rows,
+    offsets >= 0, cu_seqlens monotone from 0 to T), as is always done for CPU tensors.
+    Off by default: it copies the indices to the host, a synchronization that costs
+    time and is not allowed inside CUDA-graph capture. Without it, the kernels still
+    never read out of bounds (a cache position out of range gives NaN rows)."""
+    _C.set_value_checks(bool(enabled))
+
+__all__ = ["IMPLS", "LAYOUTS", "WITH_CUDA", "RotaryEmbedding", "apply_rope", "apply_rope_qk", "rope", "inv_freq",
+           "reference", "set_value_checks"]

@@ -108,3 +108,21 @@ def test_cuda_cache_position_out_of_range_is_nan_not_oob():
         out = rope_ext.apply_rope(x, pos, impl=impl, cos_sin_cache=cache)
         torch.cuda.synchronize()
         assert torch.isfinite(out[0, :2]).all() and torch.isnan(out[0, 2:]).all(), impl
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_value_checks_opt_in():
+    x = randn((B, S, H, D), torch.float32, "cuda")
+    cache = ref.cos_sin_table(D, 10000.0, 64, "cuda")[:64]
+    rope_ext.set_value_checks(True)
+    try:
+        with pytest.raises(ValueError, match="positions must be >= 0"):
+            rope_ext.apply_rope(x, torch.full((S,), -1, device="cuda"))
+        with pytest.raises(ValueError, match="positions must be < 64"):
+            rope_ext.apply_rope(x, torch.full((S,), 64, device="cuda"), cos_sin_cache=cache)
+        with pytest.raises(ValueError, match="non-decreasing"):
+            rope_ext.apply_rope(randn((S, H, D), torch.float32, "cuda"), layout="thd",
+                                cu_seqlens=torch.tensor([0, 10, 8, S], dtype=torch.int32, device="cuda"))
+    finally:
+        rope_ext.set_value_checks(False)
+    torch.cuda.synchronize()
