@@ -72,11 +72,12 @@ ROPE_HD float inv_freq_of(const RopeParams& p, int i) {
 
 // sin/cos of the angle pos * f, accurate at any position.
 // The fp32 product pos * f is off by up to ulp(pos * f) (~1 rad at pos = 2^24), and
-// __sinf/__cosf are accurate only on small arguments. So: the product in double
-// (exact for |pos| < 2^29), reduced mod 2*pi with a two-part constant to |r| <= pi;
-// only then the hardware __sincosf (abs error <= 2^-21.4 on [-pi, pi], CUDA math
-// guide): ~4e-7 absolute, flat in pos. The accurate sincosf cost a never-taken
-// large-argument path (local memory, ~40 more instructions and registers per pair).
+// fast-math __sinf/__cosf lose accuracy on large arguments. So: the product in double
+// (exact for |pos| < 2^29), reduced mod 2*pi with a two-part constant, then the
+// accurate (non-fast-math) sincosf on |r| <= pi. Angle error ~1e-7 rad, flat in pos.
+// (Measured on the H100: __sincosf on the reduced angle, abs error <= 2^-21.4 there,
+// made fp32 2-3e-7 * max|x| and bf16 up to 1.85 ulp on small outputs, and did not
+// speed up the bf16 W1 workload; so the accurate one stays.)
 ROPE_HD void angle_sincos(int64_t pos, float f, float* s, float* c) {
   const double a = static_cast<double>(pos) * static_cast<double>(f);
   const double k = ::rint(a * 0.15915494309189535);  // 1 / (2 pi)
@@ -84,7 +85,7 @@ ROPE_HD void angle_sincos(int64_t pos, float f, float* s, float* c) {
   r = ::fma(-k, 2.4492935982947064e-16, r);           // 2 pi, low part
   const float rf = static_cast<float>(r);
 #if defined(__CUDA_ARCH__)
-  __sincosf(rf, s, c);  // |rf| <= pi here: see above
+  ::sincosf(rf, s, c);
 #else
   *s = std::sin(rf);
   *c = std::cos(rf);

@@ -22,6 +22,11 @@
 //     instruction-heavy (ncu: DRAM 60%, 2 blocks/SM at ~120 registers, ~10 cycles per
 //     issued instruction). 16 rows per thread instead of 4 cut W1 by ~20% (fewer
 //     redundant sin/cos); a 3-blocks/SM launch bound spills and is slower.
+//   - sin/cos arrays handed to a helper through a pointer (rot ? sn : nullptr) lived
+//     in local memory; by reference they stay in registers (W3 400 -> 390 us).
+//   - W1 (bf16 bshd) held at ~123 us (72% of copy) through every change above: the
+//     smem phase, per-thread sin/cos, 80..196 registers, packed bf16x2 conversions,
+//     2 or 4 rows in flight. Its limit is structural, not instruction count; open.
 //   - Accurate sin/cos are affordable: the angle reduced in double (rope_math.h) and
 //     the non-fast-math sincosf on |r| <= pi.
 #pragma once
@@ -217,7 +222,7 @@ struct ChunkBatch {
 // minBlocks 3: caps registers at 80 (the bf16 neox kernel wanted 114 = 2 blocks/SM)
 // with no spills; 4 would cap at 64 and spill.
 template <typename T, bool kInterleaved>
-__global__ void __launch_bounds__(kMaxThreads, 2) rope_fp32x4_kernel(const RopeParams p) {
+__global__ void __launch_bounds__(kMaxThreads) rope_fp32x4_kernel(const RopeParams p) {
   using Batch = ChunkBatch<T, kInterleaved>;
   constexpr int V = Batch::V, P = Batch::P;
   extern __shared__ float freq[];  // [R/2], once per block
