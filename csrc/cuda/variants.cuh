@@ -22,16 +22,16 @@
 //     instruction-heavy (ncu: DRAM 60%, 2 blocks/SM at ~120 registers, ~10 cycles per
 //     issued instruction). 16 rows per thread instead of 4 cut W1 by ~20% (fewer
 //     redundant sin/cos); a 3-blocks/SM launch bound spills and is slower.
-//   - sin/cos arrays handed to a helper through a pointer (rot ? sn : nullptr) lived
-//     in local memory; by reference they stay in registers (W3 400 -> 390 us).
-//   - W1 (bf16 bshd) held at ~123 us (72% of copy) through every change above: the
-//     smem phase, per-thread sin/cos, 80..196 registers, packed bf16x2 conversions,
-//     2 or 4 rows in flight. Its limit is structural, not instruction count; open.
+//   - Tried and reverted (H100, one run each): sin/cos arrays passed by reference
+//     (they sit in local memory when passed as a pointer) + packed bf16x2 stores +
+//     2 rows in flight: with the accurate sincosf registers rose to ~194 (1 block/SM)
+//     and W1 went 123 -> 136 us, W2b 114 -> 189, W4 84 -> 98; with __sincosf and a
+//     2-blocks/SM bound W1 stayed 123 us (W3 400 -> 390) at the cost of accuracy.
+//     W1 (bf16 bshd) holds at ~123 us (72% of copy) through all variants tried: the
+//     limit looks structural, not instruction count. Open (issue 4).
 //   - Accurate sin/cos are affordable: the angle reduced in double (rope_math.h) and
 //     the non-fast-math sincosf on |r| <= pi.
 #pragma once
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "../rope_math.h"
@@ -138,40 +138,20 @@ __device__ __forceinline__ void store_vec(T* p, const VecT& v) {
 // one half, or of the tail), blockDim.y rows; blockIdx.x walks token groups,
 // blockIdx.y splits a group's rows when there are few tokens (decode) to fill the SMs.
 
-// Two results rounded to T and stored next to each other. fp16/bf16 use the packed
-// conversion (one cvt.rn.{bf16x2,f16x2}.f32 for two values): bf16 moves twice the
-// elements per byte of fp32, and per-element instructions are what this kernel spends.
-template <typename T, typename A>
-__device__ __forceinline__ void store2(T* dst, A lo, A hi) {
-  dst[0] = static_cast<T>(lo);
-  dst[1] = static_cast<T>(hi);
-}
-template <>
-__device__ __forceinline__ void store2(c10::BFloat16* dst, float lo, float hi) {
-  *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(lo, hi);
-}
-template <>
-__device__ __forceinline__ void store2(c10::Half* dst, float lo, float hi) {
-  *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(lo, hi);
-}
-
 // The rows a thread moves in one step: kRowsInFlight rows of one chunk, loaded
 // together (all loads issued before any is used), then rotated and stored.
 template <typename T, bool kInterleaved>
 struct ChunkBatch {
   static constexpr int V = 16 / sizeof(T);           // elements per 16-byte access
   static constexpr int P = kInterleaved ? V / 2 : V;  // pairs per chunk
-  // Rows loaded together. 16-bit neox moves two 16-byte vectors of 8 values per row;
-  // 4 such rows took ~196 registers (1 block/SM), 2 rows keep 64 bytes in flight.
-  static constexpr int kRows = (sizeof(T) == 2 && !kInterleaved) ? 2 : kRowsInFlight;
   using VecT = Vec<T, V>;
-  VecT a[kRows], b[kRows];
-  RowOffsets o[kRows];
+  VecT a[kRowsInFlight], b[kRowsInFlight];
+  RowOffsets o[kRowsInFlight];
 
   __device__ __forceinline__ void load(const RopeParams& p, int64_t NB, int64_t b0, int64_t s, int64_t r0,
                                        int64_t step, int64_t rows, int64_t d0, int64_t d1, bool pair) {
 #pragma unroll
-    for (int u = 0; u < kRows; ++u) {
+    for (int u = 0; u < kRowsInFlight; ++u) {
       const int64_t r = r0 + u * step;
       if (r >= rows) break;
       o[u] = row_offsets(p, NB, b0, s, r);
@@ -181,18 +161,15 @@ struct ChunkBatch {
     }
   }
 
-  // sn/cs: this chunk's P sines and cosines; unused for a tail chunk (rot false).
-  // Taken by reference to arrays with constant indices: a pointer (rot ? sn : nullptr)
-  // forced them into local memory, 16 extra loads per bf16 row.
+  // sn/cs: this chunk's P sines and cosines (shared memory); null for a tail chunk.
   __device__ __forceinline__ void store(const RopeParams& p, int64_t r0, int64_t step, int64_t rows,
-                                        int64_t d0, int64_t d1, bool rot, const float (&sn)[P],
-                                        const float (&cs)[P]) {
+                                        int64_t d0, int64_t d1, const float* sn, const float* cs) {
     using A = acc_t<T>;
 #pragma unroll
-    for (int u = 0; u < kRows; ++u) {
+    for (int u = 0; u < kRowsInFlight; ++u) {
       if (r0 + u * step >= rows) break;
       T* out = static_cast<T*>(p.t[o[u].t].out) + o[u].out;
-      if (!rot) {
+      if (!sn) {
         store_vec(out + d0, a[u]);
         continue;
       }
@@ -201,16 +178,16 @@ struct ChunkBatch {
 #pragma unroll
         for (int j = 0; j < P; ++j) {
           const A x0 = static_cast<A>(a[u].v[2 * j]), x1 = static_cast<A>(a[u].v[2 * j + 1]);
-          store2<T, A>(&ra.v[2 * j], x0 * cs[j] - x1 * sn[j], x1 * cs[j] + x0 * sn[j]);
+          ra.v[2 * j] = static_cast<T>(x0 * cs[j] - x1 * sn[j]);
+          ra.v[2 * j + 1] = static_cast<T>(x1 * cs[j] + x0 * sn[j]);
         }
         store_vec(out + d0, ra);
       } else {
 #pragma unroll
-        for (int j = 0; j < P; j += 2) {  // V is even for every dtype
-          const A x00 = static_cast<A>(a[u].v[j]), x01 = static_cast<A>(a[u].v[j + 1]);
-          const A x10 = static_cast<A>(b[u].v[j]), x11 = static_cast<A>(b[u].v[j + 1]);
-          store2<T, A>(&ra.v[j], x00 * cs[j] - x10 * sn[j], x01 * cs[j + 1] - x11 * sn[j + 1]);
-          store2<T, A>(&rb.v[j], x10 * cs[j] + x00 * sn[j], x11 * cs[j + 1] + x01 * sn[j + 1]);
+        for (int j = 0; j < P; ++j) {
+          const A x0 = static_cast<A>(a[u].v[j]), x1 = static_cast<A>(b[u].v[j]);
+          ra.v[j] = static_cast<T>(x0 * cs[j] - x1 * sn[j]);
+          rb.v[j] = static_cast<T>(x1 * cs[j] + x0 * sn[j]);
         }
         store_vec(out + d0, ra);
         store_vec(out + d1, rb);
@@ -254,14 +231,14 @@ __global__ void __launch_bounds__(kMaxThreads) rope_fp32x4_kernel(const RopePara
       const int64_t d1 = d0 + half;
       float sn[P], cs[P];
       bool have_sincos = false;
-      for (int64_t r0 = first_r0; r0 < rows; r0 += Batch::kRows * step) {
+      for (int64_t r0 = first_r0; r0 < rows; r0 += kRowsInFlight * step) {
         batch.load(p, NB, b0, s, r0, step, rows, d0, d1, !kInterleaved && rot);
         if (rot && !have_sincos) {  // once per (group, chunk), reused for every row
 #pragma unroll
           for (int j = 0; j < P; ++j) pair_sincos(p, pos, c * P + j, freq[c * P + j], &sn[j], &cs[j]);
           have_sincos = true;
         }
-        batch.store(p, r0, step, rows, d0, d1, rot, sn, cs);
+        batch.store(p, r0, step, rows, d0, d1, rot ? sn : nullptr, cs);
       }
     }
   }
