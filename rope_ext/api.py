@@ -7,7 +7,7 @@ C++ op (csrc/rope_ops.cpp), which checks the rest and launches one kernel.
 import torch
 
 from . import _C
-from ._ops import ops
+from ._ops import _IMPL, _INVERSE, _grad_input, ops
 
 #: Kernel variant names (csrc/cuda/variants.cuh); "auto" (the default) picks among them.
 IMPLS = tuple(_C.impl_names())
@@ -102,9 +102,8 @@ class _InplaceRope(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         opts = list(ctx.opts)
-        opts[9] = not opts[9]
-        if opts[10] != "auto":
-            grads = [g.contiguous() for g in grads]
+        opts[_INVERSE] = not opts[_INVERSE]
+        grads = [_grad_input(g, opts[_IMPL]) for g in grads]
         outs = ops.rope(grads[0], *opts) if len(grads) == 1 else ops.rope_qk(*grads, *opts)
         return (None, outs) if len(grads) == 1 else (None, *outs)
 
