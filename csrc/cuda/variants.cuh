@@ -110,7 +110,7 @@ __global__ void rope_fp32_kernel(const RopeParams p) {
 }
 
 // ---------------------------------------------------------------- 3. fp32x4
-constexpr int kRowsInFlight = 2;  // rows per register batch (two batches in flight: ping/pong)
+constexpr int kRowsInFlight = 4;  // rows loaded before the first use: hides DRAM latency
 constexpr int kMaxThreads = 256;  // per block
 constexpr int kRowsPerThread = 16;  // rows of a group per thread (launch shape, dispatch.cu)
 
@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(kMaxThreads) rope_fp32x4_kernel(const RopePara
   const int64_t step = (int64_t)gridDim.y * blockDim.y;
   const int64_t first_r0 = blockIdx.y * (int64_t)blockDim.y + threadIdx.y;
 
-  Batch ping, pong;
+  Batch batch;
   // No barrier per group: each thread computes its own chunk's sin/cos after its loads
   // are in flight, and warps drift freely, so one warp's sin/cos overlaps another's
   // DRAM traffic. (A shared-memory sin/cos phase per group needed two __syncthreads
@@ -231,31 +231,14 @@ __global__ void __launch_bounds__(kMaxThreads) rope_fp32x4_kernel(const RopePara
       const int64_t d1 = d0 + half;
       float sn[P], cs[P];
       bool have_sincos = false;
-      auto sincos_once = [&]() {  // once per (group, chunk), reused for every row
-        if (rot && !have_sincos) {
+      for (int64_t r0 = first_r0; r0 < rows; r0 += kRowsInFlight * step) {
+        batch.load(p, NB, b0, s, r0, step, rows, d0, d1, !kInterleaved && rot);
+        if (rot && !have_sincos) {  // once per (group, chunk), reused for every row
 #pragma unroll
           for (int j = 0; j < P; ++j) pair_sincos(p, pos, c * P + j, freq[c * P + j], &sn[j], &cs[j]);
           have_sincos = true;
         }
-      };
-      // Software pipeline over two register batches: the loads of the next batch are
-      // issued before the current one is rotated and stored, so a thread always has
-      // loads in flight (bf16 does twice the arithmetic per byte of fp32, and without
-      // this its compute phases left DRAM idle: W1 72% of copy vs W3 fp32 89%).
-      const bool pair = !kInterleaved && rot;
-      const int64_t jump = kRowsInFlight * step;
-      int64_t r0 = first_r0;
-      if (r0 < rows) ping.load(p, NB, b0, s, r0, step, rows, d0, d1, pair);
-      while (r0 < rows) {
-        const int64_t r1 = r0 + jump;
-        if (r1 < rows) pong.load(p, NB, b0, s, r1, step, rows, d0, d1, pair);
-        sincos_once();
-        ping.store(p, r0, step, rows, d0, d1, rot ? sn : nullptr, cs);
-        if (r1 >= rows) break;
-        const int64_t r2 = r1 + jump;
-        if (r2 < rows) ping.load(p, NB, b0, s, r2, step, rows, d0, d1, pair);
-        pong.store(p, r1, step, rows, d0, d1, rot ? sn : nullptr, cs);
-        r0 = r2;
+        batch.store(p, r0, step, rows, d0, d1, rot ? sn : nullptr, cs);
       }
     }
   }
