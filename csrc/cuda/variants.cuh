@@ -27,8 +27,10 @@
 //     2 rows in flight: with the accurate sincosf registers rose to ~194 (1 block/SM)
 //     and W1 went 123 -> 136 us, W2b 114 -> 189, W4 84 -> 98; with __sincosf and a
 //     2-blocks/SM bound W1 stayed 123 us (W3 400 -> 390) at the cost of accuracy.
+//     Software pipelining (two 2-row batches, next loads before the current rotate):
+//     W1 124 us (no change), W3 406, W4 218 us: reverted.
 //     W1 (bf16 bshd) holds at ~123 us (72% of copy) through all variants tried: the
-//     limit looks structural, not instruction count. Open (issue 4).
+//     limit looks structural, not instruction count or latency hiding. Open (issue 4).
 //   - Accurate sin/cos are affordable: the angle reduced in double (rope_math.h) and
 //     the non-fast-math sincosf on |r| <= pi.
 #pragma once
