@@ -114,7 +114,7 @@ def _make(mode, doc):
         return _reference(x, positions, layout, offsets, base, cu_seqlens, rotary_dim, interleaved, inv_freq,
                           cos_sin_cache, inplace, mode, inverse)
 
-    ref.__name__ = f"rope_{mode}"
+    ref.__name__ = ref.__qualname__ = f"rope_{mode}"
     ref.__doc__ = doc + "\n\nSame arguments as rope_ext.apply_rope (impl is ignored); inverse=True rotates by -theta."
     return ref
 
