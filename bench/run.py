@@ -76,6 +76,29 @@ def hf_cos_sin(S, D, dtype, base=10000.0):
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
+def time_rows(fns, nbytes, timer, bw, base, outs=None, want=None):
+    """Times each (name, fn): µs, GB/s, % of copy, speedup over the row named `base`
+    (and max |out - want| where `outs` gives the output). A variant that refuses the
+    input gets a row saying why; the sweep goes on."""
+    rows = []
+    for name, fn in fns:
+        try:
+            us = timer(fn)
+        except Exception as e:
+            rows.append(dict(impl=name, error=str(e).splitlines()[0][:80]))
+            continue
+        gbs = nbytes / us / 1e3
+        row = dict(impl=name, us=us, gbs=gbs, pct_copy=100 * gbs / bw)
+        if outs is not None and name in outs:
+            row["err"] = max_err(outs[name](), want)
+        rows.append(row)
+    base_us = next((r["us"] for r in rows if "us" in r and r["impl"].startswith(base)), None)
+    for r in rows:
+        if "us" in r:
+            r["speedup"] = base_us / r["us"] if base_us else float("nan")
+    return rows
+
+
 def workload_rows(x, rope_call, cos, sin, inverse, timer, bw):
     """Time every implementation on x; rows of dicts."""
     nbytes = 2 * x.numel() * x.element_size()
@@ -93,17 +116,7 @@ def workload_rows(x, rope_call, cos, sin, inverse, timer, bw):
         impls.append(("torch.compile(cached)", lambda: compiled(x, cos, s)))
     for name in rope_ext.IMPLS + ("auto",):
         impls.append((f"rope_ext {name}", lambda name=name: rope_call(x, name, inverse)))
-    rows, base_us = [], None
-    for name, fn in impls:
-        try:
-            us = timer(fn)
-        except Exception as e:  # e.g. a variant that refuses this input: say so, keep going
-            rows.append(dict(impl=name, error=str(e).splitlines()[0][:80]))
-            continue
-        base_us = base_us or us
-        gbs = nbytes / us / 1e3
-        rows.append(dict(impl=name, us=us, gbs=gbs, pct_copy=100 * gbs / bw, speedup=base_us / us))
-    return rows
+    return time_rows(impls, nbytes, timer, bw, base="torch naive")
 
 
 def seed_call(x, impl, inverse):
@@ -152,22 +165,7 @@ def llm_suite(timer, bw):
     impls = rope_ext.IMPLS + ("auto",)
 
     def table(title, nbytes, fns, want=None, outs=None):
-        rows = []
-        for name, fn in fns:
-            try:
-                us = timer(fn)
-            except Exception as e:
-                rows.append(dict(impl=name, error=str(e).splitlines()[0][:80]))
-                continue
-            gbs = nbytes / us / 1e3
-            row = dict(impl=name, us=us, gbs=gbs, pct_copy=100 * gbs / bw, speedup=1.0)
-            if want is not None and outs is not None and name in outs:
-                row["err"] = max_err(outs[name](), want)
-            rows.append(row)
-        base = next((r["us"] for r in rows if "us" in r and r["impl"].startswith("torch.compile")), None)
-        for r in rows:
-            if "us" in r and base:
-                r["speedup"] = base / r["us"]  # here: speedup over torch.compile
+        rows = time_rows(fns, nbytes, timer, bw, base="torch.compile", outs=outs, want=want)
         print_table(title, rows, "x compile", err=want is not None)
         results.append(dict(workload=title, rows=rows))
 

@@ -258,7 +258,7 @@ RopeParams make_params(const std::vector<at::Tensor>& ins, const std::vector<at:
   p.offset = o.offset;
   p.pos_shared_b = p.B == 1 || (o.positions ? p.pos_stride_b == 0 : !o.offsets);
   // Rows of one group (NB batches x heads of q and k) are indexed in 32 bits.
-  const int64_t heads = ins.size() > 1 ? ins[0].size(2) + ins[1].size(2) : ins[0].size(2);
+  const int64_t heads = heads_total(p);
   TORCH_CHECK_VALUE(heads < (int64_t(1) << 31), msg("rope_ext: at most 2^31 - 1 heads, got ", heads));
   if (p.B * heads >= (int64_t(1) << 31)) p.pos_shared_b = false;
 
