@@ -12,15 +12,15 @@ namespace rope_ext {
 // Kernel variants, in the order of csrc/cuda/variants.cuh. "auto" picks the fastest
 // eligible one. rope_ext.IMPLS is read from kImplNames, so a variant added here is
 // tested and benchmarked without editing the tests or the bench.
-enum class Impl : int { kNaive = 0, kFp32 = 1, kFp32x4 = 2, kAuto = 3 };
+enum class Impl : int { kNaive = 0, kFp32 = 1, kFp32x4 = 2, kFp32x4Tile = 3, kAuto = 4 };
 inline const std::vector<std::string>& impl_names() {
-  static const std::vector<std::string> names = {"naive", "fp32", "fp32x4"};
+  static const std::vector<std::string> names = {"naive", "fp32", "fp32x4", "fp32x4_tile"};
   return names;
 }
 
-// Whether variant 3 (16-byte vectors) can run on these tensors: unit feature
+// Whether variants 3 and 4 (16-byte vectors) can run on these tensors: unit feature
 // stride, 16-byte aligned rows and chunks. Shared by the CUDA selector and the error
-// message of an explicit impl="fp32x4".
+// message of an explicit impl="fp32x4" / "fp32x4_tile".
 bool vector_eligible(const RopeParams& p, int64_t elem_size, std::string* why);
 
 void run_cpu(const RopeParams& p, Impl impl, at::ScalarType dtype);

@@ -126,8 +126,14 @@ ROPE_HD int64_t heads_total(const RopeParams& p) {
 ROPE_HD int64_t rows_per_group(const RopeParams& p) { return batches_per_group(p) * heads_total(p); }
 
 ROPE_HD void group_token(const RopeParams& p, int64_t g, int64_t* b0, int64_t* s) {
-  if (p.pos_shared_b) { *b0 = 0; *s = g; }
-  else { *b0 = g / p.S; *s = g - (*b0) * p.S; }
+  if (p.pos_shared_b) { *b0 = 0; *s = g; return; }
+  // A 64-bit divide is a long subroutine on the GPU; token counts below 2^32 (all
+  // real ones) take the 32-bit divide.
+  if ((static_cast<uint64_t>(g) >> 32) == 0 && (static_cast<uint64_t>(p.S) >> 32) == 0)
+    *b0 = static_cast<uint32_t>(g) / static_cast<uint32_t>(p.S);
+  else
+    *b0 = g / p.S;
+  *s = g - (*b0) * p.S;
 }
 
 // Row r of a group of NB batches: tensor t (q rows first, then k), batch b0 + bb,

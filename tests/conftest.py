@@ -17,6 +17,7 @@ import rope_ext
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 IMPLS = rope_ext.IMPLS + ("auto",)
+VECTOR_IMPLS = ("fp32x4", "fp32x4_tile")  # need 16-byte vector access (vector_ok)
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 ALL_DTYPES = DTYPES + [torch.float64]
 F64_TOL = {torch.float32: 2e-6, torch.float64: 1e-6, torch.float16: 2e-6, torch.bfloat16: 2e-6}
@@ -88,7 +89,7 @@ def make_view(shape, dtype, device, kind):
 
 
 def vector_ok(x, rotary_dim=None, interleaved=False, inplace=False):
-    """Independent statement of when impl='fp32x4' must accept x (16-byte vectors)."""
+    """Independent statement of when the VECTOR_IMPLS must accept x (16-byte vectors)."""
     V = 16 // x.element_size()
     D = x.shape[-1]
     R = rotary_dim or D

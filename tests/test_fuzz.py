@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import rope_ext
 from rope_ext import reference as ref
-from conftest import DEVICES, assert_close_f64, make_view, vector_ok
+from conftest import DEVICES, assert_close_f64, make_view, vector_ok, VECTOR_IMPLS
 
 EXAMPLES = int(os.environ.get("ROPE_EXT_FUZZ_EXAMPLES", "80"))
 
@@ -61,8 +61,8 @@ def test_fuzz_against_float64(device, case):
         with pytest.raises(ValueError, match="naive"):
             rope_ext.apply_rope(x, impl=impl, inplace=True, **kw)
         return
-    if impl == "fp32x4" and not vector_ok(x, R, kw["interleaved"], inplace):
-        with pytest.raises(ValueError, match="fp32x4"):
+    if impl in VECTOR_IMPLS and not vector_ok(x, R, kw["interleaved"], inplace):
+        with pytest.raises(ValueError, match=f"impl=.{impl}. needs 16-byte"):
             rope_ext.apply_rope(x, impl=impl, inplace=inplace, **kw)
         return
     out = rope_ext.apply_rope(x, impl=impl, inplace=inplace, **kw)

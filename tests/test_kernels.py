@@ -5,7 +5,7 @@ import torch
 
 import rope_ext
 from rope_ext import reference as ref
-from conftest import IMPLS, DTYPES, assert_close_f64, assert_close_ref, make_view, randn, vector_ok
+from conftest import IMPLS, DTYPES, assert_close_f64, assert_close_ref, make_view, randn, vector_ok, VECTOR_IMPLS
 
 B, S, H, D = 2, 37, 3, 64
 CU = [0, 5, 30, 74]  # thd: three packed sequences, T = B * S = 74
@@ -25,8 +25,8 @@ def check_fwd_bwd(x, impl, **kw):
     """apply_rope(x) against float64 and the references; then its gradient."""
     scale = x.abs().max().item()
     x_before = x.clone()
-    if impl == "fp32x4" and not vector_ok(x, kw.get("rotary_dim"), kw.get("interleaved", False)):
-        with pytest.raises(ValueError, match="fp32x4"):
+    if impl in VECTOR_IMPLS and not vector_ok(x, kw.get("rotary_dim"), kw.get("interleaved", False)):
+        with pytest.raises(ValueError, match=f"impl=.{impl}. needs 16-byte"):
             rope_ext.apply_rope(x, impl=impl, **kw)
         return
     out = rope_ext.apply_rope(x, impl=impl, **kw)

@@ -6,7 +6,7 @@ import torch
 
 import rope_ext
 from rope_ext import reference as ref
-from conftest import IMPLS, assert_close_f64, assert_close_ref, randn, vector_ok
+from conftest import IMPLS, assert_close_f64, assert_close_ref, randn, vector_ok, VECTOR_IMPLS
 
 B, S, H, D = 3, 29, 4, 64
 T, CU = 40, [0, 7, 7, 31, 40]  # thd: four sequences, one empty
@@ -48,8 +48,8 @@ def test_option(device, impl, name, dtype):
     x = randn(shape, dtype, device)
     scale = x.abs().max().item()
     x_before = x.clone()
-    if impl == "fp32x4" and not vector_ok(x, kw.get("rotary_dim"), kw.get("interleaved", False)):
-        with pytest.raises(ValueError, match="fp32x4"):
+    if impl in VECTOR_IMPLS and not vector_ok(x, kw.get("rotary_dim"), kw.get("interleaved", False)):
+        with pytest.raises(ValueError, match=f"impl=.{impl}. needs 16-byte"):
             rope_ext.apply_rope(x, impl=impl, **kw)
         return
     out = rope_ext.apply_rope(x, impl=impl, **kw)
@@ -71,7 +71,7 @@ def test_inplace(device, impl, name):
     expect = ref.rope_float64(x, **kw)
     R = kw.get("rotary_dim") or D
     tail = x[..., R:].clone()
-    if impl == "fp32x4" and not vector_ok(x, kw.get("rotary_dim"), kw.get("interleaved", False), inplace=True):
+    if impl in VECTOR_IMPLS and not vector_ok(x, kw.get("rotary_dim"), kw.get("interleaved", False), inplace=True):
         pytest.skip("layout not vectorizable; covered by the error test")
     v0 = x._version
     out = rope_ext.apply_rope(x, impl=impl, inplace=True, **kw)

@@ -47,6 +47,36 @@ dim3 flat_grid(int64_t work, int threads, int device) {
   return dim3(static_cast<unsigned>(std::min<int64_t>(ceil_div(work, threads), sm_count(device) * 64L)));
 }
 
+// Variant 4: tiles of consecutive rows. Rows per tile: 16 per thread when the tensor
+// is large (the table and the block start amortised over many rows); fewer when that
+// would leave SMs idle; and few enough that the tile's cos/sin table fits.
+template <typename T>
+void launch_tile(const RopeParams& p, int device, cudaStream_t stream) {
+  constexpr int V = 16 / sizeof(T);
+  const int half = p.R / 2;
+  const int rot_chunks = p.interleaved ? p.R / V : half / V;
+  const int chunks = rot_chunks + (p.copy_tail ? (p.D - p.R) / V : 0);
+  const int bx = std::min(chunks, cuda::kTileThreads);
+  const int by = std::max(1, cuda::kTileThreads / bx);
+  const int64_t rows_g = rows_per_group(p);
+  const int64_t total = num_groups(p) * rows_g;
+  auto kernel = p.interleaved ? cuda::rope_tile_kernel<T, true> : cuda::rope_tile_kernel<T, false>;
+  const int64_t resident = sm_count(device) * resident_blocks(kernel, bx * by, 0);
+  constexpr int64_t kRowsPerThread = 4 * cuda::kRowsInFlight;
+  int64_t tile = std::min<int64_t>(by * kRowsPerThread, ceil_div(total, resident));
+  // Groups a tile of `tile` rows can touch (it may start mid-group), one table row each.
+  auto table_rows = [&](int64_t t) { return (t + rows_g - 2) / rows_g + 1; };
+  constexpr int64_t kTableBytes = 32 * 1024;
+  while (tile > 1 && table_rows(tile) * half * 8 > kTableBytes) tile = (tile + 1) / 2;
+  tile = std::max<int64_t>(tile, ceil_div(total, INT32_MAX));  // gridDim.x limit
+  cuda::TileShape ts;
+  ts.rows = tile;
+  ts.total_rows = total;
+  ts.table_stride = static_cast<int32_t>((table_rows(tile) * half + 3) / 4 * 4);
+  const size_t smem = 2 * sizeof(float) * ts.table_stride;
+  kernel<<<static_cast<unsigned>(ceil_div(total, tile)), dim3(bx, by), smem, stream>>>(p, ts);
+}
+
 template <typename T>
 void launch(const RopeParams& p, Impl impl, int device, cudaStream_t stream) {
   const size_t smem = sizeof(float) * std::max(1, p.R / 2);  // frequency table
@@ -59,6 +89,8 @@ void launch(const RopeParams& p, Impl impl, int device, cudaStream_t stream) {
     constexpr int kThreads = 256;
     const int64_t items = p.R / 2 + (p.copy_tail ? p.D - p.R : 0);
     cuda::rope_fp32_kernel<T><<<flat_grid(tokens_rows * items, kThreads, device), kThreads, smem, stream>>>(p);
+  } else if (impl == Impl::kFp32x4Tile) {
+    launch_tile<T>(p, device, stream);
   } else {
     constexpr int V = 16 / sizeof(T);
     const int rot_chunks = p.interleaved ? p.R / V : p.R / 2 / V;
@@ -94,7 +126,7 @@ void run_cuda(const RopeParams& p, Impl impl, at::ScalarType dtype, c10::Device 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "rope_ext_cuda", [&] {
     Impl chosen = impl;
     if (impl == Impl::kAuto)
-      chosen = vector_eligible(p, sizeof(scalar_t), nullptr) ? Impl::kFp32x4 : Impl::kFp32;
+      chosen = vector_eligible(p, sizeof(scalar_t), nullptr) ? Impl::kFp32x4Tile : Impl::kFp32;
     launch<scalar_t>(p, chosen, device.index(), stream);
   });
 }

@@ -136,6 +136,30 @@ __device__ __forceinline__ void store_vec(T* p, const VecT& v) {
   *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(&v);
 }
 
+// Rotates one chunk in registers: neox pairs (a[j], b[j]) across the two halves, or
+// GPT-J pairs (a[2j], a[2j+1]) inside a; sn/cs hold the chunk's P sines/cosines.
+// fp32 math, one rounding at the end. Shared by variants 3 and 4.
+template <typename T, bool kInterleaved, typename VecT>
+__device__ __forceinline__ void rotate_chunk(VecT& a, VecT& b, const float* sn, const float* cs) {
+  using A = acc_t<T>;
+  constexpr int V = 16 / sizeof(T);
+  if (kInterleaved) {
+#pragma unroll
+    for (int j = 0; j < V / 2; ++j) {
+      const A x0 = static_cast<A>(a.v[2 * j]), x1 = static_cast<A>(a.v[2 * j + 1]);
+      a.v[2 * j] = static_cast<T>(x0 * cs[j] - x1 * sn[j]);
+      a.v[2 * j + 1] = static_cast<T>(x1 * cs[j] + x0 * sn[j]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const A x0 = static_cast<A>(a.v[j]), x1 = static_cast<A>(b.v[j]);
+      a.v[j] = static_cast<T>(x0 * cs[j] - x1 * sn[j]);
+      b.v[j] = static_cast<T>(x1 * cs[j] + x0 * sn[j]);
+    }
+  }
+}
+
 // Launch shape: blockDim.x threads walk the chunks of a row (a chunk = 16 bytes of
 // one half, or of the tail), blockDim.y rows; blockIdx.x walks token groups,
 // blockIdx.y splits a group's rows when there are few tokens (decode) to fill the SMs.
@@ -163,37 +187,16 @@ struct ChunkBatch {
     }
   }
 
-  // sn/cs: this chunk's P sines and cosines (shared memory); null for a tail chunk.
+  // sn/cs: this chunk's P sines and cosines; null for a tail chunk.
   __device__ __forceinline__ void store(const RopeParams& p, int64_t r0, int64_t step, int64_t rows,
                                         int64_t d0, int64_t d1, const float* sn, const float* cs) {
-    using A = acc_t<T>;
 #pragma unroll
     for (int u = 0; u < kRowsInFlight; ++u) {
       if (r0 + u * step >= rows) break;
       T* out = static_cast<T*>(p.t[o[u].t].out) + o[u].out;
-      if (!sn) {
-        store_vec(out + d0, a[u]);
-        continue;
-      }
-      VecT ra, rb;
-      if (kInterleaved) {
-#pragma unroll
-        for (int j = 0; j < P; ++j) {
-          const A x0 = static_cast<A>(a[u].v[2 * j]), x1 = static_cast<A>(a[u].v[2 * j + 1]);
-          ra.v[2 * j] = static_cast<T>(x0 * cs[j] - x1 * sn[j]);
-          ra.v[2 * j + 1] = static_cast<T>(x1 * cs[j] + x0 * sn[j]);
-        }
-        store_vec(out + d0, ra);
-      } else {
-#pragma unroll
-        for (int j = 0; j < P; ++j) {
-          const A x0 = static_cast<A>(a[u].v[j]), x1 = static_cast<A>(b[u].v[j]);
-          ra.v[j] = static_cast<T>(x0 * cs[j] - x1 * sn[j]);
-          rb.v[j] = static_cast<T>(x1 * cs[j] + x0 * sn[j]);
-        }
-        store_vec(out + d0, ra);
-        store_vec(out + d1, rb);
-      }
+      if (sn) rotate_chunk<T, kInterleaved>(a[u], b[u], sn, cs);
+      store_vec(out + d0, a[u]);
+      if (sn && !kInterleaved) store_vec(out + d1, b[u]);
     }
   }
 };
@@ -243,6 +246,154 @@ __global__ void __launch_bounds__(kMaxThreads) rope_fp32x4_kernel(const RopePara
         batch.store(p, r0, step, rows, d0, d1, rot ? sn : nullptr, cs);
       }
     }
+  }
+}
+
+// ---------------------------------------------------------------- 4. fp32x4_tile
+// A block owns a tile: ts.rows consecutive rows of the flattened (token group, row of
+// group) space, i.e. a contiguous stretch of tokens, and exits when done (no
+// persistent loop: the block scheduler overlaps one block's sin/cos phase with
+// another's memory traffic). Per block:
+//   1. each thread issues the loads of its first kRowsInFlight rows,
+//   2. the block fills a shared cos/sin table for the (few) groups the tile touches,
+//   3. one __syncthreads, then every thread rotates/stores its rows and loads more.
+// Each (position, frequency) is computed once per tile and read from shared memory
+// by all heads, q and k, and the batch when positions are shared.
+struct TileShape {
+  int64_t rows;        // rows per tile (the last tile may be shorter)
+  int64_t total_rows;  // num_groups * rows_per_group
+  int32_t table_stride;  // floats from the cos table to the sin table (a multiple of 4)
+};
+constexpr int kTileThreads = 256;
+
+// P consecutive floats of a shared table, in 16- or 8-byte reads where P allows
+// (the host keeps row starts aligned: the rotary half is a multiple of the chunk).
+template <int P>
+__device__ __forceinline__ void load_table(const float* src, float* dst) {
+  if (P % 4 == 0) {
+#pragma unroll
+    for (int j = 0; j < P; j += 4) *reinterpret_cast<float4*>(dst + j) = *reinterpret_cast<const float4*>(src + j);
+  } else if (P % 2 == 0) {
+#pragma unroll
+    for (int j = 0; j < P; j += 2) *reinterpret_cast<float2*>(dst + j) = *reinterpret_cast<const float2*>(src + j);
+  } else {
+#pragma unroll
+    for (int j = 0; j < P; ++j) dst[j] = src[j];
+  }
+}
+
+template <typename T, bool kInterleaved>
+struct TileRows {
+  static constexpr int V = 16 / sizeof(T);
+  static constexpr int P = kInterleaved ? V / 2 : V;
+  using VecT = Vec<T, V>;
+  VecT a[kRowsInFlight], b[kRowsInFlight];
+  T* out[kRowsInFlight];
+  uint32_t gl[kRowsInFlight];  // the row's group within the tile (table row)
+
+  // Rows lr0, lr0 + step, ... (local to the tile, < n); x = r_first + lr counts rows
+  // from the first group's start (32-bit: rows of a group + a tile fit).
+  __device__ __forceinline__ void load(const RopeParams& p, int64_t NB, uint32_t rows_g, int64_t g_first,
+                                       uint32_t r_first, int lr0, int step, int n, int d0, int d1, bool pair) {
+#pragma unroll
+    for (int u = 0; u < kRowsInFlight; ++u) {
+      const int lr = lr0 + u * step;
+      if (lr >= n) break;
+      const uint32_t x = r_first + static_cast<uint32_t>(lr);
+      gl[u] = x / rows_g;
+      int64_t b0, s;
+      group_token(p, g_first + gl[u], &b0, &s);
+      const RowOffsets o = row_offsets(p, NB, b0, s, x - gl[u] * rows_g);
+      // Selects, not p.t[o.t]: a runtime index into the kernel's parameters makes
+      // the compiler copy them to local memory.
+      const T* in = static_cast<const T*>(o.t ? p.t[1].in : p.t[0].in) + o.in;
+      out[u] = static_cast<T*>(o.t ? p.t[1].out : p.t[0].out) + o.out;
+      a[u] = load_vec<VecT>(in + d0);
+      if (pair) b[u] = load_vec<VecT>(in + d1);
+    }
+  }
+
+  // rot: a rotary chunk whose P pairs start at pair index i0 (else a tail chunk).
+  __device__ __forceinline__ void store(const float* cos_tab, const float* sin_tab, int half, int lr0, int step,
+                                        int n, int d0, int d1, bool rot, int i0) {
+#pragma unroll
+    for (int u = 0; u < kRowsInFlight; ++u) {
+      if (lr0 + u * step >= n) break;
+      if (rot) {
+        float sn[P], cs[P];
+        load_table<P>(cos_tab + gl[u] * half + i0, cs);
+        load_table<P>(sin_tab + gl[u] * half + i0, sn);
+        rotate_chunk<T, kInterleaved>(a[u], b[u], sn, cs);
+      }
+      store_vec(out[u] + d0, a[u]);
+      if (rot && !kInterleaved) store_vec(out[u] + d1, b[u]);
+    }
+  }
+};
+
+template <typename T, bool kInterleaved>
+__global__ void __launch_bounds__(kTileThreads, 3) rope_tile_kernel(const RopeParams p, const TileShape ts) {
+  using Rows = TileRows<T, kInterleaved>;
+  constexpr int V = Rows::V, P = Rows::P;
+  extern __shared__ float4 tile_smem[];
+  float* cos_tab = reinterpret_cast<float*>(tile_smem);  // [groups of the tile][R/2]
+  float* sin_tab = cos_tab + ts.table_stride;
+
+  const int half = p.R / 2;
+  const int rot_chunks = kInterleaved ? p.R / V : half / V;
+  const int chunks = rot_chunks + (p.copy_tail ? (p.D - p.R) / V : 0);
+  const int64_t NB = batches_per_group(p);
+  const uint32_t rows_g = static_cast<uint32_t>(rows_per_group(p));
+  const int64_t f0 = blockIdx.x * ts.rows;  // the tile's first row
+  const int n = static_cast<int>(min(ts.rows, ts.total_rows - f0));
+  const int64_t g_first = f0 / rows_g;  // one 64-bit divide per block
+  const uint32_t r_first = static_cast<uint32_t>(f0 - g_first * rows_g);
+  const int groups = static_cast<int>((r_first + n - 1) / rows_g) + 1;
+
+  // 1. The first loads go out before the sin/cos work, which then hides their latency.
+  const int step = blockDim.y;
+  int c = threadIdx.x, lr0 = threadIdx.y;
+  auto chunk_dims = [&](int ch, int* d0, int* d1) {
+    // neox: [cV, cV+V) and [R/2 + cV, ...); interleaved: [cV, cV+V) holding P
+    // (even, odd) pairs; a tail chunk copies [R + (c - rot_chunks) V, ...).
+    *d0 = ch < rot_chunks ? ch * V : p.R + (ch - rot_chunks) * V;
+    *d1 = *d0 + half;
+  };
+  Rows rows;
+  int d0, d1;
+  chunk_dims(c, &d0, &d1);
+  bool have = c < chunks && lr0 < n;
+  if (have) rows.load(p, NB, rows_g, g_first, r_first, lr0, step, n, d0, d1, !kInterleaved && c < rot_chunks);
+
+  // 2. The cos/sin table of the tile's groups.
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x, nthreads = blockDim.x * blockDim.y;
+  // Thread tid owns frequency i = tid % lanes (one pow per frequency, not per entry)
+  // for groups tid / lanes, + gsteps, ...
+  const int lanes = min(half, nthreads), gsteps = nthreads / lanes;
+  if (tid < lanes * gsteps) {
+    for (int i = tid % lanes; i < half; i += lanes) {
+      const float f = inv_freq_of(p, i);
+      for (int gl = tid / lanes; gl < groups; gl += gsteps) {
+        int64_t b0, s;
+        group_token(p, g_first + gl, &b0, &s);
+        pair_sincos(p, position_of(p, b0, s), i, f, &sin_tab[gl * half + i], &cos_tab[gl * half + i]);
+      }
+    }
+  }
+  __syncthreads();
+
+  // 3. Rotate and store, then the next rows of this chunk, then the next chunk.
+  while (have) {
+    const bool rot = c < rot_chunks;
+    rows.store(cos_tab, sin_tab, half, lr0, step, n, d0, d1, rot, c * P);
+    lr0 += kRowsInFlight * step;
+    if (lr0 >= n) {
+      c += blockDim.x;
+      lr0 = threadIdx.y;
+      chunk_dims(c, &d0, &d1);
+    }
+    have = c < chunks && lr0 < n;
+    if (have) rows.load(p, NB, rows_g, g_first, r_first, lr0, step, n, d0, d1, !kInterleaved && c < rot_chunks);
   }
 }
 
