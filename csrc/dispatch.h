@@ -26,6 +26,8 @@ bool vector_eligible(const RopeParams& p, int64_t elem_size, std::string* why);
 void run_cpu(const RopeParams& p, Impl impl, at::ScalarType dtype);
 #ifdef ROPE_EXT_WITH_CUDA
 void run_cuda(const RopeParams& p, Impl impl, at::ScalarType dtype, c10::Device device);
+// Tuning hook for bench/tune_tile.py: rows per thread of variant 4's tiles (0 = default).
+void set_tile_rows_per_thread(int n);
 #endif
 
 }  // namespace rope_ext

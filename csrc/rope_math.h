@@ -66,7 +66,7 @@ ROPE_HD float base_inv_freq(double base, int i, int R) {
 
 ROPE_HD float inv_freq_of(const RopeParams& p, int i) {
   if (p.freq == FreqSource::kInvFreq) return p.inv_freq[i * p.inv_freq_stride];
-  if (p.freq == FreqSource::kBase) return base_inv_freq(p.base, i, p.R);
+  if (p.freq == FreqSource::kBase) return p.base_freqs_set ? p.base_freqs[i] : base_inv_freq(p.base, i, p.R);
   return 0.f;  // cos/sin cache: no frequency needed
 }
 

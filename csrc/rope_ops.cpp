@@ -289,6 +289,19 @@ RopeParams make_params(const std::vector<at::Tensor>& ins, const std::vector<at:
     p.cache_stride_col = c.stride(1);
   } else {
     TORCH_CHECK_VALUE(o.base > 0 && std::isfinite(o.base), msg("rope_ext: base must be a positive finite number, got ", o.base));
+    if (R / 2 <= RopeParams::kParamFreqs) {
+      // Cached: 64 double pows would cost more host time than the rest of the call.
+      static thread_local double cached_base = 0;
+      static thread_local int64_t cached_R = 0;
+      static thread_local float cached[RopeParams::kParamFreqs];
+      if (cached_base != o.base || cached_R != R) {
+        for (int i = 0; i < R / 2; ++i) cached[i] = base_inv_freq(o.base, i, static_cast<int>(R));
+        cached_base = o.base;
+        cached_R = R;
+      }
+      std::copy(cached, cached + R / 2, p.base_freqs);
+      p.base_freqs_set = true;
+    }
   }
 
   // In place: every output element must have its own memory, or rows would race.
@@ -364,6 +377,38 @@ std::tuple<at::Tensor, at::Tensor> rope_qk(const at::Tensor& q, const at::Tensor
 
 void rope_qk_(const at::Tensor& q, const at::Tensor& k, ROPE_ARGS) {
   run({q, k}, {q, k}, ROPE_OPTIONS, true);
+}
+
+// The eager fast path (rope_ext/api.py calls it when nothing needs the dispatcher: no
+// autograd, no torch.compile, no tensor subclass or mode): the same run() as the ops,
+// without the boxed dispatcher hops and the Python-side views, which cost most of a
+// decode-sized call (bench/overhead.py). layout: 0 bshd, 1 sbhd, 2 bhsd, 3 thd (ranks
+// checked by the caller). In place: bumps the version counters as the ADInplaceOrView
+// kernel below does for the ops.
+at::Tensor layout_view(const at::Tensor& x, int64_t layout, bool to_bshd) {
+  switch (layout) {
+    case 1: return x.permute({1, 0, 2, 3});
+    case 2: return x.permute({0, 2, 1, 3});
+    case 3: return to_bshd ? x.unsqueeze(0) : x.squeeze(0);
+    default: return x;
+  }
+}
+
+std::vector<at::Tensor> rope_direct(const std::vector<at::Tensor>& xs, int64_t layout, bool inplace, ROPE_ARGS) {
+  TORCH_CHECK_VALUE(xs.size() == 1 || xs.size() == 2, "rope_ext: one or two tensors");
+  std::vector<at::Tensor> x4;
+  for (const auto& t : xs) x4.push_back(layout_view(t, layout, true));
+  if (inplace) {
+    run(x4, x4, ROPE_OPTIONS, true);
+    for (const auto& t : xs)
+      if (!t.is_inference()) torch::autograd::impl::bump_version(t);
+    return {};
+  }
+  std::vector<at::Tensor> outs;
+  for (const auto& t : x4) outs.push_back(new_output(t));
+  run(x4, outs, ROPE_OPTIONS, false);
+  for (auto& t : outs) t = layout_view(t, layout, false);
+  return outs;
 }
 
 }  // namespace
@@ -449,11 +494,15 @@ TORCH_LIBRARY_IMPL(rope_ext, CUDA, m) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "rope_ext: RoPE kernels (the ops live under torch.ops.rope_ext)";
   m.def("impl_names", &rope_ext::impl_names, "kernel variant names, in order");
+  m.def("rope_direct", &rope_ext::rope_direct,
+        "eager fast path of the ops (no dispatcher): xs, layout code, inplace, then the op options");
   m.def("set_poison", [](bool on) { rope_ext::g_poison = on; },
         "tests: fill outputs with NaN before each kernel so unwritten elements show");
   m.def("set_value_checks", [](bool on) { rope_ext::g_check_device_values = on; },
         "check positions/offsets/cu_seqlens values of CUDA tensors too (synchronizes)");
 #ifdef ROPE_EXT_WITH_CUDA
+  m.def("set_tile_rows_per_thread", &rope_ext::set_tile_rows_per_thread,
+        "tuning: rows per thread of variant 4's tiles (0 = default)");
   m.attr("with_cuda") = true;
 #else
   m.attr("with_cuda") = false;

@@ -60,6 +60,12 @@ struct RopeParams {
 
   FreqSource freq = FreqSource::kBase;
   double base = 10000.0;
+  // kBase with R/2 <= kParamFreqs: the host's fp32(base^(-2i/R)) (same formula, cached
+  // per (base, R)), so kernels read a parameter instead of evaluating a double pow
+  // (~0.5 us of latency at the head of every block; it dominated small launches).
+  static constexpr int kParamFreqs = 64;
+  bool base_freqs_set = false;
+  float base_freqs[kParamFreqs];
   const float* inv_freq = nullptr;  // [R/2], stride inv_freq_stride
   int64_t inv_freq_stride = 1;
   const void* cache = nullptr;      // [cache_rows, R]

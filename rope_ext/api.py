@@ -108,7 +108,38 @@ class _InplaceRope(torch.autograd.Function):
         return (None, outs) if len(grads) == 1 else (None, *outs)
 
 
+_LAYOUT_CODE = {"bshd": 0, "sbhd": 1, "bhsd": 2, "thd": 3}  # rope_direct's layout argument
+_function_mode_on = torch._C._is_torch_function_mode_enabled
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+
+
+def _direct_ok(xs, layout, opts):
+    """Whether the call may skip the dispatcher (rope_ext._C.rope_direct): plain
+    tensors of the layout's rank, no gradient to record, and nobody tracing or
+    intercepting ops (torch.compile, a TorchFunction/TorchDispatch mode, a subclass)."""
+    if torch.compiler.is_compiling() or _function_mode_on() or _dispatch_modes():
+        return False
+    rank = 3 if layout == "thd" else 4
+    grad = torch.is_grad_enabled()
+    for x in xs:
+        if type(x) is not torch.Tensor or x.dim() != rank or (grad and x.requires_grad):
+            return False
+    for t in opts[:5]:
+        if t is not None and type(t) is not torch.Tensor:
+            return False
+    return True
+
+
 def _run(xs, layout, opts, inplace):
+    if layout in _LAYOUT_CODE and _direct_ok(xs, layout, opts):
+        # The same C++ run() as the ops, minus the dispatcher and the Python views
+        # (bench/overhead.py has the per-call costs).
+        if inplace:
+            for x, name in zip(xs, ("x", "k")):
+                _check_inplace(x, name)
+            _C.rope_direct(xs, _LAYOUT_CODE[layout], True, *opts)
+            return tuple(xs)
+        return tuple(_C.rope_direct(xs, _LAYOUT_CODE[layout], False, *opts))
     x4 = [_to_bshd(x, layout, name) for x, name in zip(xs, ("x", "k") if len(xs) == 1 else ("q", "k"))]
     if not inplace:
         out = ops.rope(*x4, *opts) if len(x4) == 1 else ops.rope_qk(*x4, *opts)

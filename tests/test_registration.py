@@ -88,3 +88,44 @@ def test_compile_backward(device):
     xl = x.clone().requires_grad_()
     f(xl, pos).backward(g)
     assert_close_f64(xl.grad, ref.rope_float64(g, pos, inverse=True), g.abs().max().item(), "compiled backward")
+
+
+class _PassThroughMode(torch.overrides.TorchFunctionMode):
+    """Any active mode sends rope_ext calls through the dispatcher (the op path)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("layout", ["bshd", "sbhd", "thd"])
+def test_eager_fast_path_matches_op_path(device, layout):
+    """Eager calls without autograd skip the dispatcher (rope_ext._C.rope_direct); they
+    must give the op path's bits, layouts and version bumps, and fall back to it
+    whenever a mode or a gradient needs the op."""
+    shape = {"bshd": (2, 8, 3, 64), "sbhd": (8, 2, 3, 64), "thd": (16, 3, 64)}[layout]
+    q = randn(shape, torch.bfloat16, device)
+    k = randn(shape[:-2] + (1, 64), torch.bfloat16, device)
+    pos = torch.randint(0, 1 << 20, shape[:1] if layout == "thd" else (8,), device=device)
+    kw = dict(layout=layout, interleaved=True)
+    direct = rope_ext.apply_rope_qk(q, k, pos, **kw)
+    with _PassThroughMode():
+        via_op = rope_ext.apply_rope_qk(q, k, pos, **kw)
+    for a, b in zip(direct, via_op):
+        assert a.shape == b.shape and a.stride() == b.stride() and torch.equal(a, b)
+    truth = ref.rope_float64(q, pos, layout=layout, interleaved=True)
+    assert_close_f64(direct[0], truth, q.abs().max().item(), "fast path vs float64")
+
+    a, b = q.clone(), k.clone()
+    v = a._version
+    rope_ext.apply_rope_qk(a, b, pos, inplace=True, **kw)
+    assert a._version > v and torch.equal(a, direct[0]) and torch.equal(b, direct[1])
+    with torch.inference_mode():
+        c = q.clone()
+        rope_ext.apply_rope(c, pos, inplace=True, **kw)
+    assert torch.equal(c, direct[0])
+    # A gradient to record takes the op path (autograd), and still agrees.
+    qg = q.float().requires_grad_()
+    out = rope_ext.apply_rope(qg, pos, **kw)
+    assert out.grad_fn is not None
+    assert_close_f64(out, ref.rope_float64(qg.detach(), pos, layout=layout, interleaved=True), q.abs().max().item(),
+                     "op path with autograd")

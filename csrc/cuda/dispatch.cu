@@ -8,6 +8,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "../dispatch.h"
 #include "variants.cuh"
@@ -16,6 +17,8 @@ namespace rope_ext {
 namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+std::atomic<int> g_tile_rows_per_thread{0};  // 0: the default below (tuning hook)
 
 int sm_count(int device) {
   static int cached[64] = {0};
@@ -62,8 +65,9 @@ void launch_tile(const RopeParams& p, int device, cudaStream_t stream) {
   const int64_t total = num_groups(p) * rows_g;
   auto kernel = p.interleaved ? cuda::rope_tile_kernel<T, true> : cuda::rope_tile_kernel<T, false>;
   const int64_t resident = sm_count(device) * resident_blocks(kernel, bx * by, 0);
-  constexpr int64_t kRowsPerThread = 4 * cuda::kRowsInFlight;
-  int64_t tile = std::min<int64_t>(by * kRowsPerThread, ceil_div(total, resident));
+  const int knob = g_tile_rows_per_thread.load(std::memory_order_relaxed);
+  const int64_t rows_per_thread = knob > 0 ? knob : 4 * cuda::kRowsInFlight;
+  int64_t tile = std::min<int64_t>(by * rows_per_thread, ceil_div(total, resident));
   // Groups a tile of `tile` rows can touch (it may start mid-group), one table row each.
   auto table_rows = [&](int64_t t) { return (t + rows_g - 2) / rows_g + 1; };
   constexpr int64_t kTableBytes = 32 * 1024;
@@ -119,6 +123,8 @@ void launch(const RopeParams& p, Impl impl, int device, cudaStream_t stream) {
 }
 
 }  // namespace
+
+void set_tile_rows_per_thread(int n) { g_tile_rows_per_thread.store(n < 0 ? 0 : n); }
 
 void run_cuda(const RopeParams& p, Impl impl, at::ScalarType dtype, c10::Device device) {
   const c10::cuda::CUDAGuard guard(device);

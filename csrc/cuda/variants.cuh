@@ -43,7 +43,7 @@ namespace cuda {
 
 // ---------------------------------------------------------------- 1. naive
 template <typename T>
-__global__ void rope_naive_kernel(const RopeParams p) {
+__global__ void rope_naive_kernel(const __grid_constant__ RopeParams p) {
   const int64_t per_token = heads_total(p);  // rows of one token: heads of q + k
   const int64_t total = p.B * p.S * per_token * p.D;
   for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < total;
@@ -87,7 +87,7 @@ __device__ __forceinline__ void fill_freq_table(const RopeParams& p, float* tabl
 
 // ---------------------------------------------------------------- 2. fp32
 template <typename T>
-__global__ void rope_fp32_kernel(const RopeParams p) {
+__global__ void rope_fp32_kernel(const __grid_constant__ RopeParams p) {
   extern __shared__ float freq[];
   fill_freq_table(p, freq);
   const int half = p.R / 2;
@@ -204,7 +204,7 @@ struct ChunkBatch {
 // minBlocks 3: caps registers at 80 (the bf16 neox kernel wanted 114 = 2 blocks/SM)
 // with no spills; 4 would cap at 64 and spill.
 template <typename T, bool kInterleaved>
-__global__ void __launch_bounds__(kMaxThreads) rope_fp32x4_kernel(const RopeParams p) {
+__global__ void __launch_bounds__(kMaxThreads) rope_fp32x4_kernel(const __grid_constant__ RopeParams p) {
   using Batch = ChunkBatch<T, kInterleaved>;
   constexpr int V = Batch::V, P = Batch::P;
   extern __shared__ float freq[];  // [R/2], once per block
@@ -332,7 +332,7 @@ struct TileRows {
 };
 
 template <typename T, bool kInterleaved>
-__global__ void __launch_bounds__(kTileThreads, 3) rope_tile_kernel(const RopeParams p, const TileShape ts) {
+__global__ void __launch_bounds__(kTileThreads, 3) rope_tile_kernel(const __grid_constant__ RopeParams p, const TileShape ts) {
   using Rows = TileRows<T, kInterleaved>;
   constexpr int V = Rows::V, P = Rows::P;
   extern __shared__ float4 tile_smem[];

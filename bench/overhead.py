@@ -1,0 +1,65 @@
+"""Host cost of one eager call, decode-sized (W5: q [16,32,128] + k [16,8,128] bf16
+thd, in place): the public API, its two inner paths, and an aten op for scale.
+
+    python bench/overhead.py
+
+Each row: wall time per call over back-to-back calls (host + launch; the kernel is
+shorter than the host work, so the host is what is measured), median of 5 runs.
+"""
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import rope_ext  # noqa: E402
+from rope_ext import _C  # noqa: E402
+from rope_ext._ops import ops  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def per_call_us(fn, n=2000, runs=5):
+    for _ in range(200):
+        fn()
+    out = []
+    for _ in range(runs):
+        if DEV == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        if DEV == "cuda":
+            torch.cuda.synchronize()
+        out.append((time.perf_counter() - t0) / n * 1e6)
+    return statistics.median(out)
+
+
+def main():
+    T = 16
+    q = torch.randn(T, 32, 128, device=DEV, dtype=torch.bfloat16)
+    k = torch.randn(T, 8, 128, device=DEV, dtype=torch.bfloat16)
+    pos = torch.randint(0, 131072, (T,), device=DEV)
+    cache = torch.randn(131072, 128, device=DEV)
+    q4, k4 = q.unsqueeze(0), k.unsqueeze(0)
+    opts = [pos, None, None, None, None, 0, 10000.0, -1, False, False, "auto"]
+    copts = [pos, None, None, None, cache, 0, 10000.0, -1, False, False, "auto"]
+    rows = [
+        ("aten q.mul_(1.0) (one launch, for scale)", lambda: q.mul_(1.0)),
+        ("torch.ops.rope_ext.rope_qk_ (dispatcher)", lambda: ops.rope_qk_(q4, k4, *opts)),
+        ("rope_ext._C.rope_direct (no dispatcher)", lambda: _C.rope_direct([q, k], 3, True, *opts)),
+        ("apply_rope_qk(inplace=True)", lambda: rope_ext.apply_rope_qk(q, k, pos, layout="thd", inplace=True)),
+        ("apply_rope_qk(inplace=True, cos_sin_cache)",
+         lambda: rope_ext.apply_rope_qk(q, k, pos, layout="thd", inplace=True, cos_sin_cache=cache)),
+        ("apply_rope_qk (out of place)", lambda: rope_ext.apply_rope_qk(q, k, pos, layout="thd")),
+    ]
+    name = torch.cuda.get_device_name() if DEV == "cuda" else "CPU"
+    print(f"eager host cost per call, W5 shapes, {name}")
+    for label, fn in rows:
+        print(f"  {label:<48}{per_call_us(fn):8.2f} us")
+
+
+if __name__ == "__main__":
+    main()
