@@ -6,7 +6,16 @@ import torch
 import rope_ext
 
 w, impl = sys.argv[1], sys.argv[2]
-if w == "w1":
+if w == "w1" and impl == "compile":  # torch.compile's Triton kernel, for comparison
+    from rope_ext import reference as ref
+    x = torch.randn(4, 4096, 32, 128, device="cuda").bfloat16()
+    f = 1.0 / (10000.0 ** (torch.arange(0, 128, 2, device="cuda").float() / 128))
+    ang = torch.arange(4096, device="cuda").float()[:, None] * f
+    emb = torch.cat([ang, ang], -1)
+    cos, sin = emb.cos().bfloat16()[:, None, :], emb.sin().bfloat16()[:, None, :]
+    comp = torch.compile(ref.apply_cos_sin, dynamic=False)
+    fn = lambda: comp(x, cos, sin)  # noqa: E731
+elif w == "w1":
     x = torch.randn(4, 4096, 32, 128, device="cuda").bfloat16()
     fn = lambda: rope_ext.apply_rope(x, impl=impl)  # noqa: E731
 elif w == "w3":

@@ -113,16 +113,14 @@ _function_mode_on = torch._C._is_torch_function_mode_enabled
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 
 
-def _direct_ok(xs, layout, opts):
+def _direct_ok(xs, rank, opts):
     """Whether the call may skip the dispatcher (rope_ext._C.rope_direct): plain
-    tensors of the layout's rank, no gradient to record, and nobody tracing or
+    tensors of the layout's rank that do not require grad, and nobody tracing or
     intercepting ops (torch.compile, a TorchFunction/TorchDispatch mode, a subclass)."""
     if torch.compiler.is_compiling() or _function_mode_on() or _dispatch_modes():
         return False
-    rank = 3 if layout == "thd" else 4
-    grad = torch.is_grad_enabled()
     for x in xs:
-        if type(x) is not torch.Tensor or x.dim() != rank or (grad and x.requires_grad):
+        if type(x) is not torch.Tensor or x.dim() != rank or x.requires_grad:
             return False
     for t in opts[:5]:
         if t is not None and type(t) is not torch.Tensor:
@@ -131,15 +129,14 @@ def _direct_ok(xs, layout, opts):
 
 
 def _run(xs, layout, opts, inplace):
-    if layout in _LAYOUT_CODE and _direct_ok(xs, layout, opts):
+    code = _LAYOUT_CODE.get(layout)
+    if code is not None and _direct_ok(xs, 3 if code == 3 else 4, opts):
         # The same C++ run() as the ops, minus the dispatcher and the Python views
         # (bench/overhead.py has the per-call costs).
         if inplace:
-            for x, name in zip(xs, ("x", "k")):
-                _check_inplace(x, name)
-            _C.rope_direct(xs, _LAYOUT_CODE[layout], True, *opts)
+            _C.rope_direct(xs, code, True, *opts)
             return tuple(xs)
-        return tuple(_C.rope_direct(xs, _LAYOUT_CODE[layout], False, *opts))
+        return tuple(_C.rope_direct(xs, code, False, *opts))
     x4 = [_to_bshd(x, layout, name) for x, name in zip(xs, ("x", "k") if len(xs) == 1 else ("q", "k"))]
     if not inplace:
         out = ops.rope(*x4, *opts) if len(x4) == 1 else ops.rope_qk(*x4, *opts)

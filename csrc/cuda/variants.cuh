@@ -254,7 +254,7 @@ __global__ void __launch_bounds__(kMaxThreads) rope_fp32x4_kernel(const __grid_c
 // group) space, i.e. a contiguous stretch of tokens, and exits when done (no
 // persistent loop: the block scheduler overlaps one block's sin/cos phase with
 // another's memory traffic). Per block:
-//   1. each thread issues the loads of its first kRowsInFlight rows,
+//   1. each thread issues the loads of its first U rows,
 //   2. the block fills a shared cos/sin table for the (few) groups the tile touches,
 //   3. one __syncthreads, then every thread rotates/stores its rows and loads more.
 // Each (position, frequency) is computed once per tile and read from shared memory
@@ -282,21 +282,21 @@ __device__ __forceinline__ void load_table(const float* src, float* dst) {
   }
 }
 
-template <typename T, bool kInterleaved>
+template <typename T, bool kInterleaved, int U>
 struct TileRows {
   static constexpr int V = 16 / sizeof(T);
   static constexpr int P = kInterleaved ? V / 2 : V;
   using VecT = Vec<T, V>;
-  VecT a[kRowsInFlight], b[kRowsInFlight];
-  T* out[kRowsInFlight];
-  uint32_t gl[kRowsInFlight];  // the row's group within the tile (table row)
+  VecT a[U], b[U];
+  T* out[U];
+  uint32_t gl[U];  // the row's group within the tile (table row)
 
   // Rows lr0, lr0 + step, ... (local to the tile, < n); x = r_first + lr counts rows
   // from the first group's start (32-bit: rows of a group + a tile fit).
   __device__ __forceinline__ void load(const RopeParams& p, int64_t NB, uint32_t rows_g, int64_t g_first,
                                        uint32_t r_first, int lr0, int step, int n, int d0, int d1, bool pair) {
 #pragma unroll
-    for (int u = 0; u < kRowsInFlight; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int lr = lr0 + u * step;
       if (lr >= n) break;
       const uint32_t x = r_first + static_cast<uint32_t>(lr);
@@ -317,7 +317,7 @@ struct TileRows {
   __device__ __forceinline__ void store(const float* cos_tab, const float* sin_tab, int half, int lr0, int step,
                                         int n, int d0, int d1, bool rot, int i0) {
 #pragma unroll
-    for (int u = 0; u < kRowsInFlight; ++u) {
+    for (int u = 0; u < U; ++u) {
       if (lr0 + u * step >= n) break;
       if (rot) {
         float sn[P], cs[P];
@@ -331,9 +331,9 @@ struct TileRows {
   }
 };
 
-template <typename T, bool kInterleaved>
-__global__ void __launch_bounds__(kTileThreads, 3) rope_tile_kernel(const __grid_constant__ RopeParams p, const TileShape ts) {
-  using Rows = TileRows<T, kInterleaved>;
+template <typename T, bool kInterleaved, int U, int kMinBlocks>
+__global__ void __launch_bounds__(kTileThreads, kMinBlocks) rope_tile_kernel(const __grid_constant__ RopeParams p, const TileShape ts) {
+  using Rows = TileRows<T, kInterleaved, U>;
   constexpr int V = Rows::V, P = Rows::P;
   extern __shared__ float4 tile_smem[];
   float* cos_tab = reinterpret_cast<float*>(tile_smem);  // [groups of the tile][R/2]
@@ -386,7 +386,7 @@ __global__ void __launch_bounds__(kTileThreads, 3) rope_tile_kernel(const __grid
   while (have) {
     const bool rot = c < rot_chunks;
     rows.store(cos_tab, sin_tab, half, lr0, step, n, d0, d1, rot, c * P);
-    lr0 += kRowsInFlight * step;
+    lr0 += U * step;
     if (lr0 >= n) {
       c += blockDim.x;
       lr0 = threadIdx.y;
