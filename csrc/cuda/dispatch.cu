@@ -19,7 +19,7 @@ namespace {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 std::atomic<int> g_tile_rows_per_thread{0};  // 0: the default below (tuning hook)
-std::atomic<int> g_tile_config{0};  // EXPERIMENT: 0 (U4, 3 blocks), 1 (U4, 4 blocks), 2 (U2, 4 blocks)
+std::atomic<int> g_tile_config{2};  // EXPERIMENT: 0 (U4, 3 blocks), 2 (U2, 4 blocks), 3 (2, 4, streaming), 4 (U1, 6 blocks), 5 (4 + streaming)
 
 int sm_count(int device) {
   static int cached[64] = {0};
@@ -65,12 +65,12 @@ void launch_tile(const RopeParams& p, int device, cudaStream_t stream) {
   const int64_t rows_g = rows_per_group(p);
   const int64_t total = num_groups(p) * rows_g;
   const int cfg = g_tile_config.load(std::memory_order_relaxed);
-  auto kernel = cfg == 1 ? (p.interleaved ? cuda::rope_tile_kernel<T, true, 4, 4> : cuda::rope_tile_kernel<T, false, 4, 4>)
-              : cfg == 2 ? (p.interleaved ? cuda::rope_tile_kernel<T, true, 2, 4> : cuda::rope_tile_kernel<T, false, 2, 4>)
-              : (p.interleaved ? cuda::rope_tile_kernel<T, true, 4, 3> : cuda::rope_tile_kernel<T, false, 4, 3>);
+#define ROPE_TILE(U, MB, ST) (p.interleaved ? cuda::rope_tile_kernel<T, true, U, MB, ST> : cuda::rope_tile_kernel<T, false, U, MB, ST>)
+  auto kernel = cfg == 0 ? ROPE_TILE(4, 3, false) : cfg == 3 ? ROPE_TILE(2, 4, true) : cfg == 4 ? ROPE_TILE(1, 6, false)
+              : cfg == 5 ? ROPE_TILE(1, 6, true) : ROPE_TILE(2, 4, false);
   const int64_t resident = sm_count(device) * resident_blocks(kernel, bx * by, 0);
   const int knob = g_tile_rows_per_thread.load(std::memory_order_relaxed);
-  const int64_t rows_per_thread = knob > 0 ? knob : 4;
+  const int64_t rows_per_thread = knob > 0 ? knob : 2;
   int64_t tile = std::min<int64_t>(by * rows_per_thread, ceil_div(total, resident));
   // Groups a tile of `tile` rows can touch (it may start mid-group), one table row each.
   auto table_rows = [&](int64_t t) { return (t + rows_g - 2) / rows_g + 1; };

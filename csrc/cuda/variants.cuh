@@ -282,13 +282,24 @@ __device__ __forceinline__ void load_table(const float* src, float* dst) {
   }
 }
 
-template <typename T, bool kInterleaved, int U>
+template <typename T, bool kInterleaved, int U, bool kStream>
 struct TileRows {
   static constexpr int V = 16 / sizeof(T);
   static constexpr int P = kInterleaved ? V / 2 : V;
   using VecT = Vec<T, V>;
   VecT a[U], b[U];
   T* out[U];
+  template <typename V_>
+  __device__ __forceinline__ static V_ ld(const T* p) {
+    if (!kStream) return load_vec<V_>(p);
+    V_ v;
+    *reinterpret_cast<uint4*>(&v) = __ldcs(reinterpret_cast<const uint4*>(p));
+    return v;
+  }
+  __device__ __forceinline__ static void st(T* p, const VecT& v) {
+    if (!kStream) return store_vec(p, v);
+    __stcs(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&v));
+  }
   uint32_t gl[U];  // the row's group within the tile (table row)
 
   // Rows lr0, lr0 + step, ... (local to the tile, < n); x = r_first + lr counts rows
@@ -308,8 +319,8 @@ struct TileRows {
       // the compiler copy them to local memory.
       const T* in = static_cast<const T*>(o.t ? p.t[1].in : p.t[0].in) + o.in;
       out[u] = static_cast<T*>(o.t ? p.t[1].out : p.t[0].out) + o.out;
-      a[u] = load_vec<VecT>(in + d0);
-      if (pair) b[u] = load_vec<VecT>(in + d1);
+      a[u] = ld<VecT>(in + d0);
+      if (pair) b[u] = ld<VecT>(in + d1);
     }
   }
 
@@ -325,15 +336,15 @@ struct TileRows {
         load_table<P>(sin_tab + gl[u] * half + i0, sn);
         rotate_chunk<T, kInterleaved>(a[u], b[u], sn, cs);
       }
-      store_vec(out[u] + d0, a[u]);
-      if (rot && !kInterleaved) store_vec(out[u] + d1, b[u]);
+      st(out[u] + d0, a[u]);
+      if (rot && !kInterleaved) st(out[u] + d1, b[u]);
     }
   }
 };
 
-template <typename T, bool kInterleaved, int U, int kMinBlocks>
+template <typename T, bool kInterleaved, int U, int kMinBlocks, bool kStream>
 __global__ void __launch_bounds__(kTileThreads, kMinBlocks) rope_tile_kernel(const __grid_constant__ RopeParams p, const TileShape ts) {
-  using Rows = TileRows<T, kInterleaved, U>;
+  using Rows = TileRows<T, kInterleaved, U, kStream>;
   constexpr int V = Rows::V, P = Rows::P;
   extern __shared__ float4 tile_smem[];
   float* cos_tab = reinterpret_cast<float*>(tile_smem);  // [groups of the tile][R/2]
