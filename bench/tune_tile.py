@@ -44,21 +44,19 @@ def workloads():
 def main():
     timer = bench.Timer(reps=50)
     bw = bench.copy_bandwidth(timer)
-    settings = [("fp32x4", 0, 0)] + [("fp32x4_tile", r, c) for c in (2, 3, 4, 5) for r in (2, 4)]
+    settings = [("fp32x4", 0)] + [("fp32x4_tile", r) for r in (1, 2, 4, 8, 16)]
     ws = workloads()
     print(f"{torch.cuda.get_device_name()}, copy {bw:.0f} GB/s; us (and % of copy) per workload")
     print(f"{'variant':<22}" + "".join(f"{n:>14}" for n, _, _ in ws))
-    for impl, rpt, cfg in settings:
+    for impl, rpt in settings:
         rope_ext._C.set_tile_rows_per_thread(rpt)
-        rope_ext._C.set_tile_config(cfg)
         cells = []
         for _, nbytes, fn in ws:
             us = timer(lambda: fn(impl))
             cells.append(f"{us:8.1f} {100 * nbytes / us / 1e3 / bw:4.0f}%")
-        label = impl if impl == "fp32x4" else f"tile cfg{cfg} rows/thr {rpt}"
+        label = impl if impl == "fp32x4" else f"tile rows/thread {rpt}"
         print(f"{label:<22}" + "".join(f"{c:>14}" for c in cells))
     rope_ext._C.set_tile_rows_per_thread(0)
-    rope_ext._C.set_tile_config(2)
 
 
 if __name__ == "__main__":

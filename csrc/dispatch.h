@@ -28,7 +28,6 @@ void run_cpu(const RopeParams& p, Impl impl, at::ScalarType dtype);
 void run_cuda(const RopeParams& p, Impl impl, at::ScalarType dtype, c10::Device device);
 // Tuning hook for bench/tune_tile.py: rows per thread of variant 4's tiles (0 = default).
 void set_tile_rows_per_thread(int n);
-void set_tile_config(int c);
 #endif
 
 }  // namespace rope_ext

@@ -503,7 +503,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #ifdef ROPE_EXT_WITH_CUDA
   m.def("set_tile_rows_per_thread", &rope_ext::set_tile_rows_per_thread,
         "tuning: rows per thread of variant 4's tiles (0 = default)");
-  m.def("set_tile_config", &rope_ext::set_tile_config, "experiment");
   m.attr("with_cuda") = true;
 #else
   m.attr("with_cuda") = false;

@@ -19,7 +19,6 @@ namespace {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 std::atomic<int> g_tile_rows_per_thread{0};  // 0: the default below (tuning hook)
-std::atomic<int> g_tile_config{2};  // EXPERIMENT: 0 (U4, 3 blocks), 2 (U2, 4 blocks), 3 (2, 4, streaming), 4 (U1, 6 blocks), 5 (4 + streaming)
 
 int sm_count(int device) {
   static int cached[64] = {0};
@@ -51,9 +50,14 @@ dim3 flat_grid(int64_t work, int threads, int device) {
   return dim3(static_cast<unsigned>(std::min<int64_t>(ceil_div(work, threads), sm_count(device) * 64L)));
 }
 
-// Variant 4: tiles of consecutive rows. Rows per tile: 16 per thread when the tensor
-// is large (the table and the block start amortised over many rows); fewer when that
-// would leave SMs idle; and few enough that the tile's cos/sin table fits.
+// Variant 4: tiles of consecutive rows. Rows per tile: 2 per thread (4 with a
+// cos_sin_cache) when the tensor is large; fewer when that would leave SMs idle; and
+// few enough that the tile's cos/sin table fits. Measured on the H100, W1 bf16
+// (bench/tune_tile.py): 1 row per thread 120 us (block start and table per 32 rows),
+// 2 rows 95.8, 4 rows 96.7, 16 rows 101 (a 2.6-wave grid: a long tail). A cache
+// lookup is two dependent DRAM reads (position, then the cache row) at the head of
+// each block, so longer tiles pay off there: W4 with an fp32 cache 77.4 us at 2 rows
+// per thread, 68.6 at 4.
 template <typename T>
 void launch_tile(const RopeParams& p, int device, cudaStream_t stream) {
   constexpr int V = 16 / sizeof(T);
@@ -64,13 +68,10 @@ void launch_tile(const RopeParams& p, int device, cudaStream_t stream) {
   const int by = std::max(1, cuda::kTileThreads / bx);
   const int64_t rows_g = rows_per_group(p);
   const int64_t total = num_groups(p) * rows_g;
-  const int cfg = g_tile_config.load(std::memory_order_relaxed);
-#define ROPE_TILE(U, MB, ST) (p.interleaved ? cuda::rope_tile_kernel<T, true, U, MB, ST> : cuda::rope_tile_kernel<T, false, U, MB, ST>)
-  auto kernel = cfg == 0 ? ROPE_TILE(4, 3, false) : cfg == 3 ? ROPE_TILE(2, 4, true) : cfg == 4 ? ROPE_TILE(1, 6, false)
-              : cfg == 5 ? ROPE_TILE(1, 6, true) : ROPE_TILE(2, 4, false);
+  auto kernel = p.interleaved ? cuda::rope_tile_kernel<T, true> : cuda::rope_tile_kernel<T, false>;
   const int64_t resident = sm_count(device) * resident_blocks(kernel, bx * by, 0);
   const int knob = g_tile_rows_per_thread.load(std::memory_order_relaxed);
-  const int64_t rows_per_thread = knob > 0 ? knob : 2;
+  const int64_t rows_per_thread = knob > 0 ? knob : p.freq == FreqSource::kCosSinCache ? 4 : 2;
   int64_t tile = std::min<int64_t>(by * rows_per_thread, ceil_div(total, resident));
   // Groups a tile of `tile` rows can touch (it may start mid-group), one table row each.
   auto table_rows = [&](int64_t t) { return (t + rows_g - 2) / rows_g + 1; };
@@ -129,7 +130,6 @@ void launch(const RopeParams& p, Impl impl, int device, cudaStream_t stream) {
 }  // namespace
 
 void set_tile_rows_per_thread(int n) { g_tile_rows_per_thread.store(n < 0 ? 0 : n); }
-void set_tile_config(int c) { g_tile_config.store(c); }
 
 void run_cuda(const RopeParams& p, Impl impl, at::ScalarType dtype, c10::Device device) {
   const c10::cuda::CUDAGuard guard(device);

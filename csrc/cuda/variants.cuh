@@ -12,6 +12,10 @@
 //              computes the chunk's sin/cos once and reuses them for every row of the
 //              group: all heads of q and k, and the whole batch when positions are
 //              shared. Needs unit feature stride and 16-byte alignment.
+//   4. fp32x4_tile  (auto's choice) variant 3's 16-byte chunks, but each block owns
+//              one short tile of consecutive rows and exits: its first loads go out,
+//              then the block fills a shared cos/sin table for the tile's token groups
+//              (one barrier), then rotates and stores. Same eligibility as 3.
 //
 // What was learned on the H100 (bench/NOTES.md has the numbers and the method):
 //   - Variant 3's x loads must be uint4: a struct copy of Vec<bf16, 8> compiled to
@@ -29,8 +33,15 @@
 //     2-blocks/SM bound W1 stayed 123 us (W3 400 -> 390) at the cost of accuracy.
 //     Software pipelining (two 2-row batches, next loads before the current rotate):
 //     W1 124 us (no change), W3 406, W4 218 us: reverted.
-//     W1 (bf16 bshd) holds at ~123 us (72% of copy) through all variants tried: the
-//     limit looks structural, not instruction count or latency hiding. Open (issue 4).
+//     W1 (bf16 bshd) held at ~123 us (72% of copy) through all of these.
+//   - What moved it was the grid, not the instructions (variant 4): short-lived blocks
+//     over contiguous row tiles let the block scheduler overlap one block's sin/cos
+//     phase with others' DRAM traffic, where variant 3's resident blocks walking
+//     token groups left DRAM at 60-78% busy. W1 123 -> 95.8 us (93% of copy), W2b
+//     114 -> 72, W3 400 -> 388, W4 83 -> 63 (bench/NOTES.md). Tile length and
+//     registers are tuned next to the kernel and in dispatch.cu.
+//   - kBase frequencies come from the host in the params (RopeParams::base_freqs)
+//     when R/2 <= 64: the per-block double pow was ~0.5 us at the head of each block.
 //   - Accurate sin/cos are affordable: the angle reduced in double (rope_math.h) and
 //     the non-fast-math sincosf on |r| <= pi.
 #pragma once
@@ -265,6 +276,12 @@ struct TileShape {
   int32_t table_stride;  // floats from the cos table to the sin table (a multiple of 4)
 };
 constexpr int kTileThreads = 256;
+// 2 rows in flight at 4 blocks/SM (64 registers, no spills). Measured on the H100
+// (bench/tune_tile.py; W1 us): 4 rows at 3 blocks/SM (80 registers) 96.4; 4 rows
+// forced to 4 blocks/SM spills, 112; 1 row at 6 blocks/SM (40 registers, small
+// spills) 98.8; streaming cache hints (__ldcs/__stcs) on x 99.5, W3 406 vs 388.
+constexpr int kTileRowsInFlight = 2;
+constexpr int kTileMinBlocks = 4;
 
 // P consecutive floats of a shared table, in 16- or 8-byte reads where P allows
 // (the host keeps row starts aligned: the rotary half is a multiple of the chunk).
@@ -282,24 +299,13 @@ __device__ __forceinline__ void load_table(const float* src, float* dst) {
   }
 }
 
-template <typename T, bool kInterleaved, int U, bool kStream>
+template <typename T, bool kInterleaved, int U>
 struct TileRows {
   static constexpr int V = 16 / sizeof(T);
   static constexpr int P = kInterleaved ? V / 2 : V;
   using VecT = Vec<T, V>;
   VecT a[U], b[U];
   T* out[U];
-  template <typename V_>
-  __device__ __forceinline__ static V_ ld(const T* p) {
-    if (!kStream) return load_vec<V_>(p);
-    V_ v;
-    *reinterpret_cast<uint4*>(&v) = __ldcs(reinterpret_cast<const uint4*>(p));
-    return v;
-  }
-  __device__ __forceinline__ static void st(T* p, const VecT& v) {
-    if (!kStream) return store_vec(p, v);
-    __stcs(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&v));
-  }
   uint32_t gl[U];  // the row's group within the tile (table row)
 
   // Rows lr0, lr0 + step, ... (local to the tile, < n); x = r_first + lr counts rows
@@ -319,8 +325,8 @@ struct TileRows {
       // the compiler copy them to local memory.
       const T* in = static_cast<const T*>(o.t ? p.t[1].in : p.t[0].in) + o.in;
       out[u] = static_cast<T*>(o.t ? p.t[1].out : p.t[0].out) + o.out;
-      a[u] = ld<VecT>(in + d0);
-      if (pair) b[u] = ld<VecT>(in + d1);
+      a[u] = load_vec<VecT>(in + d0);
+      if (pair) b[u] = load_vec<VecT>(in + d1);
     }
   }
 
@@ -336,15 +342,17 @@ struct TileRows {
         load_table<P>(sin_tab + gl[u] * half + i0, sn);
         rotate_chunk<T, kInterleaved>(a[u], b[u], sn, cs);
       }
-      st(out[u] + d0, a[u]);
-      if (rot && !kInterleaved) st(out[u] + d1, b[u]);
+      store_vec(out[u] + d0, a[u]);
+      if (rot && !kInterleaved) store_vec(out[u] + d1, b[u]);
     }
   }
 };
 
-template <typename T, bool kInterleaved, int U, int kMinBlocks, bool kStream>
-__global__ void __launch_bounds__(kTileThreads, kMinBlocks) rope_tile_kernel(const __grid_constant__ RopeParams p, const TileShape ts) {
-  using Rows = TileRows<T, kInterleaved, U, kStream>;
+template <typename T, bool kInterleaved>
+__global__ void __launch_bounds__(kTileThreads, kTileMinBlocks) rope_tile_kernel(const __grid_constant__ RopeParams p,
+                                                                                const TileShape ts) {
+  constexpr int U = kTileRowsInFlight;
+  using Rows = TileRows<T, kInterleaved, U>;
   constexpr int V = Rows::V, P = Rows::P;
   extern __shared__ float4 tile_smem[];
   float* cos_tab = reinterpret_cast<float*>(tile_smem);  // [groups of the tile][R/2]
