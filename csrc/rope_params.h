@@ -61,8 +61,8 @@ struct RopeParams {
   FreqSource freq = FreqSource::kBase;
   double base = 10000.0;
   // kBase with R/2 <= kParamFreqs: the host's fp32(base^(-2i/R)) (same formula, cached
-  // per (base, R)), so kernels read a parameter instead of evaluating a double pow
-  // (~0.5 us of latency at the head of every block; it dominated small launches).
+  // per (base, R)), so kernels read a parameter instead of evaluating a double pow at
+  // the head of every block.
   static constexpr int kParamFreqs = 64;
   bool base_freqs_set = false;
   float base_freqs[kParamFreqs];

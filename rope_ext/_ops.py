@@ -50,7 +50,7 @@ def _backward_opts(ctx):
 
 
 def _grad_input(g, impl):
-    # An explicit variant runs on the gradient too; fp32x4 needs dense rows, and an
+    # An explicit variant runs on the gradient too; the vector variants need dense rows, and an
     # autograd grad can be an expanded view (e.g. from .sum()).
     return g if impl == "auto" else g.contiguous()
 

@@ -37,11 +37,13 @@
 //   - What moved it was the grid, not the instructions (variant 4): short-lived blocks
 //     over contiguous row tiles let the block scheduler overlap one block's sin/cos
 //     phase with others' DRAM traffic, where variant 3's resident blocks walking
-//     token groups left DRAM at 60-78% busy. W1 123 -> 95.8 us (93% of copy), W2b
-//     114 -> 72, W3 400 -> 388, W4 83 -> 63 (bench/NOTES.md). Tile length and
-//     registers are tuned next to the kernel and in dispatch.cu.
+//     token groups left DRAM at 60-78% busy. W1 123 -> 93.8 us (95% of copy; see the
+//     batch-fold note in dispatch.cu), W2b 114 -> 72, W3 400 -> 378-388, W4 83 -> 63
+//     (bench/NOTES.md). Tile length and registers are tuned next to the kernel and in
+//     dispatch.cu.
 //   - kBase frequencies come from the host in the params (RopeParams::base_freqs)
-//     when R/2 <= 64: the per-block double pow was ~0.5 us at the head of each block.
+//     when R/2 <= 64, sparing each block a double pow; no measurable change on W1 or
+//     W5 (the small-tensor latency lies elsewhere, bench/NOTES.md).
 //   - Accurate sin/cos are affordable: the angle reduced in double (rope_math.h) and
 //     the non-fast-math sincosf on |r| <= pi.
 #pragma once
