@@ -45,7 +45,6 @@ def main():
     cache = torch.randn(131072, 128, device=DEV)
     q4, k4 = q.unsqueeze(0), k.unsqueeze(0)
     opts = [pos, None, None, None, None, 0, 10000.0, -1, False, False, "auto"]
-    copts = [pos, None, None, None, cache, 0, 10000.0, -1, False, False, "auto"]
     rows = [
         ("aten q.mul_(1.0) (one launch, for scale)", lambda: q.mul_(1.0)),
         ("torch.ops.rope_ext.rope_qk_ (dispatcher)", lambda: ops.rope_qk_(q4, k4, *opts)),
