@@ -86,9 +86,12 @@ void launch_tile(const RopeParams& shared, int device, cudaStream_t stream) {
   int64_t tile = std::min<int64_t>(by * rows_per_thread, ceil_div(total, resident));
   // But never cut a token group into several tiles when one tile can hold it: each
   // tile computes the table of every group it touches, so a group cut in k costs k
-  // tables. Filling the SMs with one-row tiles made small tensors latency-bound on
-  // redundant sin/cos (ncu, 64 KB: 536k warp instructions vs Triton's 38k, 5.6 us).
-  tile = std::max<int64_t>(tile, std::min<int64_t>(rows_g, by * rows_per_thread));
+  // tables (ncu, 64 KB sweep point: 536k warp instructions vs Triton's 38k). Sweep,
+  // 0.25-4 MB: 5-15% faster. Not with a cos/sin cache: a table entry is then one load,
+  // cheap to repeat, and more blocks shorten each block's position -> cache chain
+  // (W5 with a cache: 6.1 us with one-row tiles, 6.6 with whole groups).
+  if (p.freq != FreqSource::kCosSinCache)
+    tile = std::max<int64_t>(tile, std::min<int64_t>(rows_g, by * rows_per_thread));
   // Groups a tile of `tile` rows can touch (it may start mid-group), one table row each.
   auto table_rows = [&](int64_t t) { return (t + rows_g - 2) / rows_g + 1; };
   constexpr int64_t kTableBytes = 32 * 1024;
