@@ -116,6 +116,19 @@ ROPE_HD void pair_dims(const RopeParams& p, int i, int* d0, int* d1) {
   *d1 = p.interleaved ? 2 * i + 1 : i + p.R / 2;
 }
 
+// The 16-byte chunks of a row (vector variants 3 and 4), V elements each: first the
+// rotary chunks (of each half for neox, whole for GPT-J), then the pass-through tail
+// (out of place only). Chunk c starts at feature chunk_start (neox: its partner
+// chunk R/2 later).
+ROPE_HD int rot_chunks(const RopeParams& p, int V) { return p.interleaved ? p.R / V : p.R / 2 / V; }
+ROPE_HD int row_chunks(const RopeParams& p, int V) {
+  return rot_chunks(p, V) + (p.copy_tail ? (p.D - p.R) / V : 0);
+}
+ROPE_HD int chunk_start(const RopeParams& p, int c, int V) {
+  const int rc = rot_chunks(p, V);
+  return c < rc ? c * V : p.R + (c - rc) * V;
+}
+
 // A token group is a token (b, s), or, when positions do not depend on b, the
 // column s of all B sequences: sin/cos are then computed once for the batch.
 ROPE_HD int64_t num_groups(const RopeParams& p) { return p.pos_shared_b ? p.S : p.B * p.S; }

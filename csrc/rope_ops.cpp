@@ -383,8 +383,9 @@ void rope_qk_(const at::Tensor& q, const at::Tensor& k, ROPE_ARGS) {
 // autograd, no torch.compile, no tensor subclass or mode): the same run() as the ops,
 // without the boxed dispatcher hops and the Python-side views, which cost most of a
 // decode-sized call (bench/overhead.py). layout: 0 bshd, 1 sbhd, 2 bhsd, 3 thd (ranks
-// checked by the caller). In place: bumps the version counters as the ADInplaceOrView
-// kernel below does for the ops.
+// checked by the caller; the permutations are rope_ext/api.py's _PERM, which the op
+// path keeps in Python so that autograd and torch.compile see the views). In place:
+// bumps the version counters as the ADInplaceOrView kernel below does for the ops.
 at::Tensor layout_view(const at::Tensor& x, int64_t layout, bool to_bshd) {
   switch (layout) {
     case 1: return x.permute({1, 0, 2, 3});

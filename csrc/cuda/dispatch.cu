@@ -8,8 +8,8 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <atomic>
+#include <cstdlib>
 
 #include "../dispatch.h"
 #include "variants.cuh"
@@ -73,9 +73,7 @@ void launch_tile(const RopeParams& shared, int device, cudaStream_t stream) {
     p.pos_shared_b = false;
   constexpr int V = 16 / sizeof(T);
   const int half = p.R / 2;
-  const int rot_chunks = p.interleaved ? p.R / V : half / V;
-  const int chunks = rot_chunks + (p.copy_tail ? (p.D - p.R) / V : 0);
-  const int bx = std::min(chunks, cuda::kTileThreads);
+  const int bx = std::min(row_chunks(p, V), cuda::kTileThreads);
   const int by = std::max(1, cuda::kTileThreads / bx);
   const int64_t rows_g = rows_per_group(p);
   const int64_t total = num_groups(p) * rows_g;
@@ -99,7 +97,6 @@ void launch_tile(const RopeParams& shared, int device, cudaStream_t stream) {
   tile = std::max<int64_t>(tile, ceil_div(total, INT32_MAX));  // gridDim.x limit
   cuda::TileShape ts;
   ts.rows = tile;
-  ts.total_rows = total;
   ts.table_stride = static_cast<int32_t>((table_rows(tile) * half + 3) / 4 * 4);
   const size_t smem = 2 * sizeof(float) * ts.table_stride;
   kernel<<<static_cast<unsigned>(ceil_div(total, tile)), dim3(bx, by), smem, stream>>>(p, ts);
@@ -120,9 +117,7 @@ void launch(const RopeParams& p, Impl impl, int device, cudaStream_t stream) {
   } else if (impl == Impl::kFp32x4Tile) {
     launch_tile<T>(p, device, stream);
   } else {
-    constexpr int V = 16 / sizeof(T);
-    const int rot_chunks = p.interleaved ? p.R / V : p.R / 2 / V;
-    const int chunks = rot_chunks + (p.copy_tail ? (p.D - p.R) / V : 0);
+    const int chunks = row_chunks(p, 16 / sizeof(T));
     const int64_t rows = rows_per_group(p), groups = num_groups(p);
     // x: the chunks of a row (a warp of bf16 neox D=128 covers 4 rows).
     const int bx = std::min(chunks, cuda::kMaxThreads);

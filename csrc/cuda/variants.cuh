@@ -224,8 +224,7 @@ __global__ void __launch_bounds__(kMaxThreads) rope_fp32x4_kernel(const __grid_c
   fill_freq_table(p, freq);
 
   const int half = p.R / 2;
-  const int rot_chunks = kInterleaved ? p.R / V : half / V;
-  const int chunks = rot_chunks + (p.copy_tail ? (p.D - p.R) / V : 0);
+  const int n_rot = rot_chunks(p, V), chunks = row_chunks(p, V);
   const int64_t NB = batches_per_group(p);
   const int64_t rows = rows_per_group(p);
   const int64_t groups = num_groups(p);
@@ -242,11 +241,8 @@ __global__ void __launch_bounds__(kMaxThreads) rope_fp32x4_kernel(const __grid_c
     group_token(p, g, &b0, &s);
     const int64_t pos = position_of(p, b0, s);
     for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
-      const bool rot = c < rot_chunks;
-      // neox: [cV, cV+V) and [R/2 + cV, ...); interleaved: [cV, cV+V) holding P
-      // (even, odd) pairs; a tail chunk copies [R + (c - rot_chunks) V, ...).
-      const int64_t d0 = rot ? (int64_t)c * V : p.R + (int64_t)(c - rot_chunks) * V;
-      const int64_t d1 = d0 + half;
+      const bool rot = c < n_rot;
+      const int64_t d0 = chunk_start(p, c, V), d1 = d0 + half;
       float sn[P], cs[P];
       bool have_sincos = false;
       for (int64_t r0 = first_r0; r0 < rows; r0 += kRowsInFlight * step) {
@@ -273,8 +269,7 @@ __global__ void __launch_bounds__(kMaxThreads) rope_fp32x4_kernel(const __grid_c
 // Each (position, frequency) is computed once per tile and read from shared memory
 // by all heads, q and k, and the batch when positions are shared.
 struct TileShape {
-  int64_t rows;        // rows per tile (the last tile may be shorter)
-  int64_t total_rows;  // num_groups * rows_per_group
+  int64_t rows;          // rows per tile (the last tile may be shorter)
   int32_t table_stride;  // floats from the cos table to the sin table (a multiple of 4)
 };
 constexpr int kTileThreads = 256;
@@ -361,12 +356,11 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinBlocks) rope_tile_kernel
   float* sin_tab = cos_tab + ts.table_stride;
 
   const int half = p.R / 2;
-  const int rot_chunks = kInterleaved ? p.R / V : half / V;
-  const int chunks = rot_chunks + (p.copy_tail ? (p.D - p.R) / V : 0);
+  const int n_rot = rot_chunks(p, V), chunks = row_chunks(p, V);
   const int64_t NB = batches_per_group(p);
   const uint32_t rows_g = static_cast<uint32_t>(rows_per_group(p));
   const int64_t f0 = blockIdx.x * ts.rows;  // the tile's first row
-  const int n = static_cast<int>(min(ts.rows, ts.total_rows - f0));
+  const int n = static_cast<int>(min(ts.rows, num_groups(p) * rows_g - f0));
   const int64_t g_first = f0 / rows_g;  // one 64-bit divide per block
   const uint32_t r_first = static_cast<uint32_t>(f0 - g_first * rows_g);
   const int groups = static_cast<int>((r_first + n - 1) / rows_g) + 1;
@@ -374,17 +368,10 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinBlocks) rope_tile_kernel
   // 1. The first loads go out before the sin/cos work, which then hides their latency.
   const int step = blockDim.y;
   int c = threadIdx.x, lr0 = threadIdx.y;
-  auto chunk_dims = [&](int ch, int* d0, int* d1) {
-    // neox: [cV, cV+V) and [R/2 + cV, ...); interleaved: [cV, cV+V) holding P
-    // (even, odd) pairs; a tail chunk copies [R + (c - rot_chunks) V, ...).
-    *d0 = ch < rot_chunks ? ch * V : p.R + (ch - rot_chunks) * V;
-    *d1 = *d0 + half;
-  };
   Rows rows;
-  int d0, d1;
-  chunk_dims(c, &d0, &d1);
+  int d0 = chunk_start(p, c, V);
   bool have = c < chunks && lr0 < n;
-  if (have) rows.load(p, NB, rows_g, g_first, r_first, lr0, step, n, d0, d1, !kInterleaved && c < rot_chunks);
+  if (have) rows.load(p, NB, rows_g, g_first, r_first, lr0, step, n, d0, d0 + half, !kInterleaved && c < n_rot);
 
   // 2. The cos/sin table of the tile's groups.
   const int tid = threadIdx.y * blockDim.x + threadIdx.x, nthreads = blockDim.x * blockDim.y;
@@ -405,16 +392,15 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinBlocks) rope_tile_kernel
 
   // 3. Rotate and store, then the next rows of this chunk, then the next chunk.
   while (have) {
-    const bool rot = c < rot_chunks;
-    rows.store(cos_tab, sin_tab, half, lr0, step, n, d0, d1, rot, c * P);
+    rows.store(cos_tab, sin_tab, half, lr0, step, n, d0, d0 + half, c < n_rot, c * P);
     lr0 += U * step;
     if (lr0 >= n) {
       c += blockDim.x;
       lr0 = threadIdx.y;
-      chunk_dims(c, &d0, &d1);
+      d0 = chunk_start(p, c, V);
     }
     have = c < chunks && lr0 < n;
-    if (have) rows.load(p, NB, rows_g, g_first, r_first, lr0, step, n, d0, d1, !kInterleaved && c < rot_chunks);
+    if (have) rows.load(p, NB, rows_g, g_first, r_first, lr0, step, n, d0, d0 + half, !kInterleaved && c < n_rot);
   }
 }
 
