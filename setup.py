@@ -38,7 +38,7 @@ with_cuda = find_nvcc() and os.environ.get("ROPE_EXT_NO_CUDA", "0") != "1"
 if os.environ.get("ROPE_EXT_REQUIRE_CUDA", "0") == "1" and not with_cuda:
     raise SystemExit("ROPE_EXT_REQUIRE_CUDA=1 but nvcc was not found (set CUDA_HOME)")
 
-sources = ["csrc/rope_ops.cpp", "csrc/cpu/rope_cpu.cpp"]
+sources = ["csrc/registration.cpp", "csrc/rope_ops.cpp", "csrc/cpu/rope_cpu.cpp"]
 cxx_flags = ["-O3"]  # the C++ standard comes from torch (C++17 or C++20 by version)
 define_macros = []
 if with_cuda:

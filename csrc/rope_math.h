@@ -37,36 +37,67 @@ ROPE_HD float load_float(const void* ptr, DType dt, int64_t off) {
   }
 }
 
-// The sequence holding packed token t: the last n with cu_seqlens[n] <= t.
+// Context parallelism: local index j of a sequence held as two chunks of L/2 local
+// tokens (chunks r and 2*cp_size-1-r of the global sequence) -> its global index.
+ROPE_HD int64_t cp_global_index(const RopeParams& p, int64_t j, int64_t L) {
+  if (p.cp_size == 1) return j;
+  const int64_t c = L / 2;
+  return j < c ? p.cp_rank * c + j : (2 * p.cp_size - 1 - p.cp_rank) * c + (j - c);
+}
+
+// Local start of packed sequence n (cu_seqlens are global under context parallelism).
+ROPE_HD int64_t seq_start(const RopeParams& p, int64_t n) {
+  return load_index(p.cu_seqlens, n * p.cu_seqlens.stride) / p.cp_size;
+}
+
+// The sequence holding packed token t: the last n with start(n) <= t.
 // Clamped to [0, num_seqs), so malformed cu_seqlens can never index out of bounds.
 ROPE_HD int64_t seq_of_token(const RopeParams& p, int64_t t) {
   int64_t lo = 0, hi = p.num_seqs - 1;
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) >> 1;
-    if (load_index(p.cu_seqlens, mid * p.cu_seqlens.stride) <= t) lo = mid; else hi = mid - 1;
+    if (seq_start(p, mid) <= t) lo = mid; else hi = mid - 1;
   }
   return lo;
 }
 
-ROPE_HD int64_t position_of(const RopeParams& p, int64_t b, int64_t s) {
-  if (p.positions.ptr) return load_index(p.positions, b * p.pos_stride_b + s * p.positions.stride);
+// Position of token (b, s) on position axis `axis` (0 unless M-RoPE / axial).
+ROPE_HD int64_t position_of(const RopeParams& p, int64_t b, int64_t s, int axis = 0) {
+  if (p.positions.ptr)
+    return load_index(p.positions, axis * p.pos_stride_axis + b * p.pos_stride_b + s * p.positions.stride);
   if (p.cu_seqlens.ptr) {
     const int64_t n = seq_of_token(p, s);
-    const int64_t start = load_index(p.cu_seqlens, n * p.cu_seqlens.stride);
-    return s - start + (p.offsets.ptr ? load_index(p.offsets, n * p.offsets.stride) : p.offset);
+    const int64_t start = seq_start(p, n), len = seq_start(p, n + 1) - start;
+    return cp_global_index(p, s - start, len) +
+           (p.offsets.ptr ? load_index(p.offsets, n * p.offsets.stride) : p.offset);
   }
-  return s + (p.offsets.ptr ? load_index(p.offsets, b * p.offsets.stride) : p.offset);
+  return cp_global_index(p, s, p.S) + (p.offsets.ptr ? load_index(p.offsets, b * p.offsets.stride) : p.offset);
 }
 
-// inv_freq[i] = fp32(base^(-2i/R)) evaluated in double: the same definition as
-// rope_ext.inv_freq() and the float64 reference, so angles agree to the last bit.
-ROPE_HD float base_inv_freq(double base, int i, int R) {
-  return static_cast<float>(::pow(base, -static_cast<double>(2 * i) / static_cast<double>(R)));
+// The position axis that rotates pair i (rope_params.h, "Multi-axis positions").
+ROPE_HD int axis_of_pair(const RopeParams& p, int i) {
+  if (p.num_axes == 1) return 0;
+  if (p.axes_interleaved) {
+    const int m = i % 3;
+    return (m > 0 && m < p.num_axes && i < 3 * p.section[m]) ? m : 0;
+  }
+  int end = 0;
+  for (int a = 0; a < p.num_axes - 1; ++a) {
+    end += p.section[a];
+    if (i < end) return a;
+  }
+  return p.num_axes - 1;
 }
 
+ROPE_HD int64_t pair_position(const RopeParams& p, int64_t b, int64_t s, int i) {
+  return position_of(p, b, s, axis_of_pair(p, i));
+}
+
+// The kernels never evaluate pow: kBase frequencies are HF's float32 table, built on
+// the host (rope_ops.cpp) and carried in the params.
 ROPE_HD float inv_freq_of(const RopeParams& p, int i) {
   if (p.freq == FreqSource::kInvFreq) return p.inv_freq[i * p.inv_freq_stride];
-  if (p.freq == FreqSource::kBase) return p.base_freqs_set ? p.base_freqs[i] : base_inv_freq(p.base, i, p.R);
+  if (p.freq == FreqSource::kBase) return p.base_freqs[i];
   return 0.f;  // cos/sin cache: no frequency needed
 }
 
@@ -92,7 +123,7 @@ ROPE_HD void angle_sincos(int64_t pos, float f, float* s, float* c) {
 #endif
 }
 
-// sin/cos for pair i of a token at `pos`, sin already carrying the direction sign.
+// sin/cos for pair i of a token at `pos`, times p.scale, sin carrying the direction sign.
 // A cache position outside [0, cache_rows) gives NaN (visible) instead of a read
 // out of bounds; the host rejects such positions where it can check them for free.
 ROPE_HD void pair_sincos(const RopeParams& p, int64_t pos, int i, float f, float* s, float* c) {
@@ -107,7 +138,8 @@ ROPE_HD void pair_sincos(const RopeParams& p, int64_t pos, int i, float f, float
   } else {
     angle_sincos(pos, f, s, c);
   }
-  *s *= p.sign;
+  *s *= p.sign * p.scale;
+  *c *= p.scale;
 }
 
 // Feature indices of pair i: neox (i, i + R/2), GPT-J (2i, 2i + 1).

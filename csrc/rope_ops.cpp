@@ -1,6 +1,6 @@
-// The torch op registration: schemas (TORCH_LIBRARY), argument validation, the
-// translation of tensors into RopeParams, the per-backend implementations
-// (TORCH_LIBRARY_IMPL) and the pybind11 module.
+// The rope ops: argument validation, the translation of tensors into RopeParams, the
+// per-backend implementations (TORCH_LIBRARY_IMPL) and the eager fast path. The
+// schemas and the pybind11 module are in registration.cpp.
 //
 // Every check runs on the host before any kernel. Shapes, dtypes, devices, strides
 // and overlap need no device memory (no synchronization, CUDA-graph safe). Checks of
@@ -18,35 +18,12 @@
 #include <sstream>
 
 #include "dispatch.h"
+#include "op_utils.h"
+#include "rope_ops.h"
 #include "rope_math.h"
 
 namespace rope_ext {
 namespace {
-
-// Error messages are assembled here with std::to_string and passed to TORCH_CHECK as
-// one string: c10::str's ostringstream formatting of numbers was seen to segfault
-// inside this extension on one PyTorch image (torch 2.11 on the H100 box), while a
-// single-string message is passed through without a stream.
-inline std::string fmt_one(const std::string& s) { return s; }
-inline std::string fmt_one(const char* s) { return s; }
-template <typename T, typename std::enable_if<std::is_arithmetic<T>::value, int>::type = 0>
-std::string fmt_one(T v) { return std::to_string(v); }
-inline std::string fmt_one(at::ScalarType t) { return c10::toString(t); }
-inline std::string fmt_one(const c10::Device& d) { return d.str(); }
-inline std::string fmt_one(at::IntArrayRef a) {
-  std::string s = "[";
-  for (size_t i = 0; i < a.size(); ++i) s += (i ? ", " : "") + std::to_string(a[i]);
-  return s + "]";
-}
-template <typename... A>
-std::string msg(const A&... a) {
-  std::string s;
-  int unused[] = {0, (s += fmt_one(a), 0)...};
-  (void)unused;
-  return s;
-}
-
-std::string shape_str(const at::Tensor& t) { return fmt_one(t.sizes()); }
 
 Impl parse_impl(const std::string& name) {
   const auto& names = impl_names();
@@ -58,29 +35,8 @@ Impl parse_impl(const std::string& name) {
   TORCH_CHECK_VALUE(false, m + "; got '" + name + "'");
 }
 
-DType to_dtype(at::ScalarType s) {
-  return s == at::kHalf ? DType::kFloat16 : s == at::kBFloat16 ? DType::kBFloat16 : DType::kFloat32;
-}
 
-void check_device(const at::Tensor& t, const char* name, const at::Tensor& x) {
-  TORCH_CHECK_VALUE(t.device() == x.device(), msg("rope_ext: ", name, " must be on ", x.device(),
-                    " (the device of x), got ", t.device()));
-}
-
-void check_index(const at::Tensor& t, const char* name, const at::Tensor& x) {
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, msg("rope_ext: ", name,
-                   " must be an int32 or int64 tensor, got ", t.scalar_type()));
-  check_device(t, name, x);
-}
-
-IndexArray index_array(const at::Tensor& t, int64_t stride) {
-  IndexArray a;
-  a.ptr = t.data_ptr();
-  a.stride = stride;
-  a.is64 = t.scalar_type() == at::kLong;
-  return a;
-}
-
+// The options shared by the rope ops (schema order after the tensors to rotate).
 struct Options {
   const std::optional<at::Tensor>& positions;
   const std::optional<at::Tensor>& offsets;
@@ -93,27 +49,37 @@ struct Options {
   bool interleaved;
   bool inverse;
   const std::string& impl;
+  double scale;
+  int64_t cp_size;
+  int64_t cp_rank;
+  at::IntArrayRef sections;
+  bool sections_interleaved;
 };
 
-// Checks of index *values*: positions >= 0 and inside the cache, cu_seqlens monotone
-// from 0 to T. Free for CPU tensors, so always run there. For CUDA tensors they need a
-// device->host copy (a synchronization, which CUDA-graph capture forbids), so they run
-// only after rope_ext.set_value_checks(True); the kernels never read out of bounds
-// either way (a cache position outside the table gives NaN rows).
-std::atomic<bool> g_check_device_values{false};
-
+// Checks of index *values* (op_utils.h says when they run): positions >= 0 and inside
+// the cache, cu_seqlens monotone from 0 to T (times cp_size, each length a multiple of
+// 2 * cp_size under context parallelism).
 void check_values(const RopeParams& p, const Options& o) {
   auto host = [](const at::Tensor& t) { return t.to(at::kCPU, at::kLong); };
   if (o.cu_seqlens) {
     const at::Tensor cu = host(*o.cu_seqlens).contiguous();
-    const int64_t n = cu.numel();
+    const int64_t n = cu.numel(), cp = p.cp_size;
     const int64_t* c = cu.data_ptr<int64_t>();
     TORCH_CHECK_VALUE(c[0] == 0, msg("rope_ext: cu_seqlens must start at 0, got ", c[0]));
-    TORCH_CHECK_VALUE(c[n - 1] == p.S, msg("rope_ext: cu_seqlens must end at T = ", p.S,
-                      " (the number of tokens), got ", c[n - 1]));
-    for (int64_t i = 1; i < n; ++i)
+    if (cp == 1) {
+      TORCH_CHECK_VALUE(c[n - 1] == p.S, msg("rope_ext: cu_seqlens must end at T = ", p.S,
+                        " (the number of tokens), got ", c[n - 1]));
+    } else {
+      TORCH_CHECK_VALUE(c[n - 1] == p.S * cp, msg("rope_ext: with cp_size = ", cp, " cu_seqlens are the global "
+                        "(padded) lengths and must end at T * cp_size = ", p.S * cp, ", got ", c[n - 1]));
+    }
+    for (int64_t i = 1; i < n; ++i) {
       TORCH_CHECK_VALUE(c[i] >= c[i - 1], msg("rope_ext: cu_seqlens must be non-decreasing, got ",
                         c[i - 1], " then ", c[i], " at index ", i));
+      TORCH_CHECK_VALUE((c[i] - c[i - 1]) % (2 * cp) == 0 || cp == 1, msg("rope_ext: with cp_size = ", cp,
+                        " every sequence length must be a multiple of 2 * cp_size = ", 2 * cp, ", got ",
+                        c[i] - c[i - 1], " for sequence ", i - 1));
+    }
   }
   if (p.S == 0) return;
   // Smallest and largest position actually used.
@@ -128,7 +94,7 @@ void check_values(const RopeParams& p, const Options& o) {
     at::Tensor start = o.offsets ? host(*o.offsets) : at::full({1}, o.offset, at::kLong);
     lo = start.min().item<int64_t>();
     TORCH_CHECK_VALUE(lo >= 0, msg("rope_ext: offsets must be >= 0, got ", lo));
-    at::Tensor len = at::full({1}, p.S, at::kLong);
+    at::Tensor len = at::full({1}, p.S * p.cp_size, at::kLong);  // global length
     if (o.cu_seqlens) {
       const at::Tensor cu = host(*o.cu_seqlens);
       len = cu.slice(0, 1) - cu.slice(0, 0, -1);
@@ -224,18 +190,50 @@ RopeParams make_params(const std::vector<at::Tensor>& ins, const std::vector<at:
     }
   }
 
+  p.scale = static_cast<float>(o.scale);
+  TORCH_CHECK_VALUE(std::isfinite(o.scale), msg("rope_ext: attention_factor must be finite, got ", o.scale));
+
+  // Position axes (M-RoPE, axial): sections = pairs per axis, summing to R/2.
+  const int64_t A = static_cast<int64_t>(o.sections.size());
+  if (A > 0) {
+    TORCH_CHECK_VALUE(A <= kMaxAxes, msg("rope_ext: at most ", kMaxAxes, " position axes (sections), got ", A));
+    int64_t sum = 0;
+    for (int64_t a = 0; a < A; ++a) {
+      TORCH_CHECK_VALUE(o.sections[a] >= 0, msg("rope_ext: sections must be >= 0, got ", fmt_one(o.sections)));
+      sum += o.sections[a];
+      p.section[a] = static_cast<int32_t>(o.sections[a]);
+    }
+    TORCH_CHECK_VALUE(sum == R / 2, msg("rope_ext: sections must sum to rotary_dim / 2 = ", R / 2,
+                      " (pairs per position axis), got ", fmt_one(o.sections), " (sum ", sum, ")"));
+    TORCH_CHECK_VALUE(!o.sections_interleaved || A == 3, msg("rope_ext: interleaved sections (Qwen3-VL M-RoPE) "
+                      "need 3 axes [t, h, w], got ", fmt_one(o.sections)));
+    TORCH_CHECK_VALUE(o.positions.has_value(), "rope_ext: sections (M-RoPE / axial) need positions of shape [axes, B, S] or [axes, S]");
+    p.num_axes = static_cast<int32_t>(A);
+    p.axes_interleaved = o.sections_interleaved;
+  }
+
   // Positions.
   TORCH_CHECK_VALUE(!(o.positions && o.cu_seqlens),
                     "rope_ext: give positions or cu_seqlens, not both");
   if (o.positions) {
     const at::Tensor& pt = *o.positions;
     check_index(pt, "positions", x);
-    const bool ok = (pt.dim() == 1 && pt.size(0) == p.S) ||
-                    (pt.dim() == 2 && (pt.size(0) == p.B || pt.size(0) == 1) && pt.size(1) == p.S);
-    TORCH_CHECK_VALUE(ok, msg("rope_ext: positions must have shape [B, S] = [", p.B, ", ", p.S, "] or [S] = [",
-                      p.S, "], got ", shape_str(pt)));
+    // With axes the first dimension indexes them: [A, B, S] or [A, S].
+    const int64_t lead = A > 0 ? 1 : 0;
+    const int64_t pd = pt.dim() - lead;
+    const bool axes_ok = A == 0 || (pt.dim() >= 1 && pt.size(0) == A);
+    const bool ok = axes_ok && ((pd == 1 && pt.size(lead) == p.S) ||
+                                (pd == 2 && (pt.size(lead) == p.B || pt.size(lead) == 1) && pt.size(lead + 1) == p.S));
+    if (A > 0) {
+      TORCH_CHECK_VALUE(ok, msg("rope_ext: positions must have shape [axes, B, S] = [", A, ", ", p.B, ", ", p.S,
+                        "] or [axes, S] = [", A, ", ", p.S, "] (one row per section), got ", shape_str(pt)));
+    } else {
+      TORCH_CHECK_VALUE(ok, msg("rope_ext: positions must have shape [B, S] = [", p.B, ", ", p.S, "] or [S] = [",
+                        p.S, "], got ", shape_str(pt)));
+    }
     p.positions = index_array(pt, pt.stride(-1));
-    p.pos_stride_b = (pt.dim() == 2 && pt.size(0) == p.B) ? pt.stride(0) : 0;
+    p.pos_stride_b = (pd == 2 && pt.size(lead) == p.B) ? pt.stride(lead) : 0;
+    p.pos_stride_axis = A > 0 ? pt.stride(0) : 0;
   }
   if (o.cu_seqlens) {
     const at::Tensor& cu = *o.cu_seqlens;
@@ -256,6 +254,19 @@ RopeParams make_params(const std::vector<at::Tensor>& ins, const std::vector<at:
     p.offsets = index_array(off, off.stride(0));
   }
   p.offset = o.offset;
+
+  // Context parallelism: the kernel maps local indices to global positions.
+  TORCH_CHECK_VALUE(o.cp_size >= 1 && o.cp_size < (int64_t(1) << 20), msg("rope_ext: cp_size must be >= 1, got ", o.cp_size));
+  TORCH_CHECK_VALUE(o.cp_rank >= 0 && o.cp_rank < o.cp_size, msg("rope_ext: cp_rank must be in [0, cp_size = ",
+                    o.cp_size, "), got ", o.cp_rank));
+  if (o.cp_size > 1) {
+    TORCH_CHECK_VALUE(!o.positions, "rope_ext: give positions or cp_size/cp_rank, not both (positions are already "
+                      "global; rope_ext.context_parallel_positions builds them)");
+    TORCH_CHECK_VALUE(o.cu_seqlens || p.S % 2 == 0, msg("rope_ext: with cp_size = ", o.cp_size, " the local sequence "
+                      "holds two chunks, so its length must be even, got S = ", p.S));
+    p.cp_size = static_cast<int32_t>(o.cp_size);
+    p.cp_rank = static_cast<int32_t>(o.cp_rank);
+  }
   p.pos_shared_b = p.B == 1 || (o.positions ? p.pos_stride_b == 0 : !o.offsets);
   // Rows of one group (NB batches x heads of q and k) are indexed in 32 bits.
   const int64_t heads = heads_total(p);
@@ -263,46 +274,7 @@ RopeParams make_params(const std::vector<at::Tensor>& ins, const std::vector<at:
   if (p.B * heads >= (int64_t(1) << 31)) p.pos_shared_b = false;
 
   // Frequencies.
-  TORCH_CHECK_VALUE(!(o.inv_freq && o.cos_sin_cache),
-                    "rope_ext: give one frequency source: base, inv_freq or cos_sin_cache");
-  p.base = o.base;
-  if (o.inv_freq) {
-    const at::Tensor& f = *o.inv_freq;
-    TORCH_CHECK_TYPE(f.scalar_type() == at::kFloat, msg("rope_ext: inv_freq must be float32, got ", f.scalar_type()));
-    check_device(f, "inv_freq", x);
-    TORCH_CHECK_VALUE(f.dim() == 1 && f.size(0) == R / 2, msg("rope_ext: inv_freq must have shape [rotary_dim / 2] = [",
-                      R / 2, "], got ", shape_str(f)));
-    p.freq = FreqSource::kInvFreq;
-    p.inv_freq = f.data_ptr<float>();
-    p.inv_freq_stride = f.stride(0);
-  } else if (o.cos_sin_cache) {
-    const at::Tensor& c = *o.cos_sin_cache;
-    TORCH_CHECK_TYPE(c.scalar_type() == at::kFloat || c.scalar_type() == at::kHalf || c.scalar_type() == at::kBFloat16, msg("rope_ext: cos_sin_cache must be float32, float16 or bfloat16, got ", c.scalar_type()));
-    check_device(c, "cos_sin_cache", x);
-    TORCH_CHECK_VALUE(c.dim() == 2 && c.size(1) == R, msg("rope_ext: cos_sin_cache must have shape [max_position, rotary_dim = ",
-                      R, "] (cos in the first rotary_dim/2 columns, sin in the rest), got ", shape_str(c)));
-    p.freq = FreqSource::kCosSinCache;
-    p.cache = c.data_ptr();
-    p.cache_dtype = to_dtype(c.scalar_type());
-    p.cache_rows = c.size(0);
-    p.cache_stride_row = c.stride(0);
-    p.cache_stride_col = c.stride(1);
-  } else {
-    TORCH_CHECK_VALUE(o.base > 0 && std::isfinite(o.base), msg("rope_ext: base must be a positive finite number, got ", o.base));
-    if (R / 2 <= RopeParams::kParamFreqs) {
-      // Cached: 64 double pows would cost more host time than the rest of the call.
-      static thread_local double cached_base = 0;
-      static thread_local int64_t cached_R = 0;
-      static thread_local float cached[RopeParams::kParamFreqs];
-      if (cached_base != o.base || cached_R != R) {
-        for (int i = 0; i < R / 2; ++i) cached[i] = base_inv_freq(o.base, i, static_cast<int>(R));
-        cached_base = o.base;
-        cached_R = R;
-      }
-      std::copy(cached, cached + R / 2, p.base_freqs);
-      p.base_freqs_set = true;
-    }
-  }
+  fill_frequencies(p, x, o.inv_freq, o.cos_sin_cache, o.base);
 
   // In place: every output element must have its own memory, or rows would race.
   if (inplace) {
@@ -322,20 +294,16 @@ RopeParams make_params(const std::vector<at::Tensor>& ins, const std::vector<at:
     TORCH_CHECK_VALUE(vector_eligible(p, x.element_size(), &why), msg("rope_ext: impl='", o.impl, "' needs 16-byte vector access, but ", why,
                       "; use impl='auto' (falls back to the scalar kernel) or make x contiguous"));
   }
-  if (x.is_cpu() || g_check_device_values.load(std::memory_order_relaxed)) check_values(p, o);
+  if (check_values_of(x)) check_values(p, o);
   *impl_out = impl;
   return p;
 }
 
-// Test hook: fill every output with NaN before the kernel runs, so that an element a
-// kernel fails to write cannot pass a comparison (rope_ext._C.set_poison).
-std::atomic<bool> g_poison{false};
-
 void run(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs, const Options& o, bool inplace) {
   Impl impl;
   const RopeParams p = make_params(ins, outs, o, inplace, &impl);
-  if (!inplace && g_poison.load(std::memory_order_relaxed))
-    for (const auto& t : outs) t.fill_(std::numeric_limits<double>::quiet_NaN());
+  if (!inplace)
+    for (const auto& t : outs) maybe_poison(t);
   for (const auto& t : ins)
     if (t.numel() == 0) return;
   if (ins[0].is_cuda()) {
@@ -353,16 +321,16 @@ void run(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs
   const std::optional<at::Tensor>&positions, const std::optional<at::Tensor>&offsets,         \
       const std::optional<at::Tensor>&cu_seqlens, const std::optional<at::Tensor>&inv_freq,   \
       const std::optional<at::Tensor>&cos_sin_cache, int64_t offset, double base, int64_t rotary_dim, \
-      bool interleaved, bool inverse, const std::string &impl
-#define ROPE_OPTIONS \
-  Options { positions, offsets, cu_seqlens, inv_freq, cos_sin_cache, offset, base, rotary_dim, interleaved, inverse, impl }
-
-at::Tensor new_output(const at::Tensor& x) {
-  return at::empty_like(x);
-}
+      bool interleaved, bool inverse, const std::string &impl, double scale, int64_t cp_size,  \
+      int64_t cp_rank, at::IntArrayRef sections, bool sections_interleaved
+#define ROPE_OPTIONS                                                                            \
+  Options {                                                                                     \
+    positions, offsets, cu_seqlens, inv_freq, cos_sin_cache, offset, base, rotary_dim, interleaved, inverse, impl, \
+        scale, cp_size, cp_rank, sections, sections_interleaved                                 \
+  }
 
 at::Tensor rope(const at::Tensor& x, ROPE_ARGS) {
-  at::Tensor out = new_output(x);
+  at::Tensor out = at::empty_like(x);
   run({x}, {out}, ROPE_OPTIONS, false);
   return out;
 }
@@ -370,7 +338,7 @@ at::Tensor rope(const at::Tensor& x, ROPE_ARGS) {
 void rope_(const at::Tensor& x, ROPE_ARGS) { run({x}, {x}, ROPE_OPTIONS, true); }
 
 std::tuple<at::Tensor, at::Tensor> rope_qk(const at::Tensor& q, const at::Tensor& k, ROPE_ARGS) {
-  at::Tensor qo = new_output(q), ko = new_output(k);
+  at::Tensor qo = at::empty_like(q), ko = at::empty_like(k);
   run({q, k}, {qo, ko}, ROPE_OPTIONS, false);
   return {qo, ko};
 }
@@ -379,13 +347,6 @@ void rope_qk_(const at::Tensor& q, const at::Tensor& k, ROPE_ARGS) {
   run({q, k}, {q, k}, ROPE_OPTIONS, true);
 }
 
-// The eager fast path (rope_ext/api.py calls it when nothing needs the dispatcher: no
-// autograd, no torch.compile, no tensor subclass or mode): the same run() as the ops,
-// without the boxed dispatcher hops and the Python-side views, which cost most of a
-// decode-sized call (bench/overhead.py). layout: 0 bshd, 1 sbhd, 2 bhsd, 3 thd (ranks
-// checked by the caller; the permutations are rope_ext/api.py's _PERM, which the op
-// path keeps in Python so that autograd and torch.compile see the views). In place:
-// bumps the version counters as the ADInplaceOrView kernel below does for the ops.
 at::Tensor layout_view(const at::Tensor& x, int64_t layout, bool to_bshd) {
   switch (layout) {
     case 1: return x.permute({1, 0, 2, 3});
@@ -395,6 +356,15 @@ at::Tensor layout_view(const at::Tensor& x, int64_t layout, bool to_bshd) {
   }
 }
 
+}  // namespace
+
+// The eager fast path (rope_ext/api.py calls it when nothing needs the dispatcher: no
+// autograd, no torch.compile, no tensor subclass or mode): the same run() as the ops,
+// without the boxed dispatcher hops and the Python-side views, which cost most of a
+// decode-sized call (bench/overhead.py). layout: 0 bshd, 1 sbhd, 2 bhsd, 3 thd (ranks
+// checked by the caller; the permutations are rope_ext/api.py's _PERM, which the op
+// path keeps in Python so that autograd and torch.compile see the views). In place:
+// bumps the version counters as the ADInplaceOrView kernel below does for the ops.
 std::vector<at::Tensor> rope_direct(const std::vector<at::Tensor>& xs, int64_t layout, bool inplace, ROPE_ARGS) {
   TORCH_CHECK_VALUE(xs.size() == 1 || xs.size() == 2, "rope_ext: one or two tensors");
   std::vector<at::Tensor> x4;
@@ -406,13 +376,109 @@ std::vector<at::Tensor> rope_direct(const std::vector<at::Tensor>& xs, int64_t l
     return {};
   }
   std::vector<at::Tensor> outs;
-  for (const auto& t : x4) outs.push_back(new_output(t));
+  for (const auto& t : x4) outs.push_back(at::empty_like(t));
   run(x4, outs, ROPE_OPTIONS, false);
   for (auto& t : outs) t = layout_view(t, layout, false);
   return outs;
 }
 
-}  // namespace
+// HF's float32 default frequencies, with the ATen ops transformers writes, on the CPU:
+//   1.0 / (base ** (torch.arange(0, R, 2, dtype=torch.int64).to(torch.float) / R))
+// (Python's `1.0 / t` is t.reciprocal() * 1.0 and `base ** t` is pow(Scalar, Tensor)).
+// Cached per (base, R): one lookup per call after the first.
+const std::vector<float>& hf_default_freqs(double base, int64_t R) {
+  thread_local double last_base = -1.0;
+  thread_local int64_t last_R = -1;
+  thread_local const std::vector<float>* last = nullptr;
+  if (last && last_base == base && last_R == R) return *last;
+  static std::mutex mu;
+  static auto* tables = new std::map<std::pair<double, int64_t>, std::vector<float>>();  // never freed
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = tables->find({base, R});
+  if (it == tables->end()) {
+    // Plain CPU tensors: no autograd, no Python mode or tracer may see these ops.
+    c10::impl::ExcludeDispatchKeyGuard no_python(
+        c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    const at::Tensor e = at::arange(0, R, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat).div(R);
+    const at::Tensor f = at::pow(at::Scalar(base), e).reciprocal().mul(at::Scalar(1.0)).contiguous();
+    it = tables->emplace(std::make_pair(base, R), std::vector<float>(f.data_ptr<float>(), f.data_ptr<float>() + f.numel())).first;
+  }
+  last_base = base;
+  last_R = R;
+  last = &it->second;
+  return it->second;
+}
+
+// The same table as a tensor on `device`, for R/2 > kParamFreqs (cached; the first use
+// on a device copies it there, so warm up before capturing a CUDA graph).
+const at::Tensor& hf_default_freqs_tensor(double base, int64_t R, c10::Device device) {
+  static std::mutex mu;
+  static auto* tensors = new std::map<std::tuple<double, int64_t, std::string>, at::Tensor>();  // never freed
+  const std::vector<float>& host = hf_default_freqs(base, R);
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(base, R, device.str());
+  auto it = tensors->find(key);
+  if (it == tensors->end()) {
+    c10::impl::ExcludeDispatchKeyGuard no_python(
+        c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    at::Tensor t = at::from_blob(const_cast<float*>(host.data()), {static_cast<int64_t>(host.size())},
+                                 at::TensorOptions().dtype(at::kFloat)).clone().to(device);
+    it = tensors->emplace(key, t).first;
+  }
+  return it->second;
+}
+
+void fill_frequencies(RopeParams& p, const at::Tensor& x, const std::optional<at::Tensor>& inv_freq,
+                      const std::optional<at::Tensor>& cos_sin_cache, double base) {
+  const int64_t R = p.R;
+  TORCH_CHECK_VALUE(!(inv_freq && cos_sin_cache),
+                    "rope_ext: give one frequency source: base, inv_freq or cos_sin_cache");
+  if (inv_freq) {
+    const at::Tensor& f = *inv_freq;
+    TORCH_CHECK_TYPE(f.scalar_type() == at::kFloat, msg("rope_ext: inv_freq must be float32, got ", f.scalar_type()));
+    check_device(f, "inv_freq", x);
+    TORCH_CHECK_VALUE(f.dim() == 1 && f.size(0) == R / 2, msg("rope_ext: inv_freq must have shape [rotary_dim / 2] = [",
+                      R / 2, "], got ", shape_str(f)));
+    p.freq = FreqSource::kInvFreq;
+    p.inv_freq = f.data_ptr<float>();
+    p.inv_freq_stride = f.stride(0);
+  } else if (cos_sin_cache) {
+    const at::Tensor& c = *cos_sin_cache;
+    TORCH_CHECK_TYPE(c.scalar_type() == at::kFloat || c.scalar_type() == at::kHalf || c.scalar_type() == at::kBFloat16, msg("rope_ext: cos_sin_cache must be float32, float16 or bfloat16, got ", c.scalar_type()));
+    check_device(c, "cos_sin_cache", x);
+    TORCH_CHECK_VALUE(c.dim() == 2 && c.size(1) == R, msg("rope_ext: cos_sin_cache must have shape [max_position, rotary_dim = ",
+                      R, "] (cos in the first rotary_dim/2 columns, sin in the rest), got ", shape_str(c)));
+    p.freq = FreqSource::kCosSinCache;
+    p.cache = c.data_ptr();
+    p.cache_dtype = to_dtype(c.scalar_type());
+    p.cache_rows = c.size(0);
+    p.cache_stride_row = c.stride(0);
+    p.cache_stride_col = c.stride(1);
+  } else {
+    TORCH_CHECK_VALUE(base > 0 && std::isfinite(base), msg("rope_ext: base must be a positive finite number, got ", base));
+    if (R / 2 <= RopeParams::kParamFreqs) {
+      const std::vector<float>& f = hf_default_freqs(base, R);
+      std::copy(f.begin(), f.end(), p.base_freqs);
+      p.freq = FreqSource::kBase;
+    } else {
+      const at::Tensor& f = hf_default_freqs_tensor(base, R, x.device());
+      p.freq = FreqSource::kInvFreq;
+      p.inv_freq = f.data_ptr<float>();
+      p.inv_freq_stride = 1;
+    }
+  }
+}
+
+std::atomic<bool>& device_value_checks() {
+  static std::atomic<bool> on{false};
+  return on;
+}
+std::atomic<bool>& poison_outputs() {
+  static std::atomic<bool> on{false};
+  return on;
+}
 
 bool vector_eligible(const RopeParams& p, int64_t elem_size, std::string* why) {
   const int64_t V = 16 / elem_size;
@@ -439,31 +505,8 @@ bool vector_eligible(const RopeParams& p, int64_t elem_size, std::string* why) {
   return true;
 }
 
-}  // namespace rope_ext
-
-// The options shared by the four ops (the tensors to rotate come first).
-#define ROPE_SCHEMA_OPTS                                                                        \
-  "Tensor? positions, Tensor? offsets, Tensor? cu_seqlens, Tensor? inv_freq, Tensor? cos_sin_cache, " \
-  "int offset, float base, int rotary_dim, bool interleaved, bool inverse, str impl"
-
-TORCH_LIBRARY(rope_ext, m) {
-  m.def("rope(Tensor x, " ROPE_SCHEMA_OPTS ") -> Tensor");
-  m.def("rope_(Tensor(a!) x, " ROPE_SCHEMA_OPTS ") -> ()");
-  m.def("rope_qk(Tensor q, Tensor k, " ROPE_SCHEMA_OPTS ") -> (Tensor, Tensor)");
-  m.def("rope_qk_(Tensor(a!) q, Tensor(b!) k, " ROPE_SCHEMA_OPTS ") -> ()");
-}
-
-// One implementation per backend key: the op functions branch to run_cpu / run_cuda.
-TORCH_LIBRARY_IMPL(rope_ext, CPU, m) {
-  m.impl("rope", &rope_ext::rope);
-  m.impl("rope_", &rope_ext::rope_);
-  m.impl("rope_qk", &rope_ext::rope_qk);
-  m.impl("rope_qk_", &rope_ext::rope_qk_);
-}
-
 // The in-place ops bump the version counter of what they write, so autograd notices
 // a tensor it saved being overwritten (a stale counter silently corrupts gradients).
-namespace rope_ext {
 void bump_written(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const auto& args = op.schema().arguments();
   const size_t n = args.size(), first = stack->size() - n;
@@ -476,7 +519,16 @@ void bump_written(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
   }
   for (const auto& t : written) torch::autograd::impl::bump_version(t);
 }
+
 }  // namespace rope_ext
+
+// One implementation per backend key: the op functions branch to run_cpu / run_cuda.
+TORCH_LIBRARY_IMPL(rope_ext, CPU, m) {
+  m.impl("rope", &rope_ext::rope);
+  m.impl("rope_", &rope_ext::rope_);
+  m.impl("rope_qk", &rope_ext::rope_qk);
+  m.impl("rope_qk_", &rope_ext::rope_qk_);
+}
 
 TORCH_LIBRARY_IMPL(rope_ext, ADInplaceOrView, m) {
   m.impl("rope_", torch::CppFunction::makeFromBoxedFunction<&rope_ext::bump_written>());
@@ -491,21 +543,3 @@ TORCH_LIBRARY_IMPL(rope_ext, CUDA, m) {
   m.impl("rope_qk_", &rope_ext::rope_qk_);
 }
 #endif
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "rope_ext: RoPE kernels (the ops live under torch.ops.rope_ext)";
-  m.def("impl_names", &rope_ext::impl_names, "kernel variant names, in order");
-  m.def("rope_direct", &rope_ext::rope_direct,
-        "eager fast path of the ops (no dispatcher): xs, layout code, inplace, then the op options");
-  m.def("set_poison", [](bool on) { rope_ext::g_poison = on; },
-        "tests: fill outputs with NaN before each kernel so unwritten elements show");
-  m.def("set_value_checks", [](bool on) { rope_ext::g_check_device_values = on; },
-        "check positions/offsets/cu_seqlens values of CUDA tensors too (synchronizes)");
-#ifdef ROPE_EXT_WITH_CUDA
-  m.def("set_tile_rows_per_thread", &rope_ext::set_tile_rows_per_thread,
-        "tuning: rows per thread of variant 4's tiles (0 = default)");
-  m.attr("with_cuda") = true;
-#else
-  m.attr("with_cuda") = false;
-#endif
-}

@@ -12,10 +12,11 @@
 namespace rope_ext {
 
 constexpr int kMaxTensors = 2;
+constexpr int kMaxAxes = 4;  // position axes (M-RoPE: temporal, height, width; axial 2-D: row, column)
 
 enum class FreqSource : int32_t {
-  kBase = 0,         // inv_freq[i] = fp32(base^(-2i/R)), computed on the device
-  kInvFreq = 1,      // fp32 tensor [R/2] (scaled variants: linear, NTK, yarn, llama3, ...)
+  kBase = 0,         // HF's float32 frequencies of `base`, built on the host (base_freqs)
+  kInvFreq = 1,      // fp32 tensor [R/2] (scaled variants, or kBase with R/2 > kParamFreqs)
   kCosSinCache = 2,  // [rows, R]: cos in columns [0, R/2), sin in [R/2, R)
 };
 
@@ -46,25 +47,39 @@ struct RopeParams {
   bool interleaved = false; // false: neox pairs (i, i + R/2); true: GPT-J pairs (2i, 2i+1)
   bool copy_tail = true;    // out of place: copy [R, D); in place: leave it untouched
   float sign = 1.f;         // +1 forward, -1 backward (rotation by -theta)
+  float scale = 1.f;        // multiplies cos and sin (yarn/longrope attention factor)
 
-  // Position of token (b, s), first rule that applies:
-  //   positions given:  positions[b * pos_stride_b + s * pos.stride]
-  //   cu_seqlens given: s - cu_seqlens[n] + offsets[n]   (n: the sequence holding s; B == 1)
-  //   otherwise:        s + (offsets given ? offsets[b] : offset)
+  // Position of token (b, s) on axis a, first rule that applies:
+  //   positions given:  positions[a * pos_stride_axis + b * pos_stride_b + s * pos.stride]
+  //   cu_seqlens given: cp(s - start_n, len_n) + offsets[n]   (n: the sequence holding s; B == 1)
+  //   otherwise:        cp(s, S) + (offsets given ? offsets[b] : offset)
+  // cp() maps a local index to the global one under context parallelism (identity when
+  // cp_size == 1): a sequence is cut into 2*cp_size chunks and rank r holds chunks r and
+  // 2*cp_size-1-r. With cp_size > 1, cu_seqlens are the global (padded) cumulative
+  // lengths, as TransformerEngine takes them: sequence n holds len_n = (cu[n+1]-cu[n]) /
+  // cp_size local tokens from start_n = cu[n] / cp_size.
   IndexArray positions;
   int64_t pos_stride_b = 0;
+  int64_t pos_stride_axis = 0;
   IndexArray offsets;
   int64_t offset = 0;
   IndexArray cu_seqlens;
   int64_t num_seqs = 0;     // cu_seqlens has num_seqs + 1 entries
+  int32_t cp_size = 1, cp_rank = 0;
+
+  // Multi-axis positions (M-RoPE, axial): pair i is rotated by the position on axis
+  // axis_of_pair(i) (rope_math.h). Contiguous: axis a owns `section[a]` consecutive
+  // pairs (Qwen2-VL's mrope_section, axial splits). Interleaved (Qwen3-VL): pair i
+  // takes axis m = i % 3 when m > 0 and i < 3 * section[m], else axis 0.
+  int32_t num_axes = 1;
+  bool axes_interleaved = false;
+  int32_t section[kMaxAxes] = {0, 0, 0, 0};
 
   FreqSource freq = FreqSource::kBase;
-  double base = 10000.0;
-  // kBase with R/2 <= kParamFreqs: the host's fp32(base^(-2i/R)) (same formula, cached
-  // per (base, R)), so kernels read a parameter instead of evaluating a double pow at
-  // the head of every block.
-  static constexpr int kParamFreqs = 64;
-  bool base_freqs_set = false;
+  // kBase with R/2 <= kParamFreqs (every head dim up to 256): HF's float32 table, built
+  // on the host with the same ATen ops as transformers (rope_ops.cpp), carried in the
+  // params. Larger tables go through inv_freq (a cached tensor of the same values).
+  static constexpr int kParamFreqs = 128;
   float base_freqs[kParamFreqs];
   const float* inv_freq = nullptr;  // [R/2], stride inv_freq_stride
   int64_t inv_freq_stride = 1;

@@ -10,8 +10,11 @@ from . import _ops  # noqa: F401  (registers fake/autograd for torch.ops.rope_ex
 from . import _C
 from . import reference
 from .api import IMPLS, LAYOUTS, apply_rope, apply_rope_qk, rope
+from .context_parallel import (context_parallel_index, context_parallel_positions, context_parallel_shard,
+                               context_parallel_unshard)
 from .frequencies import inv_freq
 from .module import RotaryEmbedding
+from .multi_axis import apply_mrope, apply_rope_axial, apply_rope_axial_qk, axial_inv_freq
 
 WITH_CUDA = bool(_C.with_cuda)
 
@@ -25,4 +28,6 @@ def set_value_checks(enabled: bool) -> None:
     _C.set_value_checks(bool(enabled))
 
 __all__ = ["IMPLS", "LAYOUTS", "WITH_CUDA", "RotaryEmbedding", "apply_rope", "apply_rope_qk", "rope", "inv_freq",
-           "reference", "set_value_checks"]
+           "reference", "set_value_checks", "apply_mrope", "apply_rope_axial", "apply_rope_axial_qk", "axial_inv_freq",
+           "context_parallel_positions", "context_parallel_index", "context_parallel_shard",
+           "context_parallel_unshard"]

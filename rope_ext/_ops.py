@@ -12,7 +12,9 @@ from . import _C  # noqa: F401  (loads the library: registers torch.ops.rope_ext
 ops = torch.ops.rope_ext
 
 # Op argument order after the tensors to rotate (see the schemas in csrc/rope_ops.cpp).
-_N_OPTS = 11  # positions, offsets, cu_seqlens, inv_freq, cos_sin_cache, offset, base, rotary_dim, interleaved, inverse, impl
+# positions, offsets, cu_seqlens, inv_freq, cos_sin_cache, offset, base, rotary_dim, interleaved, inverse, impl,
+# scale, cp_size, cp_rank, sections, sections_interleaved (csrc/registration.cpp, ROPE_SCHEMA_OPTS)
+_N_OPTS = 16
 _INVERSE = 9  # index of `inverse` in those options
 _IMPL = 10
 

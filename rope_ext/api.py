@@ -43,8 +43,44 @@ def _from_bshd(y, layout):
     return y if perm is None else y.permute(perm)
 
 
+def _int_arg(v, name, lo):
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"rope_ext: {name} must be an int, got {type(v).__name__}")
+    if v < lo:
+        raise ValueError(f"rope_ext: {name} must be >= {lo}, got {v}")
+    return v
+
+
+def _cp_args(cp_size, cp_rank, cp_group):
+    """(cp_size, cp_rank) from the ints or a torch.distributed process group."""
+    if cp_group is not None:
+        import torch.distributed as dist
+        if cp_size != 1 or cp_rank != 0:
+            raise ValueError("rope_ext: give cp_group or cp_size/cp_rank, not both")
+        return dist.get_world_size(cp_group), dist.get_rank(cp_group)
+    cp_size, cp_rank = _int_arg(cp_size, "cp_size", 1), _int_arg(cp_rank, "cp_rank", 0)
+    if cp_rank >= cp_size:
+        raise ValueError(f"rope_ext: cp_rank must be in [0, cp_size = {cp_size}), got {cp_rank}")
+    return cp_size, cp_rank
+
+
+def _sections_arg(sections):
+    if sections is None:
+        return []
+    if isinstance(sections, torch.Tensor):
+        sections = sections.tolist()
+    try:
+        out = [int(v) for v in sections]
+    except (TypeError, ValueError):
+        raise TypeError(f"rope_ext: sections must be a list of ints, got {sections!r}") from None
+    if any(isinstance(v, bool) or int(v) != v for v in sections):
+        raise TypeError(f"rope_ext: sections must be a list of ints, got {sections!r}")
+    return out
+
+
 def _op_options(layout, positions, offsets, base, impl, cu_seqlens, rotary_dim, interleaved, inv_freq,
-                cos_sin_cache):
+                cos_sin_cache, attention_factor=1.0, cp_size=1, cp_rank=0, cp_group=None, sections=None,
+                sections_interleaved=False):
     """The op's trailing arguments (schema order), after the Python-level checks."""
     for name, t in (("positions", positions), ("cu_seqlens", cu_seqlens), ("inv_freq", inv_freq),
                     ("cos_sin_cache", cos_sin_cache)):
@@ -77,8 +113,12 @@ def _op_options(layout, positions, offsets, base, impl, cu_seqlens, rotary_dim, 
         raise TypeError(f"rope_ext: rotary_dim must be an int or None, got {type(rotary_dim).__name__}")
     elif rotary_dim <= 0:
         raise ValueError(f"rope_ext: rotary_dim must be even and in (0, head_dim], got {rotary_dim}")
+    if isinstance(attention_factor, bool) or not isinstance(attention_factor, (int, float)):
+        raise TypeError(f"rope_ext: attention_factor must be a number, got {type(attention_factor).__name__}")
+    cp_size, cp_rank = _cp_args(cp_size, cp_rank, cp_group)
     return [positions, offsets_t, cu_seqlens, inv_freq, cos_sin_cache, offset, float(base), rotary_dim,
-            bool(interleaved), False, impl]
+            bool(interleaved), False, impl, float(attention_factor), cp_size, cp_rank, _sections_arg(sections),
+            bool(sections_interleaved)]
 
 
 def _check_inplace(t, name):
@@ -151,41 +191,60 @@ def _run(xs, layout, opts, inplace):
     return tuple(xs)
 
 
-def apply_rope(x, positions=None, *, layout="bshd", offsets=None, base=DEFAULT_BASE, impl="auto",
-               cu_seqlens=None, rotary_dim=None, interleaved=False, inv_freq=None, cos_sin_cache=None,
-               inplace=False):
-    """Rotary position embedding of x; returns a new tensor of x's shape and dtype.
-
+_COMMON_DOC = """
     x: [B, S, H, D] (layout="bshd"), [S, B, H, D] ("sbhd"), [B, H, S, D] ("bhsd") or
        [T, H, D] ("thd", packed sequences), float32/float16/bfloat16 (float64 too), any strides.
     positions: int32/int64 [B, S] or [S] ([T] for thd). Default: arange(S) + offsets,
        or for thd with cu_seqlens the index inside each sequence + offsets.
     offsets: int, or int tensor [B] ([N] with cu_seqlens): position of each sequence's first token.
-    base: inv_freq[i] = base^(-2i/R), computed on the device (default 10000.0).
+    base: rope_theta; the frequencies are HF's float32 `1 / base ** (arange(0, R, 2) / R)`,
+       bit for bit (rope_ext.inv_freq(R, base)); default 10000.0.
     inv_freq: fp32 [R/2] frequencies (scaled RoPE variants; see rope_ext.inv_freq).
     cos_sin_cache: [max_pos, R] table, cos in columns [0, R/2), sin in [R/2, R).
     rotary_dim: R, even, <= D (default D); features [R, D) pass through unchanged.
     interleaved: False = neox pairs (i, i + R/2); True = GPT-J pairs (2i, 2i+1).
+    attention_factor: multiplies cos and sin (yarn's / longrope's attention scaling; default 1).
+    cp_size, cp_rank (or cp_group, a torch.distributed group): context parallelism. x holds
+       this rank's shard of each sequence: chunks cp_rank and 2*cp_size-1-cp_rank of its
+       2*cp_size equal chunks (TransformerEngine's load-balanced layout), and every token is
+       rotated by its global position, computed in the kernel. For thd, cu_seqlens are then
+       the global (padded) cumulative lengths, as TransformerEngine takes them.
+    sections: pairs per position axis (M-RoPE's mrope_section, axial splits); positions then
+       have a leading axis dimension [axes, B, S] / [axes, S]. sections_interleaved: Qwen3-VL's
+       interleaved layout (pair i takes axis i % 3 within 3 * sections[axis]). See apply_mrope
+       and apply_rope_axial for the model-family forms.
     inplace: write into x and return x (no allocation).
     impl: "auto" or a name in rope_ext.IMPLS.
-    Differentiable with respect to x.
-    """
+    Differentiable with respect to x (backward = the rotation by -theta).
+"""
+
+
+def apply_rope(x, positions=None, *, layout="bshd", offsets=None, base=DEFAULT_BASE, impl="auto",
+               cu_seqlens=None, rotary_dim=None, interleaved=False, inv_freq=None, cos_sin_cache=None,
+               inplace=False, attention_factor=1.0, cp_size=1, cp_rank=0, cp_group=None, sections=None,
+               sections_interleaved=False):
     opts = _op_options(layout, positions, offsets, base, impl, cu_seqlens, rotary_dim, interleaved, inv_freq,
-                       cos_sin_cache)
+                       cos_sin_cache, attention_factor, cp_size, cp_rank, cp_group, sections, sections_interleaved)
     return _run((x,), layout, opts, inplace)[0]
+
+
+apply_rope.__doc__ = "Rotary position embedding of x; returns a new tensor of x's shape and dtype.\n" + _COMMON_DOC
 
 
 def apply_rope_qk(q, k, positions=None, *, layout="bshd", offsets=None, base=DEFAULT_BASE, impl="auto",
                   cu_seqlens=None, rotary_dim=None, interleaved=False, inv_freq=None, cos_sin_cache=None,
-                  inplace=False):
-    """apply_rope of q and k in ONE kernel launch (sin/cos shared); returns (q_out, k_out).
+                  inplace=False, attention_factor=1.0, cp_size=1, cp_rank=0, cp_group=None, sections=None,
+                  sections_interleaved=False):
+    opts = _op_options(layout, positions, offsets, base, impl, cu_seqlens, rotary_dim, interleaved, inv_freq,
+                       cos_sin_cache, attention_factor, cp_size, cp_rank, cp_group, sections, sections_interleaved)
+    return _run((q, k), layout, opts, inplace)
+
+
+apply_rope_qk.__doc__ = """apply_rope of q and k in ONE kernel launch (sin/cos shared); returns (q_out, k_out).
 
     q and k may have different head counts (GQA/MQA) and different strides; every other
-    dimension, the dtype and the device must match. Same keywords as apply_rope.
-    """
-    opts = _op_options(layout, positions, offsets, base, impl, cu_seqlens, rotary_dim, interleaved, inv_freq,
-                       cos_sin_cache)
-    return _run((q, k), layout, opts, inplace)
+    dimension, the dtype and the device must match. Same keywords as apply_rope:
+""" + _COMMON_DOC
 
 
 def rope(x, impl="auto", base=DEFAULT_BASE):

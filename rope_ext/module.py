@@ -12,8 +12,8 @@ class RotaryEmbedding(torch.nn.Module):
     HF-style rope_scaling dict, see rope_ext.inv_freq). interleaved: GPT-J pairs.
     max_position: if given, a [max_position, R] fp32 cos/sin cache is built once (from
     exact float64 angles, with the variant's attention factor folded in) and read by
-    the kernel; otherwise sin/cos are computed in the kernel. Variants with an attention
-    factor other than 1 (yarn, longrope) need max_position.
+    the kernel; otherwise sin/cos are computed in the kernel, times the variant's
+    attention factor (yarn, longrope).
     Buffers are non-persistent: nothing enters the state_dict.
     """
 
@@ -32,9 +32,6 @@ class RotaryEmbedding(torch.nn.Module):
             cache = torch.cat([ang.cos(), ang.sin()], dim=-1) * att
             self.register_buffer("cos_sin_cache", cache.float(), persistent=False)
         else:
-            if att != 1.0:
-                raise ValueError(f"rope_ext: this rope_scaling has attention factor {att:.6g}; give max_position "
-                                 "so that it is folded into a cos/sin cache")
             self.cos_sin_cache = None
         # The default frequencies are computed in the kernel from `base`; scaled ones are read.
         self._default_freqs = not scaling or scaling.get("rope_type", scaling.get("type", "default")) == "default"
@@ -44,10 +41,12 @@ class RotaryEmbedding(torch.nn.Module):
                   interleaved=self.interleaved)
         if self.cos_sin_cache is not None:
             kw["cos_sin_cache"] = self.cos_sin_cache
-        elif self._default_freqs:
-            kw["base"] = self.base
         else:
-            kw["inv_freq"] = self.inv_freq
+            kw["attention_factor"] = self.attention_factor
+            if self._default_freqs:
+                kw["base"] = self.base  # the same float32 table as self.inv_freq, held by the kernel's params
+            else:
+                kw["inv_freq"] = self.inv_freq
         return apply_rope_qk(q, k, positions, **kw)
 
     def extra_repr(self):

@@ -5,7 +5,8 @@ rope_naive    recomputes inv_freq, cos and sin on every call (the HF-style eager
 rope_cached   gathers cos/sin rows from a precomputed fp32 table (the vLLM / HF
               cache style); the table is built once per (R, frequencies, device).
 rope_float64  the ground truth: float64 everywhere, the angle pos * inv_freq exact
-              from the fp32 inverse frequencies the kernels use (rope_ext.inv_freq).
+              from the float32 inverse frequencies checkpoints were trained with
+              (HF's formula, rope_ext.inv_freq), which the kernels use too.
 
 These are written independently of the kernels' index code (layouts, positions,
 pairing are spelled out here again) so that a shared mistake cannot hide.
@@ -13,6 +14,7 @@ pairing are spelled out here again) so that a shared mistake cannot hide.
 import torch
 
 from .frequencies import inv_freq as _canonical_inv_freq
+from .context_parallel import context_parallel_positions
 
 _TO_BSHD = {"bshd": (0, 1, 2, 3), "sbhd": (1, 0, 2, 3), "bhsd": (0, 2, 1, 3)}
 
@@ -29,20 +31,45 @@ def _from_bshd(y, layout):
     return y[0] if layout == "thd" else y.permute(_TO_BSHD[layout])  # the permutations are involutions
 
 
-def positions_bs(B, S, positions=None, offsets=None, cu_seqlens=None, device=None):
-    """int64 [B, S] position of every token, by the rules of apply_rope."""
+def positions_bs(B, S, positions=None, offsets=None, cu_seqlens=None, device=None, cp_size=1, cp_rank=0,
+                 axes=False):
+    """int64 [B, S] position of every token, by the rules of apply_rope; with axes=True
+    positions have a leading axis dimension ([A, B, S] / [A, S]) and the result is [A, B, S]."""
     if positions is not None:
         p = positions.to(device=device, dtype=torch.int64)
-        return p.expand(B, S) if p.dim() == 1 else p.expand(B, S)
-    idx = torch.arange(S, device=device, dtype=torch.int64)
+        if axes:
+            return p[:, None, :].expand(p.shape[0], B, S) if p.dim() == 2 else p.expand(p.shape[0], B, S)
+        return p.expand(B, S)
     if cu_seqlens is not None:
         cu = cu_seqlens.to(device=device, dtype=torch.int64)
-        seq = torch.searchsorted(cu[1:], idx, right=True).clamp(max=cu.numel() - 2)
+        idx = torch.arange(S, device=device, dtype=torch.int64)
+        seq = torch.searchsorted(cu[1:] // cp_size, idx, right=True).clamp(max=cu.numel() - 2)
+        if cp_size > 1:
+            local = context_parallel_positions(cp_size, cp_rank, cu_seqlens=cu, device=device)
+        else:
+            local = idx - cu[seq]
         start = offsets.to(device=device, dtype=torch.int64)[seq] if isinstance(offsets, torch.Tensor) else (offsets or 0)
-        return (idx - cu[seq] + start)[None]
+        return (local + start)[None]
+    if cp_size > 1:
+        idx = context_parallel_positions(cp_size, cp_rank, seq_len=S * cp_size, device=device)
+    else:
+        idx = torch.arange(S, device=device, dtype=torch.int64)
     if isinstance(offsets, torch.Tensor):
         return idx[None] + offsets.to(device=device, dtype=torch.int64)[:, None]
     return (idx + (offsets or 0))[None].expand(B, S)
+
+
+def pair_axes(R, sections=None, sections_interleaved=False):
+    """int64 [R/2]: the position axis that rotates each pair (M-RoPE / axial)."""
+    half = R // 2
+    if not sections:
+        return torch.zeros(half, dtype=torch.int64)
+    if sections_interleaved:  # Qwen3-VL: h at i % 3 == 1, w at i % 3 == 2, inside 3 * section
+        ax = torch.zeros(half, dtype=torch.int64)
+        for a in (1, 2):
+            ax[a:3 * sections[a]:3] = a
+        return ax
+    return torch.repeat_interleave(torch.arange(len(sections)), torch.tensor(sections))
 
 
 def _rotate(x, cos, sin, R, interleaved):
@@ -59,26 +86,35 @@ def _rotate(x, cos, sin, R, interleaved):
 
 
 def _reference(x, positions, layout, offsets, base, cu_seqlens, rotary_dim, interleaved, inv_freq, cos_sin_cache,
-               inplace, mode, inverse=False):
+               inplace, mode, inverse=False, attention_factor=1.0, cp_size=1, cp_rank=0, sections=None,
+               sections_interleaved=False):
     x4 = _as_bshd(x, layout)
     B, S, H, D = x4.shape
     R = D if rotary_dim is None else rotary_dim
-    pos = positions_bs(B, S, positions, offsets, cu_seqlens, x.device)
+    pos = positions_bs(B, S, positions, offsets, cu_seqlens, x.device, cp_size, cp_rank, axes=bool(sections))
+    if sections:  # [A, B, S] -> each pair's own axis: [B, S, R/2]
+        ax = pair_axes(R, sections, sections_interleaved).to(x.device)
+        pos_pair = pos.permute(1, 2, 0)[..., ax]
+    else:
+        pos_pair = pos[..., None].expand(B, S, R // 2)
     ct = torch.float64 if mode == "float64" else torch.float32
     if cos_sin_cache is not None:
         table = cos_sin_cache.to(ct)
-        cos, sin = table[pos, : R // 2], table[pos, R // 2:]
+        cols = torch.arange(R // 2, device=x.device)
+        cos, sin = table[pos_pair, cols], table[pos_pair, cols + R // 2]
     elif mode == "float64":
         f = (inv_freq if inv_freq is not None else _canonical_inv_freq(R, float(base))).to(x.device, torch.float64)
-        ang = pos.to(torch.float64)[..., None] * f  # exact: pos < 2^29, f has 24 bits
+        ang = pos_pair.to(torch.float64) * f  # exact: pos < 2^29, f has 24 bits
         cos, sin = ang.cos(), ang.sin()
     elif mode == "cached":
         table = cos_sin_table(R, base, int(pos.max()) + 1 if pos.numel() else 1, x.device, inv_freq)
-        cos, sin = table[pos, : R // 2], table[pos, R // 2:]
+        cols = torch.arange(R // 2, device=x.device)
+        cos, sin = table[pos_pair, cols], table[pos_pair, cols + R // 2]
     else:  # naive: HF-style fp32 frequencies and angles, recomputed every call
-        f = inv_freq if inv_freq is not None else 1.0 / (base ** (torch.arange(0, R, 2, device=x.device).float() / R))
-        ang = pos.float()[..., None] * f.to(x.device, torch.float32)
+        f = inv_freq if inv_freq is not None else _canonical_inv_freq(R, float(base))
+        ang = pos_pair.float() * f.to(x.device, torch.float32)
         cos, sin = ang.cos(), ang.sin()
+    cos, sin = cos * attention_factor, sin * attention_factor
     if inverse:
         sin = -sin
     out = _from_bshd(_rotate(x4.to(ct), cos, sin, R, interleaved), layout)
@@ -96,12 +132,13 @@ _TABLES = {}
 def cos_sin_table(rotary_dim, base=10000.0, max_position=4096, device="cpu", inv_freq=None):
     """fp32 [max_position, R] table, cos in the first R/2 columns, sin in the rest (the
     vLLM / FlashInfer convention, also accepted by apply_rope as cos_sin_cache).
-    Built from fp32 angles, as HF and vLLM do; cached and grown as needed."""
+    Built from fp32 angles, as HF and vLLM do, with HF's float32 frequencies (computed
+    on the CPU, as HF does at init); cached and grown as needed."""
     key = (rotary_dim, float(base), str(device), None if inv_freq is None else tuple(inv_freq.tolist()))
     t = _TABLES.get(key)
     if t is None or t.shape[0] < max_position:
         n = max(max_position, 1 if t is None else 2 * t.shape[0])
-        f = inv_freq if inv_freq is not None else 1.0 / (base ** (torch.arange(0, rotary_dim, 2, device=device).float() / rotary_dim))
+        f = inv_freq if inv_freq is not None else _canonical_inv_freq(rotary_dim, float(base))
         ang = torch.arange(n, device=device, dtype=torch.float32)[:, None] * f.to(device, torch.float32)
         t = torch.cat([ang.cos(), ang.sin()], dim=-1)
         _TABLES[key] = t
@@ -110,9 +147,11 @@ def cos_sin_table(rotary_dim, base=10000.0, max_position=4096, device="cpu", inv
 
 def _make(mode, doc):
     def ref(x, positions=None, *, layout="bshd", offsets=None, base=10000.0, impl=None, cu_seqlens=None,
-            rotary_dim=None, interleaved=False, inv_freq=None, cos_sin_cache=None, inplace=False, inverse=False):
+            rotary_dim=None, interleaved=False, inv_freq=None, cos_sin_cache=None, inplace=False, inverse=False,
+            attention_factor=1.0, cp_size=1, cp_rank=0, sections=None, sections_interleaved=False):
         return _reference(x, positions, layout, offsets, base, cu_seqlens, rotary_dim, interleaved, inv_freq,
-                          cos_sin_cache, inplace, mode, inverse)
+                          cos_sin_cache, inplace, mode, inverse, attention_factor, cp_size, cp_rank, sections,
+                          sections_interleaved)
 
     ref.__name__ = ref.__qualname__ = f"rope_{mode}"
     ref.__doc__ = doc + "\n\nSame arguments as rope_ext.apply_rope (impl is ignored); inverse=True rotates by -theta."

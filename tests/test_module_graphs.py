@@ -15,6 +15,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
     dict(base=500000.0, scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 256}),
     dict(scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}, max_position=4096),
+    dict(scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}),  # factor in kernel
     dict(max_position=4096),
 ])
 def test_rotary_embedding(device, cfg):
@@ -28,11 +29,6 @@ def test_rotary_embedding(device, cfg):
     att = m.attention_factor
     assert_close_f64(qo, att * ref.rope_float64(q, pos, **kw), 8.0, "q")
     assert_close_f64(ko, att * ref.rope_float64(k, pos, **kw), 8.0, "k")
-
-
-def test_rotary_embedding_needs_cache_for_attention_factor():
-    with pytest.raises(ValueError, match="max_position"):
-        rope_ext.RotaryEmbedding(64, scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256})
 
 
 @cuda

@@ -11,8 +11,10 @@ OPS = torch.ops.rope_ext
 
 
 def opts(positions=None, offsets=None, cu_seqlens=None, inv_freq=None, cache=None, offset=0, base=10000.0,
-         rotary_dim=-1, interleaved=False, inverse=False, impl="auto"):
-    return (positions, offsets, cu_seqlens, inv_freq, cache, offset, base, rotary_dim, interleaved, inverse, impl)
+         rotary_dim=-1, interleaved=False, inverse=False, impl="auto", scale=1.0, cp_size=1, cp_rank=0, sections=(),
+         sections_interleaved=False):
+    return (positions, offsets, cu_seqlens, inv_freq, cache, offset, base, rotary_dim, interleaved, inverse, impl,
+            scale, cp_size, cp_rank, list(sections), sections_interleaved)
 
 
 def samples(device):
@@ -29,10 +31,13 @@ def samples(device):
         ("rope_", (x.clone(), *opts(positions=pos))),
         ("rope_qk", (x, k, *opts(positions=pos))),
         ("rope_qk_", (x.clone(), k.clone(), *opts(offset=7))),
+        ("rope_qk", (x, k, *opts(cp_size=2, cp_rank=1, scale=1.25))),
+        ("rope_qk", (x, k, *opts(positions=torch.randint(0, 99, (3, 2, 8), device=device), sections=(4, 6, 6),
+                                 sections_interleaved=True))),
     ]
 
 
-@pytest.mark.parametrize("i", range(8))
+@pytest.mark.parametrize("i", range(10))
 def test_opcheck(device, i):
     name, args = samples(device)[i]
     if name in ("rope", "rope_qk"):

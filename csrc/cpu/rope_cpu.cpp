@@ -24,8 +24,9 @@ void rope_cpu_impl(const RopeParams& p) {
     for (int64_t g = g0; g < g1; ++g) {
       int64_t b0, s;
       group_token(p, g, &b0, &s);
-      const int64_t pos = position_of(p, b0, s);
-      for (int i = 0; i < half; ++i) pair_sincos(p, pos, i, freq[i], &sn[i], &cs[i]);
+      int64_t pos[kMaxAxes];
+      for (int a = 0; a < p.num_axes; ++a) pos[a] = position_of(p, b0, s, a);
+      for (int i = 0; i < half; ++i) pair_sincos(p, pos[axis_of_pair(p, i)], i, freq[i], &sn[i], &cs[i]);
       for (int64_t r = 0; r < rows; ++r) {
         const RowOffsets o = row_offsets(p, NB, b0, s, r);
         const TensorView& v = p.t[o.t];

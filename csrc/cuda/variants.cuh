@@ -41,9 +41,10 @@
 //     batch-fold note in dispatch.cu), W2b 114 -> 72, W3 400 -> 378-388, W4 83 -> 63
 //     (bench/NOTES.md). Tile length and registers are tuned next to the kernel and in
 //     dispatch.cu.
-//   - kBase frequencies come from the host in the params (RopeParams::base_freqs)
-//     when R/2 <= 64, sparing each block a double pow; no measurable change on W1 or
-//     W5 (the small-tensor latency lies elsewhere, bench/NOTES.md).
+//   - kBase frequencies come from the host in the params (RopeParams::base_freqs):
+//     HF's float32 table, bit-identical to what checkpoints were trained with (issue
+//     10); moving the pow to the host made no measurable change on W1 or W5 (the
+//     small-tensor latency lies elsewhere, bench/NOTES.md).
 //   - Accurate sin/cos are affordable: the angle reduced in double (rope_math.h) and
 //     the non-fast-math sincosf on |r| <= pi.
 #pragma once
@@ -80,7 +81,7 @@ __global__ void rope_naive_kernel(const __grid_constant__ RopeParams p) {
     const bool first = p.interleaved ? (d % 2 == 0) : (d < half);
     const int partner = p.interleaved ? (d ^ 1) : (first ? d + half : d - half);
     float sn, cs;
-    pair_sincos(p, position_of(p, b, s), i, inv_freq_of(p, i), &sn, &cs);
+    pair_sincos(p, pair_position(p, b, s, i), i, inv_freq_of(p, i), &sn, &cs);
     using A = acc_t<T>;
     const A x = static_cast<A>(in[o.in + d * v.in_stride[3]]);
     const A y = static_cast<A>(in[o.in + partner * v.in_stride[3]]);
@@ -119,7 +120,7 @@ __global__ void rope_fp32_kernel(const __grid_constant__ RopeParams p) {
       continue;
     }
     float sn, cs;
-    pair_sincos(p, position_of(p, b, s), k, freq[k], &sn, &cs);
+    pair_sincos(p, pair_position(p, b, s, k), k, freq[k], &sn, &cs);
     rotate_pair<T>(p, p.t[o.t], o, k, sn, cs);
   }
 }
@@ -249,7 +250,10 @@ __global__ void __launch_bounds__(kMaxThreads) rope_fp32x4_kernel(const __grid_c
         batch.load(p, NB, b0, s, r0, step, rows, d0, d1, !kInterleaved && rot);
         if (rot && !have_sincos) {  // once per (group, chunk), reused for every row
 #pragma unroll
-          for (int j = 0; j < P; ++j) pair_sincos(p, pos, c * P + j, freq[c * P + j], &sn[j], &cs[j]);
+          for (int j = 0; j < P; ++j) {
+            const int i = c * P + j;
+            pair_sincos(p, p.num_axes > 1 ? pair_position(p, b0, s, i) : pos, i, freq[i], &sn[j], &cs[j]);
+          }
           have_sincos = true;
         }
         batch.store(p, r0, step, rows, d0, d1, rot ? sn : nullptr, cs);
@@ -384,7 +388,7 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinBlocks) rope_tile_kernel
       for (int gl = tid / lanes; gl < groups; gl += gsteps) {
         int64_t b0, s;
         group_token(p, g_first + gl, &b0, &s);
-        pair_sincos(p, position_of(p, b0, s), i, f, &sin_tab[gl * half + i], &cos_tab[gl * half + i]);
+        pair_sincos(p, pair_position(p, b0, s, i), i, f, &sin_tab[gl * half + i], &cos_tab[gl * half + i]);
       }
     }
   }

@@ -1,0 +1,45 @@
+// The torch op registration: every schema of the rope_ext namespace (the one
+// TORCH_LIBRARY block of the process; the implementations are registered next to
+// their op code with TORCH_LIBRARY_IMPL), and the pybind11 module rope_ext._C.
+#include <torch/extension.h>
+#include <torch/library.h>
+
+#include "dispatch.h"
+#include "op_utils.h"
+#include "rope_ops.h"
+
+// The options shared by the rope ops (the tensors to rotate come first); csrc/rope_ops.cpp
+// (Options) and rope_ext/_ops.py (_N_OPTS, _INVERSE, _IMPL) follow this order.
+#define ROPE_SCHEMA_OPTS                                                                        \
+  "Tensor? positions, Tensor? offsets, Tensor? cu_seqlens, Tensor? inv_freq, Tensor? cos_sin_cache, " \
+  "int offset, float base, int rotary_dim, bool interleaved, bool inverse, str impl, float scale, "   \
+  "int cp_size, int cp_rank, int[] sections, bool sections_interleaved"
+
+TORCH_LIBRARY(rope_ext, m) {
+  m.def("rope(Tensor x, " ROPE_SCHEMA_OPTS ") -> Tensor");
+  m.def("rope_(Tensor(a!) x, " ROPE_SCHEMA_OPTS ") -> ()");
+  m.def("rope_qk(Tensor q, Tensor k, " ROPE_SCHEMA_OPTS ") -> (Tensor, Tensor)");
+  m.def("rope_qk_(Tensor(a!) q, Tensor(b!) k, " ROPE_SCHEMA_OPTS ") -> ()");
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "rope_ext: RoPE kernels (the ops live under torch.ops.rope_ext)";
+  m.def("impl_names", &rope_ext::impl_names, "kernel variant names, in order");
+  m.def("rope_direct", &rope_ext::rope_direct,
+        "eager fast path of the ops (no dispatcher): xs, layout code, inplace, then the op options");
+  m.def("default_inv_freq", [](double base, int64_t R) {
+          const auto& f = rope_ext::hf_default_freqs(base, R);
+          return at::tensor(at::ArrayRef<float>(f), at::TensorOptions().dtype(at::kFloat));
+        }, "the default frequency table the kernels use for `base` (HF's float32 formula)");
+  m.def("set_poison", [](bool on) { rope_ext::poison_outputs() = on; },
+        "tests: fill outputs with NaN before each kernel so unwritten elements show");
+  m.def("set_value_checks", [](bool on) { rope_ext::device_value_checks() = on; },
+        "check positions/offsets/cu_seqlens values of CUDA tensors too (synchronizes)");
+#ifdef ROPE_EXT_WITH_CUDA
+  m.def("set_tile_rows_per_thread", &rope_ext::set_tile_rows_per_thread,
+        "tuning: rows per thread of variant 4's tiles (0 = default)");
+  m.attr("with_cuda") = true;
+#else
+  m.attr("with_cuda") = false;
+#endif
+}

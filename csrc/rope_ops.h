@@ -1,0 +1,31 @@
+// What the rope op layer (rope_ops.cpp) offers the registration file and the other op
+// families (fused norm + RoPE, attention): the frequency sources and the eager path.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rope_params.h"
+
+namespace rope_ext {
+
+// HF's float32 default frequencies of `base` (cached; bit-identical to transformers).
+const std::vector<float>& hf_default_freqs(double base, int64_t R);
+
+// Validates the frequency source (one of base, inv_freq, cos_sin_cache) against x and
+// p.R, and fills the frequency fields of p.
+void fill_frequencies(RopeParams& p, const at::Tensor& x, const std::optional<at::Tensor>& inv_freq,
+                      const std::optional<at::Tensor>& cos_sin_cache, double base);
+
+// rope_ext._C.rope_direct: the eager fast path of the rope ops (rope_ops.cpp).
+std::vector<at::Tensor> rope_direct(const std::vector<at::Tensor>& xs, int64_t layout, bool inplace,
+                                    const std::optional<at::Tensor>& positions, const std::optional<at::Tensor>& offsets,
+                                    const std::optional<at::Tensor>& cu_seqlens, const std::optional<at::Tensor>& inv_freq,
+                                    const std::optional<at::Tensor>& cos_sin_cache, int64_t offset, double base,
+                                    int64_t rotary_dim, bool interleaved, bool inverse, const std::string& impl,
+                                    double scale, int64_t cp_size, int64_t cp_rank, at::IntArrayRef sections,
+                                    bool sections_interleaved);
+
+}  // namespace rope_ext
