@@ -55,7 +55,7 @@ else:
 setup(
     name="rope_ext",
     version="0.1.0",
-    packages=["rope_ext"],
+    packages=["rope_ext", "rope_ext.integrations"],
     ext_modules=[
         Ext(
             name="rope_ext._C",

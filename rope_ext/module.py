@@ -36,9 +36,13 @@ class RotaryEmbedding(torch.nn.Module):
         # The default frequencies are computed in the kernel from `base`; scaled ones are read.
         self._default_freqs = not scaling or scaling.get("rope_type", scaling.get("type", "default")) == "default"
 
-    def forward(self, q, k, positions=None, layout="bshd", cu_seqlens=None, offsets=None):
+    def forward(self, q, k, positions=None, layout="bshd", cu_seqlens=None, offsets=None,
+                cp_size=1, cp_rank=0, cp_group=None):
+        """Rotates (q, k) -> (q_out, k_out). cp_size/cp_rank (or cp_group): q and k are this
+        rank's context-parallel shard and tokens rotate by their global positions (see
+        rope_ext.apply_rope)."""
         kw = dict(layout=layout, cu_seqlens=cu_seqlens, offsets=offsets, rotary_dim=self.rotary_dim,
-                  interleaved=self.interleaved)
+                  interleaved=self.interleaved, cp_size=cp_size, cp_rank=cp_rank, cp_group=cp_group)
         if self.cos_sin_cache is not None:
             kw["cos_sin_cache"] = self.cos_sin_cache
         else:
