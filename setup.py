@@ -42,7 +42,7 @@ sources = ["csrc/registration.cpp", "csrc/rope_ops.cpp", "csrc/cpu/rope_cpu.cpp"
 cxx_flags = ["-O3"]  # the C++ standard comes from torch (C++17 or C++20 by version)
 define_macros = []
 if with_cuda:
-    sources.append("csrc/cuda/dispatch.cu")
+    sources.append("csrc/cuda/rope_dispatch.cu")
     define_macros.append(("ROPE_EXT_WITH_CUDA", None))
     # No --use_fast_math: it would turn sincosf into __sinf/__cosf (wrong at long positions).
     nvcc_flags = ["-O3", "-lineinfo", "--expt-relaxed-constexpr", "-DROPE_EXT_WITH_CUDA"]

@@ -9,7 +9,7 @@
 
 namespace rope_ext {
 
-// Kernel variants, in the order of csrc/cuda/variants.cuh. "auto" picks the fastest
+// Kernel variants, in the order of csrc/cuda/rope_variants.cuh. "auto" picks the fastest
 // eligible one. rope_ext.IMPLS is read from kImplNames, so a variant added here is
 // tested and benchmarked without editing the tests or the bench.
 enum class Impl : int { kNaive = 0, kFp32 = 1, kFp32x4 = 2, kFp32x4Tile = 3, kAuto = 4 };

@@ -182,20 +182,28 @@ ROPE_HD void group_token(const RopeParams& p, int64_t g, int64_t* b0, int64_t* s
 }
 
 // Row r of a group of NB batches: tensor t (q rows first, then k), batch b0 + bb,
-// head h. Returns the element offsets of the row's first feature in input and output.
-struct RowOffsets { int t; int64_t in, out; };
-ROPE_HD RowOffsets row_offsets(const RopeParams& p, int64_t NB, int64_t b0, int64_t s, int64_t r) {
+// head h.
+struct RowCoord { int t; int64_t b, h; };
+ROPE_HD RowCoord row_coord(const RopeParams& p, int64_t NB, int64_t b0, int64_t r) {
   int t = 0;
   if (p.num_tensors > 1 && r >= NB * p.t[0].H) { r -= NB * p.t[0].H; t = 1; }
-  const TensorView& v = p.t[t];
+  const int64_t H = p.t[t].H;
   // 32-bit division: rows of a group fit (the host keeps NB * heads < 2^31), and a
   // 64-bit divide is a long subroutine that cost the vector kernel registers.
-  const uint32_t bb32 = static_cast<uint32_t>(r) / static_cast<uint32_t>(v.H);
-  const int64_t bb = bb32, h = r - bb * v.H, b = b0 + bb;
+  const uint32_t bb32 = static_cast<uint32_t>(r) / static_cast<uint32_t>(H);
+  const int64_t bb = bb32;
+  return RowCoord{t, b0 + bb, r - bb * H};
+}
+
+// The element offsets of the row's first feature in input and output.
+struct RowOffsets { int t; int64_t in, out; };
+ROPE_HD RowOffsets row_offsets(const RopeParams& p, int64_t NB, int64_t b0, int64_t s, int64_t r) {
+  const RowCoord c = row_coord(p, NB, b0, r);
+  const TensorView& v = p.t[c.t];
   RowOffsets o;
-  o.t = t;
-  o.in = b * v.in_stride[0] + s * v.in_stride[1] + h * v.in_stride[2];
-  o.out = b * v.out_stride[0] + s * v.out_stride[1] + h * v.out_stride[2];
+  o.t = c.t;
+  o.in = c.b * v.in_stride[0] + s * v.in_stride[1] + c.h * v.in_stride[2];
+  o.out = c.b * v.out_stride[0] + s * v.out_stride[1] + c.h * v.out_stride[2];
   return o;
 }
 

@@ -1,5 +1,5 @@
 // The contract between the op layer (rope_ops.cpp) and every implementation
-// (csrc/cuda/variants.cuh, csrc/cpu/rope_cpu.cpp).
+// (csrc/cuda/rope_variants.cuh, csrc/cpu/rope_cpu.cpp).
 //
 // Every layout is reduced to a strided 4-D view [B, S, H, D] (bshd, sbhd and bhsd
 // are permutations; thd is [1, T, H, D]); strides are in elements and 64-bit, so

@@ -9,7 +9,7 @@ import torch
 from . import _C
 from ._ops import _IMPL, _INVERSE, _grad_input, ops
 
-#: Kernel variant names (csrc/cuda/variants.cuh); "auto" (the default) picks among them.
+#: Kernel variant names (csrc/cuda/rope_variants.cuh); "auto" (the default) picks among them.
 IMPLS = tuple(_C.impl_names())
 #: bshd [B, S, H, D]; sbhd [S, B, H, D]; bhsd [B, H, S, D]; thd [T, H, D] (packed sequences).
 LAYOUTS = ("bshd", "sbhd", "bhsd", "thd")

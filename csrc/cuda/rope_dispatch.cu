@@ -1,4 +1,4 @@
-// CUDA dispatch: picks a variant from csrc/cuda/variants.cuh, sizes the grid and
+// CUDA dispatch: picks a variant from csrc/cuda/rope_variants.cuh, sizes the grid and
 // launches on the current stream of x's device.
 // (No ATen/cuda/CUDAContext.h: it pulls in cuSPARSE/cuBLAS headers that a bare CUDA
 // toolkit may lack; the stream and the SM count come from c10 and the runtime.)
@@ -12,7 +12,7 @@
 #include <cstdlib>
 
 #include "../dispatch.h"
-#include "variants.cuh"
+#include "rope_variants.cuh"
 
 namespace rope_ext {
 namespace {

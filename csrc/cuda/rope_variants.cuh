@@ -300,6 +300,27 @@ __device__ __forceinline__ void load_table(const float* src, float* dst) {
   }
 }
 
+// The cos/sin table of `groups` consecutive token groups from g_first: row gl holds
+// the R/2 cosines (sines) of group g_first + gl, already scaled and signed. Thread tid
+// owns frequency i = tid % lanes (one frequency read per thread, not per entry) for
+// groups tid / lanes, + gsteps, ... The caller synchronises. Shared by variant 4 and
+// the fused kernels (norm + RoPE, KV append).
+__device__ __forceinline__ void fill_sincos_table(const RopeParams& p, int64_t g_first, int groups, float* cos_tab,
+                                                  float* sin_tab) {
+  const int half = p.R / 2;
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x, nthreads = blockDim.x * blockDim.y;
+  const int lanes = min(half, nthreads), gsteps = nthreads / lanes;
+  if (tid >= lanes * gsteps) return;
+  for (int i = tid % lanes; i < half; i += lanes) {
+    const float f = inv_freq_of(p, i);
+    for (int gl = tid / lanes; gl < groups; gl += gsteps) {
+      int64_t b0, s;
+      group_token(p, g_first + gl, &b0, &s);
+      pair_sincos(p, pair_position(p, b0, s, i), i, f, &sin_tab[gl * half + i], &cos_tab[gl * half + i]);
+    }
+  }
+}
+
 template <typename T, bool kInterleaved, int U>
 struct TileRows {
   static constexpr int V = 16 / sizeof(T);
@@ -378,20 +399,7 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinBlocks) rope_tile_kernel
   if (have) rows.load(p, NB, rows_g, g_first, r_first, lr0, step, n, d0, d0 + half, !kInterleaved && c < n_rot);
 
   // 2. The cos/sin table of the tile's groups.
-  const int tid = threadIdx.y * blockDim.x + threadIdx.x, nthreads = blockDim.x * blockDim.y;
-  // Thread tid owns frequency i = tid % lanes (one pow per frequency, not per entry)
-  // for groups tid / lanes, + gsteps, ...
-  const int lanes = min(half, nthreads), gsteps = nthreads / lanes;
-  if (tid < lanes * gsteps) {
-    for (int i = tid % lanes; i < half; i += lanes) {
-      const float f = inv_freq_of(p, i);
-      for (int gl = tid / lanes; gl < groups; gl += gsteps) {
-        int64_t b0, s;
-        group_token(p, g_first + gl, &b0, &s);
-        pair_sincos(p, pair_position(p, b0, s, i), i, f, &sin_tab[gl * half + i], &cos_tab[gl * half + i]);
-      }
-    }
-  }
+  fill_sincos_table(p, g_first, groups, cos_tab, sin_tab);
   __syncthreads();
 
   // 3. Rotate and store, then the next rows of this chunk, then the next chunk.
