@@ -4,6 +4,7 @@
     python bench/run.py --quick         # the largest seed shapes + bshd only
     python bench/run.py --suite llm     # issue-4 workloads W1-W5 (+ max error vs float64)
     python bench/run.py --suite sweep --plot sweep.png   # 64 KB .. 4 GB, bf16/fp32, fwd/bwd
+    python bench/run.py --suite variants   # norm+rope, M-RoPE, axial vs torch.compile (bench/variants.py)
     python bench/run.py --suite all --json out.json --csv out.csv
 
 Timing: CUDA events around each call, after warm-up, with the L2 flushed (a 256 MB
@@ -335,7 +336,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="largest seed shapes and the bshd workload only")
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--suite", choices=["seed", "llm", "sweep", "all"], default="seed",
+    ap.add_argument("--suite", choices=["seed", "llm", "sweep", "variants", "all"], default="seed",
                     help="seed: the seed sweep + bshd bf16 (default); llm: W1-W5; sweep: 64 KB..--max-bytes")
     ap.add_argument("--max-bytes", type=float, default=4 * 2**30, help="largest x in the size sweep")
     ap.add_argument("--plot", help="PNG of the size sweep (GB/s against size)")
@@ -359,6 +360,10 @@ def main():
     results = []
     if args.suite in ("llm", "all") and CUDA:
         results += llm_suite(timer, bw)
+    if args.suite in ("variants", "all") and CUDA:  # issue 12's ops vs torch.compile (bench/variants.py)
+        from variants import variants_suite
+        rows = variants_suite(timer, bw, time_rows, print_table)
+        results += [dict(workload=w, rows=[r for r in rows if r["workload"] == w]) for w in dict.fromkeys(r["workload"] for r in rows)]
     sweep = []
     if args.suite in ("sweep", "all") and CUDA:
         sweep = sweep_suite(timer, bw, args.max_bytes)

@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include "dispatch.h"
+#include "norm_rope.h"
 #include "op_utils.h"
 #include "rope_ops.h"
 
@@ -20,11 +21,17 @@ TORCH_LIBRARY(rope_ext, m) {
   m.def("rope_(Tensor(a!) x, " ROPE_SCHEMA_OPTS ") -> ()");
   m.def("rope_qk(Tensor q, Tensor k, " ROPE_SCHEMA_OPTS ") -> (Tensor, Tensor)");
   m.def("rope_qk_(Tensor(a!) q, Tensor(b!) k, " ROPE_SCHEMA_OPTS ") -> ()");
+  // Fused per-head RMSNorm + RoPE (norm_rope_ops.cpp): xs = [x] or [q, k], one weight each;
+  // the backward returns the input grads, then the weight grads.
+  m.def("norm_rope(Tensor[] xs, Tensor[] weights, float eps, float weight_offset, " ROPE_SCHEMA_OPTS ") -> Tensor[]");
+  m.def("norm_rope_backward(Tensor[] grads, Tensor[] xs, Tensor[] weights, float eps, float weight_offset, "
+        ROPE_SCHEMA_OPTS ") -> Tensor[]");
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "rope_ext: RoPE kernels (the ops live under torch.ops.rope_ext)";
   m.def("impl_names", &rope_ext::impl_names, "kernel variant names, in order");
+  m.def("norm_rope_impl_names", &rope_ext::norm_rope_impl_names, "fused norm + rope variant names, in order");
   m.def("rope_direct", &rope_ext::rope_direct,
         "eager fast path of the ops (no dispatcher): xs, layout code, inplace, then the op options");
   m.def("default_inv_freq", [](double base, int64_t R) {

@@ -33,6 +33,7 @@ ROPE_HD float load_float(const void* ptr, DType dt, int64_t off) {
   switch (dt) {
     case DType::kFloat16: return static_cast<float>(static_cast<const c10::Half*>(ptr)[off]);
     case DType::kBFloat16: return static_cast<float>(static_cast<const c10::BFloat16*>(ptr)[off]);
+    case DType::kFloat64: return static_cast<float>(static_cast<const double*>(ptr)[off]);
     default: return static_cast<const float*>(ptr)[off];
   }
 }

@@ -36,25 +36,6 @@ Impl parse_impl(const std::string& name) {
 }
 
 
-// The options shared by the rope ops (schema order after the tensors to rotate).
-struct Options {
-  const std::optional<at::Tensor>& positions;
-  const std::optional<at::Tensor>& offsets;
-  const std::optional<at::Tensor>& cu_seqlens;
-  const std::optional<at::Tensor>& inv_freq;
-  const std::optional<at::Tensor>& cos_sin_cache;
-  int64_t offset;
-  double base;
-  int64_t rotary_dim;
-  bool interleaved;
-  bool inverse;
-  const std::string& impl;
-  double scale;
-  int64_t cp_size;
-  int64_t cp_rank;
-  at::IntArrayRef sections;
-  bool sections_interleaved;
-};
 
 // Checks of index *values* (op_utils.h says when they run): positions >= 0 and inside
 // the cache, cu_seqlens monotone from 0 to T (times cp_size, each length a multiple of
@@ -140,6 +121,8 @@ bool disjoint_heads(const at::Tensor& q, const at::Tensor& k) {
   const int64_t lo = std::min<int64_t>(0, j), hi = std::max<int64_t>(Hq, j + Hk);
   return non_overlapping({q.size(0), q.size(1), hi - lo, q.size(3)}, q.strides());
 }
+
+}  // namespace
 
 // Validates everything and fills the params. outs[i] may be ins[i] (in place).
 RopeParams make_params(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs,
@@ -298,6 +281,8 @@ RopeParams make_params(const std::vector<at::Tensor>& ins, const std::vector<at:
   *impl_out = impl;
   return p;
 }
+
+namespace {
 
 void run(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs, const Options& o, bool inplace) {
   Impl impl;

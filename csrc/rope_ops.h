@@ -7,9 +7,36 @@
 #include <string>
 #include <vector>
 
+#include "dispatch.h"
 #include "rope_params.h"
 
 namespace rope_ext {
+
+// The options shared by the rope ops (schema order after the tensors to rotate).
+struct Options {
+  const std::optional<at::Tensor>& positions;
+  const std::optional<at::Tensor>& offsets;
+  const std::optional<at::Tensor>& cu_seqlens;
+  const std::optional<at::Tensor>& inv_freq;
+  const std::optional<at::Tensor>& cos_sin_cache;
+  int64_t offset;
+  double base;
+  int64_t rotary_dim;
+  bool interleaved;
+  bool inverse;
+  const std::string& impl;
+  double scale;
+  int64_t cp_size;
+  int64_t cp_rank;
+  at::IntArrayRef sections;
+  bool sections_interleaved;
+};
+
+// Validates q/k (ins, 4-D [B, S, H, D] views) with their outputs (outs[i] may be ins[i]
+// in place) and the options, and fills the params: positions, frequencies, strides.
+// The other op families (fused norm + RoPE) build on it.
+RopeParams make_params(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs,
+                       const Options& o, bool inplace, Impl* impl_out);
 
 // HF's float32 default frequencies of `base` (cached; bit-identical to transformers).
 const std::vector<float>& hf_default_freqs(double base, int64_t R);

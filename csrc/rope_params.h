@@ -20,7 +20,7 @@ enum class FreqSource : int32_t {
   kCosSinCache = 2,  // [rows, R]: cos in columns [0, R/2), sin in [R/2, R)
 };
 
-enum class DType : int32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+enum class DType : int32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2, kFloat64 = 3 };  // kFloat64: CPU only
 
 // An int32 or int64 vector in device (or host) memory.
 struct IndexArray {

@@ -15,7 +15,7 @@ from .context_parallel import (context_parallel_index, context_parallel_position
 from .frequencies import inv_freq
 from .module import RotaryEmbedding
 from .multi_axis import apply_mrope, apply_rope_axial, apply_rope_axial_qk, axial_inv_freq
-from .norm_rope import rms_norm_rope, rms_norm_rope_qk
+from .norm_rope import NORM_ROPE_IMPLS, rms_norm_rope, rms_norm_rope_qk
 
 WITH_CUDA = bool(_C.with_cuda)
 
@@ -31,4 +31,4 @@ def set_value_checks(enabled: bool) -> None:
 __all__ = ["IMPLS", "LAYOUTS", "WITH_CUDA", "RotaryEmbedding", "apply_rope", "apply_rope_qk", "rope", "inv_freq",
            "reference", "set_value_checks", "apply_mrope", "apply_rope_axial", "apply_rope_axial_qk", "axial_inv_freq",
            "context_parallel_positions", "context_parallel_index", "context_parallel_shard",
-           "context_parallel_unshard", "rms_norm_rope", "rms_norm_rope_qk"]
+           "context_parallel_unshard", "rms_norm_rope", "rms_norm_rope_qk", "NORM_ROPE_IMPLS"]

@@ -79,3 +79,39 @@ def _rope_qk_backward(ctx, gq, gk):
 
 torch.library.register_autograd("rope_ext::rope", _rope_backward, setup_context=_rope_setup)
 torch.library.register_autograd("rope_ext::rope_qk", _rope_qk_backward, setup_context=_rope_qk_setup)
+
+
+# Fused RMSNorm + RoPE (csrc/norm_rope_ops.cpp): xs = [x] or [q, k], weights one per tensor.
+@torch.library.register_fake("rope_ext::norm_rope")
+def _norm_rope_fake(xs, weights, eps, weight_offset, *opts):
+    return [torch.empty_like(x) for x in xs]
+
+
+@torch.library.register_fake("rope_ext::norm_rope_backward")
+def _norm_rope_backward_fake(grads, xs, weights, eps, weight_offset, *opts):
+    return [torch.empty_like(x) for x in xs] + [torch.empty_like(w) for w in weights]
+
+
+def _norm_rope_setup(ctx, inputs, output):
+    xs, weights, eps, weight_offset = inputs[:4]
+    ctx.save_for_backward(*xs, *weights, *[t for t in inputs[4:9] if t is not None])
+    ctx.n = len(xs)
+    ctx.present = [t is not None for t in inputs[4:9]]
+    ctx.scalars = (eps, weight_offset) + tuple(inputs[9:])
+    # The returned grads must mirror the inputs' pytree as torch.library sees it: an
+    # empty int[] option is an empty list node, a non-empty one a leaf.
+    ctx.opt_grads = tuple([] if isinstance(v, (list, tuple)) and not v else None for v in inputs[4:])
+
+
+def _norm_rope_backward(ctx, grads):
+    n = ctx.n
+    saved = list(ctx.saved_tensors)
+    xs, weights, rest = saved[:n], saved[n:2 * n], iter(saved[2 * n:])
+    idx = [next(rest) if p else None for p in ctx.present]
+    eps, weight_offset, *scalars = ctx.scalars
+    grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, xs)]
+    out = ops.norm_rope_backward(grads, xs, weights, eps, weight_offset, *idx, *scalars)
+    return (list(out[:n]), list(out[n:]), None, None) + ctx.opt_grads
+
+
+torch.library.register_autograd("rope_ext::norm_rope", _norm_rope_backward, setup_context=_norm_rope_setup)

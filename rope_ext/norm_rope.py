@@ -3,38 +3,64 @@
     y = rope(x / sqrt(mean(x^2 over the head dim) + eps) * (weight + weight_offset))
 
 Qwen3: weight_offset = 0; Gemma 3 (whose RMSNorm scales by 1 + weight): weight_offset = 1.
-fp32 arithmetic, one rounding at the end. Differentiable with respect to x and weight.
-
-(Interim implementation: the normalisation in PyTorch followed by the rope kernel; the
-fused kernel replaces it behind the same API.)
+One kernel reads x once and writes y once (csrc/cuda/norm_rope_variants.cuh); fp32
+arithmetic, one rounding at the store (HF's Qwen3 norm rounds to the input dtype before
+the weight: the two differ by at most one rounding of that intermediate).
+Differentiable with respect to x and weight (a fused backward kernel: dx and the
+weight's gradient in one pass).
 """
 import torch
 
-from .api import DEFAULT_BASE, apply_rope, apply_rope_qk
+from . import _C
+from ._ops import ops
+from .api import DEFAULT_BASE, _from_bshd, _op_options, _to_bshd
+
+#: Variants of the fused norm + rope kernel; "auto" (the default) picks among them.
+NORM_ROPE_IMPLS = tuple(_C.norm_rope_impl_names())
 
 
-def _norm(x, weight, eps, weight_offset, name):
-    if not isinstance(weight, torch.Tensor):
-        raise TypeError(f"rope_ext: {name} must be a torch.Tensor [head_dim], got {type(weight).__name__}")
-    if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
-        raise ValueError(f"rope_ext: {name} must have shape [head_dim] = [{x.shape[-1]}], got {tuple(weight.shape)}")
-    xf = x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return y * (weight.float() + weight_offset)
+def _weight(w, name):
+    if not isinstance(w, torch.Tensor):
+        raise TypeError(f"rope_ext: {name} must be a torch.Tensor [head_dim], got {type(w).__name__}")
+    return w
 
 
-def rms_norm_rope(x, weight, positions=None, *, eps=1e-6, weight_offset=0.0, layout="bshd", base=DEFAULT_BASE,
-                  **rope_kwargs):
-    """RMSNorm over the head dim of x (weight [D]) then RoPE; returns a tensor like x.
-    Same layouts and RoPE keywords as rope_ext.apply_rope (not inplace)."""
-    y = _norm(x, weight, eps, weight_offset, "weight")
-    return apply_rope(y, positions, layout=layout, base=base, **rope_kwargs).to(x.dtype)
+def _num(v, name):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"rope_ext: {name} must be a number, got {type(v).__name__}")
+    return float(v)
+
+
+def _run(xs, names, weights, wnames, positions, eps, weight_offset, layout, offsets, base, impl, cu_seqlens,
+         rotary_dim, interleaved, inv_freq, cos_sin_cache, attention_factor, cp_size, cp_rank, cp_group, sections,
+         sections_interleaved):
+    x4 = [_to_bshd(x, layout, n) for x, n in zip(xs, names)]
+    ws = [_weight(w, n) for w, n in zip(weights, wnames)]
+    opts = _op_options(layout, positions, offsets, base, impl, cu_seqlens, rotary_dim, interleaved, inv_freq,
+                       cos_sin_cache, attention_factor, cp_size, cp_rank, cp_group, sections, sections_interleaved)
+    out = ops.norm_rope(x4, ws, _num(eps, "eps"), _num(weight_offset, "weight_offset"), *opts)
+    return [_from_bshd(o, layout) for o in out]
+
+
+def rms_norm_rope(x, weight, positions=None, *, eps=1e-6, weight_offset=0.0, layout="bshd", offsets=None,
+                  base=DEFAULT_BASE, impl="auto", cu_seqlens=None, rotary_dim=None, interleaved=False, inv_freq=None,
+                  cos_sin_cache=None, attention_factor=1.0, cp_size=1, cp_rank=0, cp_group=None, sections=None,
+                  sections_interleaved=False):
+    """RMSNorm over the head dim of x (weight [D]), then RoPE, in one kernel; returns a new
+    tensor of x's shape and dtype. Layouts, positions and frequency keywords as
+    rope_ext.apply_rope (not in place). impl: "auto", "warp" (scalar, any strides) or
+    "tile" (16-byte access). Head dims up to 512."""
+    return _run([x], ["x"], [weight], ["weight"], positions, eps, weight_offset, layout, offsets, base, impl,
+                cu_seqlens, rotary_dim, interleaved, inv_freq, cos_sin_cache, attention_factor, cp_size, cp_rank,
+                cp_group, sections, sections_interleaved)[0]
 
 
 def rms_norm_rope_qk(q, k, q_weight, k_weight, positions=None, *, eps=1e-6, weight_offset=0.0, layout="bshd",
-                     base=DEFAULT_BASE, **rope_kwargs):
-    """rms_norm_rope of q (q_weight) and k (k_weight), one launch; returns (q_out, k_out)."""
-    qn = _norm(q, q_weight, eps, weight_offset, "q_weight")
-    kn = _norm(k, k_weight, eps, weight_offset, "k_weight")
-    qo, ko = apply_rope_qk(qn, kn, positions, layout=layout, base=base, **rope_kwargs)
-    return qo.to(q.dtype), ko.to(k.dtype)
+                     offsets=None, base=DEFAULT_BASE, impl="auto", cu_seqlens=None, rotary_dim=None,
+                     interleaved=False, inv_freq=None, cos_sin_cache=None, attention_factor=1.0, cp_size=1, cp_rank=0,
+                     cp_group=None, sections=None, sections_interleaved=False):
+    """rms_norm_rope of q (q_weight) and k (k_weight) in one launch; returns (q_out, k_out)."""
+    qo, ko = _run([q, k], ["q", "k"], [q_weight, k_weight], ["q_weight", "k_weight"], positions, eps, weight_offset,
+                  layout, offsets, base, impl, cu_seqlens, rotary_dim, interleaved, inv_freq, cos_sin_cache,
+                  attention_factor, cp_size, cp_rank, cp_group, sections, sections_interleaved)
+    return qo, ko

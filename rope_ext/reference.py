@@ -169,3 +169,13 @@ def apply_cos_sin(x, cos, sin):
     half = x.shape[-1] // 2
     rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rot * sin
+
+
+def rms_norm_rope_float64(x, weight, positions=None, *, eps=1e-6, weight_offset=0.0, layout="bshd", **rope_kwargs):
+    """Ground truth of rope_ext.rms_norm_rope in float64 (differentiable: the backward
+    reference is autograd through it): RMSNorm over the head dim, weight + weight_offset,
+    then rope_float64 with the same keywords."""
+    x64 = x if x.dtype == torch.float64 else x.double()
+    # The head dim is the last dimension in every layout.
+    y = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * (weight.double() + weight_offset)
+    return rope_float64(y, positions, layout=layout, **rope_kwargs)

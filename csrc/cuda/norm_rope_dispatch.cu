@@ -1,0 +1,145 @@
+// CUDA dispatch of the fused RMSNorm + RoPE (csrc/cuda/norm_rope_variants.cuh): picks
+// the access width, sizes the tiles, launches on the current stream of x's device.
+#include <ATen/Dispatch.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <algorithm>
+
+#include "../norm_rope.h"
+#include "norm_rope_variants.cuh"
+
+namespace rope_ext {
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int sm_count(int device) {
+  static int cached[64] = {0};
+  if (device < 64 && cached[device]) return cached[device];
+  int n = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+  if (device < 64) cached[device] = n;
+  return n;
+}
+
+// Registers per thread: kMaxU units of 2V floats = 16 floats of x (and as many of dy
+// and of each dw sum in the backward). 32 lanes x kMaxU units bound the row: D <= 512.
+template <typename T, int V>
+constexpr int max_units() { return 8 / V; }
+
+struct Plan {
+  int V;
+  cuda::NormRopeShape sh;
+  size_t smem;
+  int64_t blocks;
+};
+
+Plan plan(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int device) {
+  const RopeParams& p = np.rope;
+  Plan pl;
+  pl.V = impl == NormRopeImpl::kTile ? static_cast<int>(16 / elem_size) : 1;
+  const int V = pl.V, kmax = 8 / V;
+  cuda::NormRopeShape& sh = pl.sh;
+  sh.rot_units = p.R / (2 * V);
+  sh.units = sh.rot_units + (p.D - p.R) / (2 * V);
+  int tpr = 1;
+  while (tpr < 32 && tpr * kmax < sh.units) tpr *= 2;
+  // A team for every unit when the row is short (more rows in flight, fewer idle lanes).
+  while (tpr < 32 && tpr < sh.units) tpr *= 2;
+  sh.tpr = tpr;
+  const int64_t rows_g = rows_per_group(p);
+  const int64_t total = num_groups(p) * rows_g;
+  const int teams = cuda::kNormRopeThreads / tpr;
+  // Tiles: about 2 rows per team (rope variant 4's measured sweet spot), fewer when
+  // that would leave SMs idle, never a token group cut when one tile can hold it,
+  // and a table that fits in 32 KB.
+  int64_t tile = std::min<int64_t>(2 * teams, ceil_div(total, 2L * sm_count(device)));
+  tile = std::max<int64_t>({tile, std::min<int64_t>(rows_g, 2 * teams), 1});
+  const int half = p.R / 2;
+  auto table_rows = [&](int64_t t) { return (t + rows_g - 2) / rows_g + 1; };
+  while (tile > 1 && table_rows(tile) * half * 8 > 32 * 1024) tile = (tile + 1) / 2;
+  tile = std::max<int64_t>(tile, ceil_div(total, INT32_MAX));
+  sh.rows = tile;
+  sh.table_stride = static_cast<int32_t>((table_rows(tile) * half + 3) / 4 * 4);
+  pl.smem = sizeof(float) * (2 * sh.table_stride + 2 * p.num_tensors * p.D);
+  pl.blocks = ceil_div(total, tile);
+  return pl;
+}
+
+template <typename T, int V, bool kInterleaved, bool kBwd>
+void launch(const NormRopeParams& np, const Plan& pl, cudaStream_t stream) {
+  auto kernel = cuda::norm_rope_kernel<T, V, max_units<T, V>(), kInterleaved, kBwd>;
+  if (pl.smem > 48 * 1024)
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(pl.smem)));
+  kernel<<<static_cast<unsigned>(pl.blocks), cuda::kNormRopeThreads, pl.smem, stream>>>(np, pl.sh);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T, int V>
+void launch_width(const NormRopeParams& np, const Plan& pl, cudaStream_t stream) {
+  const bool il = np.rope.interleaved, bwd = np.backward;
+  if (il) {
+    bwd ? launch<T, V, true, true>(np, pl, stream) : launch<T, V, true, false>(np, pl, stream);
+  } else {
+    bwd ? launch<T, V, false, true>(np, pl, stream) : launch<T, V, false, false>(np, pl, stream);
+  }
+}
+
+NormRopeImpl resolve(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size) {
+  if (impl != NormRopeImpl::kAuto) return impl;
+  return norm_rope_tile_eligible(np, elem_size, nullptr) ? NormRopeImpl::kTile : NormRopeImpl::kWarp;
+}
+
+}  // namespace
+
+bool norm_rope_tile_eligible(const NormRopeParams& np, int64_t elem_size, std::string* why) {
+  const RopeParams& p = np.rope;
+  const int64_t V = 16 / elem_size;
+  auto fail = [&](const std::string& m) {
+    if (why) *why = m;
+    return false;
+  };
+  if (p.interleaved ? p.R % (2 * V) : (p.R / 2) % V)
+    return fail("rotary_dim " + std::to_string(p.R) + " does not split into 16-byte chunks");
+  if ((p.D - p.R) % (2 * V))
+    return fail("the pass-through features D - rotary_dim = " + std::to_string(p.D - p.R) +
+                " do not split into pairs of 16-byte chunks");
+  auto aligned = [&](const void* ptr, const int64_t* st) {
+    if (st[3] != 1 || reinterpret_cast<uintptr_t>(ptr) % 16) return false;
+    for (int d = 0; d < 3; ++d)
+      if (st[d] % V) return false;
+    return true;
+  };
+  for (int t = 0; t < p.num_tensors; ++t) {
+    const TensorView& v = p.t[t];
+    if (!aligned(v.in, v.in_stride) || !aligned(v.out, v.out_stride) || (np.backward && !aligned(np.x[t], np.x_stride[t])))
+      return fail("a tensor's rows are not 16-byte aligned with unit feature stride");
+  }
+  return true;
+}
+
+int64_t norm_rope_cuda_partial_rows(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int device) {
+  return plan(np, resolve(np, impl, elem_size), elem_size, device).blocks;
+}
+
+void run_norm_rope_cuda(const NormRopeParams& np, NormRopeImpl impl, at::ScalarType dtype, c10::Device device) {
+  const c10::cuda::CUDAGuard guard(device);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "rope_ext_norm_rope_cuda", [&] {
+    if constexpr (std::is_same<scalar_t, double>::value) {
+      TORCH_CHECK_TYPE(false, "rope_ext: the fused norm + rope runs float64 on the CPU only");
+    } else {
+      const NormRopeImpl chosen = resolve(np, impl, sizeof(scalar_t));
+      const Plan pl = plan(np, chosen, sizeof(scalar_t), device.index());
+      if (pl.blocks == 0) return;
+      if (chosen == NormRopeImpl::kTile)
+        launch_width<scalar_t, 16 / sizeof(scalar_t)>(np, pl, stream);
+      else
+        launch_width<scalar_t, 1>(np, pl, stream);
+    }
+  });
+}
+
+}  // namespace rope_ext

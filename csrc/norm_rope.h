@@ -1,0 +1,32 @@
+// The fused RMSNorm + RoPE family: variant names and backend entry points (the op
+// layer, norm_rope_ops.cpp, calls these).
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+#include "norm_rope_params.h"
+
+namespace rope_ext {
+
+// Variants, in the order of csrc/cuda/norm_rope_variants.cuh; "auto" picks "tile"
+// when its 16-byte access applies, else "warp". The CPU runs one path for every name.
+enum class NormRopeImpl : int { kWarp = 0, kTile = 1, kAuto = 2 };
+inline const std::vector<std::string>& norm_rope_impl_names() {
+  static const std::vector<std::string> names = {"warp", "tile"};
+  return names;
+}
+
+// Token groups per CPU work chunk (each chunk writes one row of the dw partial sums).
+int64_t norm_rope_cpu_groups_per_chunk(const NormRopeParams& np);
+void run_norm_rope_cpu(const NormRopeParams& np, at::ScalarType dtype);
+#ifdef ROPE_EXT_WITH_CUDA
+// Whether variant "tile" applies (16-byte rows), and why not.
+bool norm_rope_tile_eligible(const NormRopeParams& np, int64_t elem_size, std::string* why);
+// Rows of dw partial sums the launch writes (its blocks), for the backward's buffer.
+int64_t norm_rope_cuda_partial_rows(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int device);
+void run_norm_rope_cuda(const NormRopeParams& np, NormRopeImpl impl, at::ScalarType dtype, c10::Device device);
+#endif
+
+}  // namespace rope_ext

@@ -1,0 +1,35 @@
+// The contract of the fused per-head RMSNorm + RoPE kernels (the q/k norms of Qwen3,
+// Gemma 3, Qwen3-VL): norm_rope_ops.cpp fills it, csrc/cuda/norm_rope_variants.cuh and
+// csrc/cpu/norm_rope_cpu.cpp implement it.
+//
+//   forward   y = R(theta) (x * rstd * (w + weight_offset)),  rstd = 1 / sqrt(mean(x^2) + eps)
+//   backward  g = R(-theta) dy;  n = x * rstd;  gn = g * (w + weight_offset)
+//             dx = rstd * (gn - n * mean(gn * n));  dw = sum over rows of g * n
+// The mean runs over the whole head dim D (features past rotary_dim are normalised,
+// not rotated). fp32 arithmetic, one rounding at each store.
+#pragma once
+#include "rope_params.h"
+
+namespace rope_ext {
+
+struct NormRopeParams {
+  // Positions, frequencies, pairing and the [B, S, H, D] views of up to two tensors.
+  // Forward: t[i].in = x, t[i].out = y. Backward: t[i].in = dy, t[i].out = dx, and
+  // rope.sign = -1 (the table then holds -sin: the rotation back).
+  RopeParams rope;
+  const void* weight[kMaxTensors] = {nullptr, nullptr};  // [D] per tensor
+  int64_t weight_stride[kMaxTensors] = {1, 1};
+  DType weight_dtype[kMaxTensors] = {DType::kFloat32, DType::kFloat32};
+  float eps = 1e-6f;
+  float weight_offset = 0.f;  // Gemma 3 scales by (1 + w)
+
+  // Backward only: the saved x (same [B, S, H, D] indexing as t[i], own strides) and
+  // the per-block partial sums of dw, [blocks, D] each in the arithmetic type (fp32;
+  // float64 for float64 x), summed by the op layer.
+  bool backward = false;
+  const void* x[kMaxTensors] = {nullptr, nullptr};
+  int64_t x_stride[kMaxTensors][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+  void* dweight_partial[kMaxTensors] = {nullptr, nullptr};
+};
+
+}  // namespace rope_ext

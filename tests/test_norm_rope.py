@@ -1,0 +1,166 @@
+"""Fused per-head RMSNorm + RoPE (rope_ext.rms_norm_rope / rms_norm_rope_qk): forward,
+dx and the weight gradient against float64 autograd through
+rope_ext.reference.rms_norm_rope_float64, every variant, fresh random inputs.
+Tolerances: conftest's table for the outputs (fp32 2e-6 of max|ref|, bf16/fp16 one
+rounding); the weight gradient (a sum over all rows, fp32 accumulation) 1e-5 of its
+max in fp32, one rounding plus that in a 16-bit weight dtype."""
+import pytest
+import torch
+
+import rope_ext
+from rope_ext.reference import rms_norm_rope_float64
+
+from conftest import DEVICES, DTYPES, assert_close_f64, randn, ulp
+
+NORM_IMPLS = rope_ext.NORM_ROPE_IMPLS + ("auto",)
+
+# (name, q shape in `layout`, Hk, layout, rope keywords): the model shapes and the options.
+CASES = [
+    ("qwen3 bshd", (2, 9, 4, 128), 2, "bshd", {}),
+    ("gemma3 partial interleaved", (1, 7, 3, 64), 1, "bshd", dict(rotary_dim=32, interleaved=True)),
+    ("sbhd positions", (5, 2, 2, 128), 2, "sbhd", dict(positions="rand")),
+    ("thd varlen", (13, 4, 128), 2, "thd", dict(cu_seqlens=[0, 5, 13])),
+    ("mrope interleaved sections", (1, 6, 2, 128), 1, "bshd", dict(positions="axes3", sections=[24, 20, 20],
+                                                                     sections_interleaved=True)),
+    ("d256 scalar tail", (1, 3, 2, 256), 1, "bshd", dict(rotary_dim=64)),
+]
+
+
+def _kw(kw, shape, layout, device):
+    kw = dict(kw)
+    if layout == "thd":
+        kw["cu_seqlens"] = torch.tensor(kw["cu_seqlens"], dtype=torch.int32, device=device)
+        return kw
+    B, S = (shape[0], shape[1]) if layout == "bshd" else (shape[1], shape[0])
+    if kw.get("positions") == "rand":
+        kw["positions"] = torch.randint(0, 1 << 20, (B, S), device=device)
+    elif kw.get("positions") == "axes3":
+        kw["positions"] = torch.randint(0, 4096, (3, B, S), device=device)
+    return kw
+
+
+def _k_shape(shape, Hk, layout):
+    s = list(shape)
+    s[-2] = Hk
+    return tuple(s)
+
+
+def _weights(D, device, wdtype=torch.float32):
+    return [(1 + 0.5 * torch.randn(D, device=device)).to(wdtype) for _ in range(2)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_forward_backward_vs_float64(device, dtype, case):
+    name, shape, Hk, layout, kw = case
+    kw = _kw(kw, shape, layout, device)
+    D = shape[-1]
+    offset = 1.0 if "gemma" in name else 0.0
+    for impl in NORM_IMPLS:
+        q = randn(shape, dtype, device).requires_grad_()
+        k = randn(_k_shape(shape, Hk, layout), dtype, device).requires_grad_()
+        qw, kw_ = [w.requires_grad_() for w in _weights(D, device)]
+        try:
+            qo, ko = rope_ext.rms_norm_rope_qk(q, k, qw, kw_, eps=1e-6, weight_offset=offset, layout=layout,
+                                               impl=impl, **kw)
+        except ValueError as e:  # 'tile' on rows it cannot vector-load: said so, nothing else
+            assert impl == "tile" and "16-byte" in str(e), e
+            continue
+        q64, k64 = q.detach().double().requires_grad_(), k.detach().double().requires_grad_()
+        qw64, kw64 = qw.detach().double().requires_grad_(), kw_.detach().double().requires_grad_()
+        rq = rms_norm_rope_float64(q64, qw64, eps=1e-6, weight_offset=offset, layout=layout, **kw)
+        rk = rms_norm_rope_float64(k64, kw64, eps=1e-6, weight_offset=offset, layout=layout, **kw)
+        what = f"{name} {dtype} {impl}"
+        assert_close_f64(qo, rq, rq.abs().max().item(), what + " q")
+        assert_close_f64(ko, rk, rk.abs().max().item(), what + " k")
+
+        gq, gk = randn(qo.shape, dtype, device), randn(ko.shape, dtype, device)
+        dq, dk, dqw, dkw = torch.autograd.grad((qo, ko), (q, k, qw, kw_), (gq, gk))
+        rdq, rdk, rdqw, rdkw = torch.autograd.grad((rq, rk), (q64, k64, qw64, kw64), (gq.double(), gk.double()))
+        assert_close_f64(dq, rdq, rdq.abs().max().item(), what + " dq")
+        assert_close_f64(dk, rdk, rdk.abs().max().item(), what + " dk")
+        for got, want, nm in ((dqw, rdqw, "dq_weight"), (dkw, rdkw, "dk_weight")):
+            assert torch.isfinite(got).all(), f"{what} {nm}: non-finite"
+            err = (got.double().cpu() - want.cpu()).abs().max().item()
+            assert err <= 1e-5 * want.abs().max().item(), f"{what} {nm}: max err {err:.3e}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_single_tensor_strided_and_16bit_weight(device):
+    """x a slice of a fused projection (rows strided): auto falls back to the scalar
+    variant; a bf16 weight; the gradient of the weight comes back in its dtype."""
+    T, H, D = 11, 3, 128
+    buf = randn((T, 3 * H * D), torch.bfloat16, device)
+    x = buf[:, : H * D].view(T, H, D).requires_grad_(False)
+    w = (1 + 0.5 * torch.randn(D, device=device)).to(torch.bfloat16).requires_grad_()
+    pos = torch.randint(0, 70000, (T,), device=device)
+    xr = x.detach().clone().requires_grad_()
+    y = rope_ext.rms_norm_rope(xr, w, pos, layout="thd")
+    w64 = w.detach().double().requires_grad_()
+    x64 = x.detach().double().requires_grad_()
+    r = rms_norm_rope_float64(x64, w64, pos, layout="thd")
+    assert_close_f64(y, r, r.abs().max().item(), "strided x")
+    g = randn(y.shape, torch.bfloat16, device)
+    dx, dw = torch.autograd.grad(y, (xr, w), g)
+    rdx, rdw = torch.autograd.grad(r, (x64, w64), g.double())
+    assert_close_f64(dx, rdx, rdx.abs().max().item(), "strided dx")
+    assert dw.dtype == torch.bfloat16
+    err = (dw.double().cpu() - rdw.cpu()).abs()
+    assert (err <= ulp(rdw.cpu(), torch.bfloat16) / 2 + 1e-5 * rdw.abs().max().item()).all(), err.max()
+    if device == "cuda":
+        with pytest.raises(ValueError, match="16-byte"):
+            rope_ext.rms_norm_rope(x, w.detach(), pos, layout="thd", impl="tile")
+
+
+def test_gradcheck_float64():
+    q = torch.randn(1, 3, 2, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 3, 1, 8, dtype=torch.float64, requires_grad=True)
+    qw = (1 + 0.3 * torch.randn(8, dtype=torch.float64)).requires_grad_()
+    kw = (1 + 0.3 * torch.randn(8, dtype=torch.float64)).requires_grad_()
+    f = lambda q, k, qw, kw: rope_ext.rms_norm_rope_qk(q, k, qw, kw, rotary_dim=4, weight_offset=0.5)  # noqa: E731
+    assert torch.autograd.gradcheck(f, (q, k, qw, kw))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_and_compile(device):
+    q = randn((2, 4, 4, 64), torch.float32, device)
+    k = randn((2, 4, 2, 64), torch.float32, device)
+    qw, kw = _weights(64, device)
+    opts = rope_ext.api._op_options("bshd", None, None, 10000.0, "auto", None, None, False, None, None)
+    torch.library.opcheck(torch.ops.rope_ext.norm_rope, ([q, k], [qw, kw], 1e-6, 0.0, *opts))
+    g = [randn(q.shape, torch.float32, device), randn(k.shape, torch.float32, device)]
+    torch.library.opcheck(torch.ops.rope_ext.norm_rope_backward, (g, [q, k], [qw, kw], 1e-6, 0.0, *opts),
+                          test_utils=("test_schema", "test_faketensor"))
+    pos = torch.randint(0, 5000, (2, 4), device=device)
+    f = torch.compile(lambda q, k: rope_ext.rms_norm_rope_qk(q, k, qw, kw, pos), fullgraph=True)
+    got = f(q, k)
+    want = rope_ext.rms_norm_rope_qk(q, k, qw, kw, pos)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_input_clear_errors(device):
+    x = randn((1, 4, 2, 64), torch.float32, device)
+    w = torch.ones(64, device=device)
+    before = x.clone()
+    with pytest.raises(ValueError, match=r"weight must have shape \[head_dim\] = \[64\]"):
+        rope_ext.rms_norm_rope(x, torch.ones(32, device=device))
+    with pytest.raises(TypeError, match="weight must be a torch.Tensor"):
+        rope_ext.rms_norm_rope(x, [1.0] * 64)
+    with pytest.raises(ValueError, match="eps must be finite and >= 0"):
+        rope_ext.rms_norm_rope(x, w, eps=-1.0)
+    with pytest.raises(ValueError, match="'auto', 'warp' or 'tile'"):
+        rope_ext.rms_norm_rope(x, w, impl="fp32x4")
+    with pytest.raises(ValueError, match="sections must sum to rotary_dim / 2"):
+        rope_ext.rms_norm_rope(x, w, torch.zeros(3, 1, 4, dtype=torch.long, device=device), sections=[8, 8, 8])
+    with pytest.raises(ValueError, match="up to 512"):
+        rope_ext.rms_norm_rope(randn((1, 1, 1, 1024), torch.float32, device), torch.ones(1024, device=device))
+    with pytest.raises(ValueError, match="q_weight must have shape"):
+        rope_ext.rms_norm_rope_qk(x, x, torch.ones(63, device=device), w)
+    if device == "cuda":
+        with pytest.raises(TypeError, match="float64 on the CPU only"):
+            rope_ext.rms_norm_rope(x.double(), w.double())
+        with pytest.raises(ValueError, match="weight must be on"):
+            rope_ext.rms_norm_rope(x, w.cpu())
+    assert torch.equal(x, before)
