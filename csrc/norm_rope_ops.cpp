@@ -166,6 +166,21 @@ std::vector<at::Tensor> norm_rope_backward(at::TensorList grads, at::TensorList 
 
 }  // namespace
 
+// The eager path without the dispatcher (rope_ext/norm_rope.py): the same functions.
+std::vector<at::Tensor> norm_rope_direct(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& weights,
+                                         double eps, double weight_offset, NORM_ROPE_ARGS) {
+  return norm_rope(xs, weights, eps, weight_offset, positions, offsets, cu_seqlens, inv_freq, cos_sin_cache, offset,
+                   base, rotary_dim, interleaved, inverse, impl, scale, cp_size, cp_rank, sections, sections_interleaved);
+}
+
+std::vector<at::Tensor> norm_rope_backward_direct(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& xs,
+                                                  const std::vector<at::Tensor>& weights, double eps,
+                                                  double weight_offset, NORM_ROPE_ARGS) {
+  return norm_rope_backward(grads, xs, weights, eps, weight_offset, positions, offsets, cu_seqlens, inv_freq,
+                            cos_sin_cache, offset, base, rotary_dim, interleaved, inverse, impl, scale, cp_size,
+                            cp_rank, sections, sections_interleaved);
+}
+
 TORCH_LIBRARY_IMPL(rope_ext, CPU, m) {
   m.impl("norm_rope", &norm_rope);
   m.impl("norm_rope_backward", &norm_rope_backward);

@@ -31,6 +31,9 @@ TORCH_LIBRARY(rope_ext, m) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "rope_ext: RoPE kernels (the ops live under torch.ops.rope_ext)";
   m.def("impl_names", &rope_ext::impl_names, "kernel variant names, in order");
+  m.def("norm_rope_direct", &rope_ext::norm_rope_direct, "eager fast path of norm_rope (no dispatcher)");
+  m.def("norm_rope_backward_direct", &rope_ext::norm_rope_backward_direct,
+        "eager fast path of norm_rope_backward (no dispatcher)");
   m.def("norm_rope_impl_names", &rope_ext::norm_rope_impl_names, "fused norm + rope variant names, in order");
   m.def("rope_direct", &rope_ext::rope_direct,
         "eager fast path of the ops (no dispatcher): xs, layout code, inplace, then the op options");

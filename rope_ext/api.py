@@ -153,14 +153,15 @@ _function_mode_on = torch._C._is_torch_function_mode_enabled
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 
 
-def _direct_ok(xs, rank, opts):
+def _direct_ok(xs, rank, opts, allow_grad=False):
     """Whether the call may skip the dispatcher (rope_ext._C.rope_direct): plain
-    tensors of the layout's rank that do not require grad, and nobody tracing or
-    intercepting ops (torch.compile, a TorchFunction/TorchDispatch mode, a subclass)."""
+    tensors of the layout's rank (that do not require grad, unless allow_grad), and
+    nobody tracing or intercepting ops (torch.compile, a TorchFunction/TorchDispatch
+    mode, a subclass)."""
     if torch.compiler.is_compiling() or _function_mode_on() or _dispatch_modes():
         return False
     for x in xs:
-        if type(x) is not torch.Tensor or x.dim() != rank or x.requires_grad:
+        if type(x) is not torch.Tensor or x.dim() != rank or (x.requires_grad and not allow_grad):
             return False
     for t in opts[:5]:
         if t is not None and type(t) is not torch.Tensor:
@@ -168,8 +169,33 @@ def _direct_ok(xs, rank, opts):
     return True
 
 
+class _DirectRope(torch.autograd.Function):
+    """Eager out-of-place calls that need grad: rope_direct forward and backward (the
+    rotation by -theta), without the dispatcher and torch.library's Python autograd
+    wrapper, which cost ~0.3 ms of host time per fwd+bwd (bench/NOTES.md). torch.compile
+    and modes take the registered ops and their register_autograd instead."""
+
+    @staticmethod
+    def forward(ctx, code, opts, *xs):
+        ctx.code, ctx.opts = code, opts
+        ctx.metas = [(x.shape, x.dtype, x.device) for x in xs]
+        return tuple(_C.rope_direct(list(xs), code, False, *opts))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        opts = list(ctx.opts)
+        opts[_INVERSE] = not opts[_INVERSE]
+        gs = [torch.zeros(s, dtype=d, device=dv) if g is None else _grad_input(g, opts[_IMPL])
+              for g, (s, d, dv) in zip(grads, ctx.metas)]
+        return (None, None, *_C.rope_direct(gs, ctx.code, False, *opts))
+
+
 def _run(xs, layout, opts, inplace):
     code = _LAYOUT_CODE.get(layout)
+    if (code is not None and not inplace and torch.is_grad_enabled()
+            and any(isinstance(x, torch.Tensor) and x.requires_grad for x in xs)
+            and _direct_ok(xs, 3 if code == 3 else 4, opts, allow_grad=True)):
+        return _DirectRope.apply(code, opts, *xs)
     if code is not None and _direct_ok(xs, 3 if code == 3 else 4, opts):
         # The same C++ run() as the ops, minus the dispatcher and the Python views
         # (bench/overhead.py has the per-call costs).

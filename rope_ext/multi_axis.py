@@ -59,6 +59,19 @@ def axial_inv_freq(axes_dims, base=DEFAULT_BASE, device=None):
         torch.cat([_inv_freq(d, base) for d in dims])
 
 
+_AXIAL_FREQS = {}
+
+
+def _cached_axial_inv_freq(axes_dims, base, device):
+    """The default frequencies, built once per (axes, base, device): a host build and
+    copy per call would cost a synchronous transfer and break CUDA-graph capture."""
+    key = (axes_dims, base, str(device))
+    f = _AXIAL_FREQS.get(key)
+    if f is None:
+        f = _AXIAL_FREQS[key] = axial_inv_freq(list(axes_dims), base, device)
+    return f
+
+
 def _axial(xs, positions, axes_dims, base, inv_freq, layout, interleaved, inplace, impl):
     if not isinstance(positions, torch.Tensor):
         raise TypeError(f"rope_ext: positions must be a torch.Tensor [..., axes], got {type(positions).__name__}")
@@ -81,7 +94,7 @@ def _axial(xs, positions, axes_dims, base, inv_freq, layout, interleaved, inplac
     if R > D:
         raise ValueError(f"rope_ext: axes_dims sum to {R}, more than the head dim {D}")
     if inv_freq is None:
-        inv_freq = axial_inv_freq(axes_dims, base, x.device)
+        inv_freq = _cached_axial_inv_freq(tuple(axes_dims), float(base), x.device)
     elif base != DEFAULT_BASE:
         raise ValueError("rope_ext: give one frequency source: base or inv_freq")
     kw = dict(layout=layout, inv_freq=inv_freq, rotary_dim=R, interleaved=interleaved, inplace=inplace, impl=impl,

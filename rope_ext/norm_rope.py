@@ -13,7 +13,7 @@ import torch
 
 from . import _C
 from ._ops import ops
-from .api import DEFAULT_BASE, _from_bshd, _op_options, _to_bshd
+from .api import DEFAULT_BASE, _dispatch_modes, _from_bshd, _function_mode_on, _op_options, _to_bshd
 
 #: Variants of the fused norm + rope kernel; "auto" (the default) picks among them.
 NORM_ROPE_IMPLS = tuple(_C.norm_rope_impl_names())
@@ -38,8 +38,45 @@ def _run(xs, names, weights, wnames, positions, eps, weight_offset, layout, offs
     ws = [_weight(w, n) for w, n in zip(weights, wnames)]
     opts = _op_options(layout, positions, offsets, base, impl, cu_seqlens, rotary_dim, interleaved, inv_freq,
                        cos_sin_cache, attention_factor, cp_size, cp_rank, cp_group, sections, sections_interleaved)
-    out = ops.norm_rope(x4, ws, _num(eps, "eps"), _num(weight_offset, "weight_offset"), *opts)
+    eps, weight_offset = _num(eps, "eps"), _num(weight_offset, "weight_offset")
+    if _eager_ok(x4 + ws, opts):
+        if torch.is_grad_enabled() and any(t.requires_grad for t in x4 + ws):
+            out = _NormRopeFn.apply(len(x4), eps, weight_offset, opts, *x4, *ws)
+        else:
+            out = _C.norm_rope_direct(x4, ws, eps, weight_offset, *opts)
+    else:
+        out = ops.norm_rope(x4, ws, eps, weight_offset, *opts)
     return [_from_bshd(o, layout) for o in out]
+
+
+def _eager_ok(tensors, opts):
+    """Plain eager call (nobody tracing or intercepting ops): the C++ functions are called
+    directly, with the autograd.Function below; torch.compile, modes and subclasses take
+    the registered ops (their register_autograd). The same functions either way: the
+    direct path only skips the dispatcher and torch.library's Python autograd wrapper
+    (bench/NOTES.md: fwd+bwd host time 880 -> ... us per call on the CPU box)."""
+    if torch.compiler.is_compiling() or _function_mode_on() or _dispatch_modes():
+        return False
+    return all(type(t) is torch.Tensor for t in tensors) and \
+        all(t is None or type(t) is torch.Tensor for t in opts[:5])
+
+
+class _NormRopeFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, n, eps, weight_offset, opts, *tensors):
+        xs, ws = list(tensors[:n]), list(tensors[n:])
+        ctx.save_for_backward(*tensors)
+        ctx.n, ctx.eps, ctx.weight_offset, ctx.opts = n, eps, weight_offset, opts
+        return tuple(_C.norm_rope_direct(xs, ws, eps, weight_offset, *opts))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        n = ctx.n
+        saved = ctx.saved_tensors
+        xs, ws = list(saved[:n]), list(saved[n:])
+        grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, xs)]
+        out = _C.norm_rope_backward_direct(grads, xs, ws, ctx.eps, ctx.weight_offset, *ctx.opts)
+        return (None, None, None, None, *out)
 
 
 def rms_norm_rope(x, weight, positions=None, *, eps=1e-6, weight_offset=0.0, layout="bshd", offsets=None,

@@ -88,11 +88,12 @@ def test_forward_backward_vs_float64(device, dtype, case):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_single_tensor_strided_and_16bit_weight(device):
-    """x a slice of a fused projection (rows strided): auto falls back to the scalar
-    variant; a bf16 weight; the gradient of the weight comes back in its dtype."""
+    """x a slice of a fused projection that starts 3 elements in (rows strided, not
+    16-byte aligned): auto falls back to the scalar variant, an explicit 'tile'
+    refuses; a bf16 weight, whose gradient comes back in its dtype."""
     T, H, D = 11, 3, 128
-    buf = randn((T, 3 * H * D), torch.bfloat16, device)
-    x = buf[:, : H * D].view(T, H, D).requires_grad_(False)
+    buf = randn((T, 3 * H * D + 3), torch.bfloat16, device)
+    x = buf[:, 3: 3 + H * D].view(T, H, D)
     w = (1 + 0.5 * torch.randn(D, device=device)).to(torch.bfloat16).requires_grad_()
     pos = torch.randint(0, 70000, (T,), device=device)
     xr = x.detach().clone().requires_grad_()
