@@ -136,13 +136,18 @@ def workload_rows(x, rope_call, cos, sin, inverse, timer, bw):
     return time_rows(impls, nbytes, timer, bw, base="torch naive")
 
 
+def op_opts(inverse, impl):
+    """The rope op's options after x (csrc/registration.cpp, ROPE_SCHEMA_OPTS): positions
+    0..S-1, base 10000, full rotary dim, neox, direction, impl."""
+    return [None, None, None, None, None, 0, 10000.0, -1, False, inverse, impl, 1.0, 1, 0, [], False]
+
+
 def seed_call(x, impl, inverse):
-    return ops.rope(x.unsqueeze(2), None, None, None, None, None, 0, 10000.0, -1, False, inverse, impl) \
-        if inverse else rope_ext.rope(x, impl=impl)
+    return ops.rope(x.unsqueeze(2), *op_opts(inverse, impl)) if inverse else rope_ext.rope(x, impl=impl)
 
 
 def bshd_call(x, impl, inverse):
-    return ops.rope(x, None, None, None, None, None, 0, 10000.0, -1, False, inverse, impl)
+    return ops.rope(x, *op_opts(inverse, impl))
 
 
 def print_table(title, rows, ratio="x naive", err=False, ss_us=None):
@@ -210,8 +215,8 @@ def llm_suite(timer, bw, peers=None):
             torch._dynamo.reset()
             comp = torch.compile(ref.apply_cos_sin, dynamic=False)
             s = -sin if inverse else sin
-            call = lambda i, inverse=inverse: ops.rope(x.permute(1, 0, 2, 3) if layout == "sbhd" else x, None, None,  # noqa: E731
-                                                       None, None, None, 0, 10000.0, -1, False, inverse, i)
+            call = lambda i, inverse=inverse: ops.rope(x.permute(1, 0, 2, 3) if layout == "sbhd" else x,  # noqa: E731
+                                                       *op_opts(inverse, i))
             fix = (lambda y: y.permute(1, 0, 2, 3)) if layout == "sbhd" else (lambda y: y)
             fns = [("torch.compile(cached)", lambda: comp(x, cos, s))] + [(f"rope_ext {i}", lambda i=i: call(i)) for i in impls]
             outs = {"torch.compile(cached)": lambda: comp(x, cos, s)}
@@ -602,14 +607,14 @@ def sweep_suite(timer, bw, max_bytes, peers):
               file=sys.stderr)
         del x, fns
     print("\nsize sweep (bshd [1, S, 32, 128]): GB/s; ratio = the fastest other kernel's time / rope_ext auto's")
-    print(f"  {'MB':>10} {'dtype':<9}{'dir':<9}{'rope_ext':>9}" + "".join(f"{c:>11}" for _, c in others[:-1]) +
-          f"{'copy':>9}{'% copy':>8}{'ratio':>7}")
+    print(f"  {'MB':>10} {'dtype':<9}{'dir':<9}{'rope_ext':>9}" + "".join(f"{k:>11}" for k, _ in others[:-1]) +
+          f"{'copy':>9}{'% copy':>8}{'ratio':>8}")
     for r in results:
         cells = "".join(f"{r[k + '_gbs']:>11.0f}" if k + "_gbs" in r else f"{'n/a':>11}" for k, _ in others[:-1])
         best = min((r[k + "_us"] for k, _ in others[:-1] if k + "_us" in r), default=float("nan"))
         cp = f"{r['copy_gbs']:>9.0f}{100 * r['copy_us'] / r['rope_ext_us']:>7.1f}%" if "copy_us" in r else ""
         print(f"  {r['bytes'] / 2**20:>10.2f} {r['dtype']:<9}{r['direction']:<9}{r['rope_ext_gbs']:>9.0f}{cells}"
-              f"{cp}{best / r['rope_ext_us']:>6.2f}x")
+              f"{cp}{best / r['rope_ext_us']:>7.2f}x")
     peers.report()
     return results
 

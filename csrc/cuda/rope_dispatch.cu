@@ -124,11 +124,13 @@ void launch_tile(const RopeParams& shared, int device, cudaStream_t stream) {
 }
 
 // Variant 5: one thread per (token group, 16-byte chunk, row set). Rows per thread K:
-// the fewest that keep the grid within about one full wave (kFlatThreadsPerSM per
-// SM), so a decode step gets one row per thread (T = 16 q + k: 5120 threads) and
-// larger tensors reuse each thread's sin/cos over more heads. Blocks shrink (down to
-// one warp) until there is at least one per SM.
-constexpr int64_t kFlatThreadsPerSM = 1024;
+// the fewest that keep the grid within one wave of resident threads (the bf16/fp16
+// neox kernel takes ~116 registers: 4 blocks of 128 per SM), so a decode step gets
+// one row per thread (T = 16 q + k: 5120 threads) and larger tensors reuse each
+// thread's sin/cos over more heads, with K rows in flight per thread (up to
+// kFlatRowsInFlight at once). Blocks shrink (down to one warp) until there is at
+// least one per SM. (A guess until bench/tune_flat.py runs: its rows/thread sweep.)
+constexpr int64_t kFlatThreadsPerSM = 512;
 template <typename T>
 void launch_flat(const RopeParams& p, int device, cudaStream_t stream) {
   constexpr int V = 16 / sizeof(T);

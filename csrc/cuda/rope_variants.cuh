@@ -16,6 +16,11 @@
 //              one short tile of consecutive rows and exits: its first loads go out,
 //              then the block fills a shared cos/sin table for the tile's token groups
 //              (one barrier), then rotates and stores. Same eligibility as 3.
+//   5. flat    (auto's choice up to ROPE_EXT_FLAT_MAX_BYTES of x, rope_dispatch.cu)
+//              for small tensors: no shared memory, no barrier; a thread owns one
+//              16-byte chunk of a few rows (heads) of one token group, computes that
+//              chunk's sin/cos once while its loads are in flight, and reuses them for
+//              its rows. Grid sized to fill the GPU at decode sizes. Same eligibility.
 //
 // What was learned on the H100 (bench/NOTES.md has the numbers and the method):
 //   - Variant 3's x loads must be uint4: a struct copy of Vec<bf16, 8> compiled to
@@ -46,7 +51,16 @@
 //     10); moving the pow to the host made no measurable change on W1 or W5 (the
 //     small-tensor latency lies elsewhere, bench/NOTES.md).
 //   - Accurate sin/cos are affordable: the angle reduced in double (rope_math.h) and
-//     the non-fast-math sincosf on |r| <= pi.
+//     an accurate sin/cos of the reduced fp32 argument.
+//   - Issue 11 (small tensors are latency: launch, a constant-cache and an instruction
+//     fetch per new line of params or code, then one DRAM round trip), from ptxas/SASS
+//     on the CPU machine, timings pending on the H100 (bench/NOTES.md): variant 5 as
+//     first written compiled to ~5900 instructions (bf16 neox), mostly P inlined
+//     copies of position_of (multi-axis) and of sincosf's Payne-Hanek slow path; the
+//     multi-axis lookup out of line and sincospif on an angle reduced in half-turns
+//     bring it to ~3300 with no stack frame, and hoisting the frequency-source and
+//     axis branches out of the per-pair loop lets the P sin/cos interleave (they were
+//     P serial branchy blocks).
 #pragma once
 #include <cuda_runtime.h>
 
