@@ -631,6 +631,8 @@ def plot_sweep(rows, bw, path):
         for direction, ls in (("forward", "-"), ("backward", "--")):
             pts = [r for r in rows if r["dtype"] == dt and r["direction"] == direction]
             for key, label, marker, color in series:
+                if key == "copy" and direction == "backward":
+                    continue  # the same bytes both ways: one copy curve
                 have = [r for r in pts if f"{key}_gbs" in r]
                 if have:
                     ax.plot([r["bytes"] for r in have], [r[f"{key}_gbs"] for r in have], marker + ls, color=color,
