@@ -5,6 +5,9 @@ thd, in place): the public API, its two inner paths, and an aten op for scale.
 
 Each row: wall time per call over back-to-back calls (host + launch; the kernel is
 shorter than the host work, so the host is what is measured), median of 5 runs.
+The "of which" rows split the public call: its Python checks, the dispatcher-skip test,
+and the C++ entry on empty tensors (argument conversion + params, no launch); the launch
+is then rope_direct minus rope_direct on empty tensors.
 """
 import os
 import statistics
@@ -15,7 +18,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import rope_ext  # noqa: E402
-from rope_ext import _C  # noqa: E402
+from rope_ext import _C, api  # noqa: E402
 from rope_ext._ops import ops  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -44,7 +47,7 @@ def main():
     pos = torch.randint(0, 131072, (T,), device=DEV)
     cache = torch.randn(131072, 128, device=DEV)
     q4, k4 = q.unsqueeze(0), k.unsqueeze(0)
-    opts = [pos, None, None, None, None, 0, 10000.0, -1, False, False, "auto"]
+    opts = api._op_options("thd", pos, None, 10000.0, "auto", None, None, False, None, None)  # the op's options
     rows = [
         ("aten q.mul_(1.0) (one launch, for scale)", lambda: q.mul_(1.0)),
         ("torch.ops.rope_ext.rope_qk_ (dispatcher)", lambda: ops.rope_qk_(q4, k4, *opts)),
@@ -53,7 +56,13 @@ def main():
         ("apply_rope_qk(inplace=True, cos_sin_cache)",
          lambda: rope_ext.apply_rope_qk(q, k, pos, layout="thd", inplace=True, cos_sin_cache=cache)),
         ("apply_rope_qk (out of place)", lambda: rope_ext.apply_rope_qk(q, k, pos, layout="thd")),
+        ("  of which: _op_options (Python checks)",
+         lambda: api._op_options("thd", pos, None, 10000.0, "auto", None, None, False, None, None)),
+        ("  of which: _direct_ok (modes, subclasses)", lambda: api._direct_ok((q, k), 3, opts)),
+        ("  of which: rope_direct, empty q/k (no launch)", lambda: _C.rope_direct([q0, k0], 3, True, *opts0)),
     ]
+    q0, k0, pos0 = q[:0], k[:0], pos[:0]
+    opts0 = [pos0] + opts[1:]
     name = torch.cuda.get_device_name() if DEV == "cuda" else "CPU"
     print(f"eager host cost per call, W5 shapes, {name}")
     for label, fn in rows:

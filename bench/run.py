@@ -2,8 +2,9 @@
 
     python bench/run.py                 # seed sweep + bshd bf16 [4, 4096, 32, 128] fwd/bwd
     python bench/run.py --quick         # the largest seed shapes + bshd only
-    python bench/run.py --suite llm     # issue-4 workloads W1-W5 (+ max error vs float64)
-    python bench/run.py --suite sweep --plot sweep.png   # 64 KB .. 4 GB, bf16/fp32, fwd/bwd
+    python bench/run.py --suite llm     # issue-4 workloads W1-W5 (+ max error vs float64, % of same-size copy)
+    python bench/run.py --suite latency # issue 11: small tensors and decode, CUDA graph of one call, vs peers
+    python bench/run.py --suite sweep --plot sweep.png   # 64 KB .. 4 GB, bf16/fp32, fwd/bwd, peers, copy
     python bench/run.py --suite variants   # norm+rope, M-RoPE, axial vs torch.compile (bench/variants.py)
     python bench/run.py --suite all --json out.json --csv out.csv
 
@@ -11,8 +12,14 @@ Timing: CUDA events around each call, after warm-up, with the L2 flushed (a 256 
 write) before every timed call and the GPU held busy (torch.cuda._sleep) while the host
 enqueues it, so host overhead stays out of the device time; the median of --reps calls. GB/s counts the bytes
 that must move: x read once and the output written once. "% copy" compares with a
-device-to-device copy measured in the same run the same way. Without a GPU it runs
-a small CPU sweep (wall clock) and says so.
+device-to-device copy measured in the same run the same way ("% ss copy": a copy of the
+workload's own bytes, `y.copy_(x)`, timed the same way in the same run). Without a GPU
+it runs a small CPU sweep (wall clock) and says so.
+
+Peers (--suite latency, llm's W5, sweep): torch.compile of the cached cos/sin formula
+always; Liger's Triton rope and FlashInfer's cos/sin-cache rope when importable
+(`bash scripts/install_peers.sh` installs the wheels kept in bench/peers/wheels). A peer
+that is missing or fails on a workload prints n/a, and the reason once.
 """
 import argparse
 import json
@@ -77,10 +84,18 @@ def hf_cos_sin(S, D, dtype, base=10000.0):
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def time_rows(fns, nbytes, timer, bw, base, outs=None, want=None):
+def same_size_copy(numel, dtype):
+    """y.copy_(x) of `numel` elements of `dtype`: the copy of a workload's own bytes."""
+    x = torch.randn(numel, device=DEV).to(dtype)
+    y = torch.empty_like(x)
+    return lambda: y.copy_(x)
+
+
+def time_rows(fns, nbytes, timer, bw, base, outs=None, want=None, ss_us=None):
     """Times each (name, fn): µs, GB/s, % of copy, speedup over the row named `base`
-    (and max |out - want| where `outs` gives the output). A variant that refuses the
-    input gets a row saying why; the sweep goes on."""
+    (and max |out - want| where `outs` gives the output; % of the same-size copy where
+    its time ss_us is given). A variant that refuses the input gets a row saying why;
+    the sweep goes on."""
     rows = []
     for name, fn in fns:
         try:
@@ -90,6 +105,8 @@ def time_rows(fns, nbytes, timer, bw, base, outs=None, want=None):
             continue
         gbs = nbytes / us / 1e3
         row = dict(impl=name, us=us, gbs=gbs, pct_copy=100 * gbs / bw)
+        if ss_us:
+            row["pct_ss"] = 100 * ss_us / us
         if outs is not None and name in outs:
             row["err"] = max_err(outs[name](), want)
         rows.append(row)
@@ -120,24 +137,35 @@ def workload_rows(x, rope_call, cos, sin, inverse, timer, bw):
     return time_rows(impls, nbytes, timer, bw, base="torch naive")
 
 
+def op_opts(inverse, impl):
+    """The rope op's options after x (csrc/registration.cpp, ROPE_SCHEMA_OPTS): positions
+    0..S-1, base 10000, full rotary dim, neox, direction, impl."""
+    return [None, None, None, None, None, 0, 10000.0, -1, False, inverse, impl, 1.0, 1, 0, [], False]
+
+
 def seed_call(x, impl, inverse):
-    return ops.rope(x.unsqueeze(2), None, None, None, None, None, 0, 10000.0, -1, False, inverse, impl) \
-        if inverse else rope_ext.rope(x, impl=impl)
+    return ops.rope(x.unsqueeze(2), *op_opts(inverse, impl)) if inverse else rope_ext.rope(x, impl=impl)
 
 
 def bshd_call(x, impl, inverse):
-    return ops.rope(x, None, None, None, None, None, 0, 10000.0, -1, False, inverse, impl)
+    return ops.rope(x, *op_opts(inverse, impl))
 
 
-def print_table(title, rows, ratio="x naive", err=False):
+def print_table(title, rows, ratio="x naive", err=False, ss_us=None):
+    """ss_us: the same-size copy's time, printed first and as each row's "% ss copy"."""
     print(f"\n{title}")
-    print(f"  {'impl':<36}{'time us':>10}{'GB/s':>8}{'% copy':>8}{ratio:>10}" + ("  max err vs f64" if err else ""))
+    ss = ss_us is not None
+    print(f"  {'impl':<36}{'time us':>10}{'GB/s':>8}{'% copy':>8}" + (f"{'% ss copy':>10}" if ss else "") +
+          f"{ratio:>10}" + ("  max err vs f64" if err else ""))
+    if ss:
+        print(f"  {'same-size copy (y.copy_(x))':<36}{ss_us:>10.1f}")
     for r in rows:
         if "error" in r:
             print(f"  {r['impl']:<36}  n/a: {r['error']}")
         else:
             e = f"  {r['err']:.3g}" if "err" in r else ""
-            print(f"  {r['impl']:<36}{r['us']:>10.1f}{r['gbs']:>8.0f}{r['pct_copy']:>7.1f}%{r['speedup']:>9.2f}x{e}")
+            pss = f"{r['pct_ss']:>9.1f}%" if ss and "pct_ss" in r else (" " * 10 if ss else "")
+            print(f"  {r['impl']:<36}{r['us']:>10.1f}{r['gbs']:>8.0f}{r['pct_copy']:>7.1f}%{pss}{r['speedup']:>9.2f}x{e}")
 
 
 
@@ -160,15 +188,18 @@ def max_err(out, want):
     return (out.double() - want).abs().max().item()
 
 
-def llm_suite(timer, bw):
-    """Issue 4's workloads. Each row: µs, GB/s, % of copy, max |out - float64|."""
+def llm_suite(timer, bw, peers=None):
+    """Issue 4's workloads. Each row: µs, GB/s, % of copy (the 2 GiB reference), % of a
+    same-size copy (the workload's own bytes, same timer, same run), max |out - float64|."""
     results = []
     impls = rope_ext.IMPLS + ("auto",)
 
-    def table(title, nbytes, fns, want=None, outs=None):
-        rows = time_rows(fns, nbytes, timer, bw, base="torch.compile", outs=outs, want=want)
-        print_table(title, rows, "x compile", err=want is not None)
-        results.append(dict(workload=title, rows=rows))
+    def table(title, nbytes, fns, want=None, outs=None, dtype=torch.bfloat16):
+        # nbytes counts x read + out written: the same-size copy moves nbytes / 2 of x's dtype.
+        ss_us = timer(same_size_copy(nbytes // 2 // torch.empty(0, dtype=dtype).element_size(), dtype))
+        rows = time_rows(fns, nbytes, timer, bw, base="torch.compile", outs=outs, want=want, ss_us=ss_us)
+        print_table(title, rows, "x compile", err=want is not None, ss_us=ss_us)
+        results.append(dict(workload=title, same_size_copy_us=ss_us, rows=rows))
 
     # W1, W2: dense layouts, forward and backward (backward = rotation by -theta).
     for name, shape, layout in [("W1 bshd", (4, 4096, 32, 128), "bshd"), ("W2a sbhd", (4096, 1, 128, 128), "sbhd"),
@@ -185,8 +216,8 @@ def llm_suite(timer, bw):
             torch._dynamo.reset()
             comp = torch.compile(ref.apply_cos_sin, dynamic=False)
             s = -sin if inverse else sin
-            call = lambda i, inverse=inverse: ops.rope(x.permute(1, 0, 2, 3) if layout == "sbhd" else x, None, None,  # noqa: E731
-                                                       None, None, None, 0, 10000.0, -1, False, inverse, i)
+            call = lambda i, inverse=inverse: ops.rope(x.permute(1, 0, 2, 3) if layout == "sbhd" else x,  # noqa: E731
+                                                       *op_opts(inverse, i))
             fix = (lambda y: y.permute(1, 0, 2, 3)) if layout == "sbhd" else (lambda y: y)
             fns = [("torch.compile(cached)", lambda: comp(x, cos, s))] + [(f"rope_ext {i}", lambda i=i: call(i)) for i in impls]
             outs = {"torch.compile(cached)": lambda: comp(x, cos, s)}
@@ -203,7 +234,7 @@ def llm_suite(timer, bw):
     fns = [("torch.compile(cached)", lambda: comp(x, cos, sin))] + [(f"rope_ext {i}", lambda i=i: rope_ext.rope(x, impl=i)) for i in impls]
     outs = {"torch.compile(cached)": lambda: comp(x, cos, sin)[:8]}
     outs.update({f"rope_ext {i}": (lambda i=i: rope_ext.rope(x, impl=i)[:8]) for i in impls})
-    table("W3 fp32 [128*8192, 128] one head forward", 2 * x.numel() * 4, fns, want, outs)
+    table("W3 fp32 [128*8192, 128] one head forward", 2 * x.numel() * 4, fns, want, outs, dtype=torch.float32)
     del x
     # W4 / W5: q + k thd, random int64 positions < 131072, one launch, in place.
     cache = ref.cos_sin_table(128, 10000.0, 131072, DEV)[:131072].contiguous()
@@ -229,83 +260,363 @@ def llm_suite(timer, bw):
         label = "W4" if T == 8192 else "W5 (device time, cold L2)"
         table(f"{label} q[{T},32,128]+k[{T},8,128] bf16 thd, random pos < 131072, in place", nbytes, fns, wq, outs)
         if T == 16 and CUDA:
-            results.append(decode_latency(q, k, pos, cache, comp))
+            results.append(decode_latency(q, k, pos, cache, comp, peers))
     return results
 
 
-def decode_latency(q, k, pos, cache, comp):
-    """W5: per call, (a) replayed in a CUDA graph with a cold L2, (b) eager Python calls
-    back to back (host overhead included)."""
-    rows = []
-    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device=DEV)
-    for name, fn in [("rope_ext auto", lambda: rope_ext.apply_rope_qk(q, k, pos, layout="thd", inplace=True)),
-                     ("rope_ext auto (fp32 cache)", lambda: rope_ext.apply_rope_qk(q, k, pos, layout="thd", inplace=True,
-                                                                                  cos_sin_cache=cache)),
-                     ("torch.compile(cached)", lambda: comp(q, k, pos, cache)),
-                     # The floor for any kernel: one aten element-wise op over q's bytes.
-                     ("floor: aten q.mul_(1.0)", lambda: q.mul_(1.0))]:
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        ts = []
-        for _ in range(200):
-            flush.fill_(1)
-            torch.cuda._sleep(100_000)
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record(); g.replay(); b.record(); b.synchronize()  # noqa: E702
-            ts.append(a.elapsed_time(b) * 1e3)
-        n = 2000
-        torch.cuda.synchronize()
+def graph_us(fn, reps=200, flush=None):
+    """µs of ONE call of fn captured in a CUDA graph, replayed `reps` times, each replay
+    after an L2 flush (a 256 MB write) with the GPU held busy while the host enqueues it;
+    the median. Device time of one call, launch included, host overhead excluded."""
+    flush = flush if flush is not None else _flush_buffer()
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    ts = []
+    for _ in range(reps):
+        flush.fill_(1)
+        torch.cuda._sleep(100_000)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(); g.replay(); b.record(); b.synchronize()  # noqa: E702
+        ts.append(a.elapsed_time(b) * 1e3)
+    del g
+    return statistics.median(ts)
+
+
+_FLUSH = []
+
+
+def _flush_buffer():
+    if not _FLUSH:
+        _FLUSH.append(torch.empty(256 * 2**20, dtype=torch.uint8, device=DEV))
+    return _FLUSH[0]
+
+
+def eager_us(fn, n=2000, runs=5):
+    """µs per call of back-to-back eager calls (host + launch + device, whichever is
+    longest), the median of `runs` runs of n calls."""
+    for _ in range(200):
+        fn()
+    out = []
+    for _ in range(runs):
+        if CUDA:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
-        torch.cuda.synchronize()
-        eager = (time.perf_counter() - t0) / n * 1e6
-        rows.append(dict(impl=name, graph_us=statistics.median(ts), eager_us=eager))
+        if CUDA:
+            torch.cuda.synchronize()
+        out.append((time.perf_counter() - t0) / n * 1e6)
+    return statistics.median(out)
+
+
+def decode_latency(q, k, pos, cache, comp, peers=None):
+    """W5: per call, (a) replayed in a CUDA graph with a cold L2, (b) eager Python calls
+    back to back (host overhead included)."""
+    rows = []
+    fns = [("rope_ext auto", lambda: rope_ext.apply_rope_qk(q, k, pos, layout="thd", inplace=True)),
+           ("rope_ext auto (fp32 cache)", lambda: rope_ext.apply_rope_qk(q, k, pos, layout="thd", inplace=True,
+                                                                        cos_sin_cache=cache)),
+           ("torch.compile(cached)", lambda: comp(q, k, pos, cache))]
+    for name, fn in (peers.qk_fns(q, k, pos, cache) if peers else {}).items():
+        fns.append((name, fn))
+    fns += [("same-size copy (q + k bytes)", same_size_copy(q.numel() + k.numel(), q.dtype)),
+            # The floor for any kernel: one aten element-wise op over q's bytes.
+            ("floor: aten q.mul_(1.0)", lambda: q.mul_(1.0))]
+    for name, fn in fns:
+        try:
+            rows.append(dict(impl=name, graph_us=graph_us(fn), eager_us=eager_us(fn)))
+        except Exception as e:  # a peer that fails here: say why, go on
+            rows.append(dict(impl=name, error=first_line(e)))
     print("\nW5 decode T=16 per call: CUDA-graph replay with cold L2 / eager back-to-back (host included)")
     for r in rows:
-        print(f"  {r['impl']:<30}{r['graph_us']:>8.1f} us graph {r['eager_us']:>8.1f} us eager")
+        if "error" in r:
+            print(f"  {r['impl']:<30}  n/a: {r['error']}")
+        else:
+            print(f"  {r['impl']:<30}{r['graph_us']:>8.1f} us graph {r['eager_us']:>8.1f} us eager")
     return dict(workload="W5 decode latency", rows=rows)
 
 
+def first_line(e):
+    return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:100] if str(e).strip() else ''}"
+
+
+# ----------------------------------------------------------------------------- peers
+def import_liger():
+    """Liger's Triton rope module (liger_kernel.ops.rope: rope_forward/rope_backward).
+    If the package's __init__ pulls in something this environment lacks, the one file
+    is loaded alone: it needs only torch and triton."""
+    try:
+        from liger_kernel.ops import rope
+        return rope
+    except Exception as first:
+        import importlib.util
+        spec = importlib.util.find_spec("liger_kernel")
+        if spec is None or not spec.submodule_search_locations:
+            raise first
+        path = os.path.join(list(spec.submodule_search_locations)[0], "ops", "rope.py")
+        fspec = importlib.util.spec_from_file_location("_liger_rope", path)
+        mod = importlib.util.module_from_spec(fspec)
+        fspec.loader.exec_module(mod)
+        return mod
+
+
+class Peers:
+    """The optional peer kernels, from PyPI wheels installed into the bench environment
+    (scripts/install_peers.sh), never vendored: Liger's Triton rope (cos/sin [1, S, D]
+    gathered by position outside the timed call, as a model passes them) and
+    FlashInfer's apply_rope_with_cos_sin_cache_inplace (fp32 cache [max_pos, R], the
+    gather in its kernel). Both rotate q and k in place in one launch. For a single x
+    they get x's tokens split in two halves as q and k: the same bytes and one launch,
+    so the time is comparable (the second half is rotated with the first half's
+    positions). Reasons for n/a are kept and printed once (report())."""
+
+    def __init__(self):
+        self.mods, self.why = {}, {}
+        for name, load in (("Liger", import_liger), ("FlashInfer", lambda: __import__("flashinfer"))):
+            try:
+                self.mods[name] = load()
+            except Exception as e:
+                self.why[name] = "not importable: " + first_line(e)
+
+    names = ("Liger", "FlashInfer")
+
+    def note(self, name, e):
+        self.why.setdefault(name, first_line(e))
+
+    def report(self):
+        for name, why in self.why.items():
+            print(f"  {name}: n/a ({why})")
+
+    def _liger(self, q, k, cos, sin, backward=False):
+        m = self.mods["Liger"]
+        qb, kb = q.unsqueeze(0).transpose(1, 2), k.unsqueeze(0).transpose(1, 2)  # bhsd views of thd memory
+        c, s_ = cos.unsqueeze(0).contiguous(), sin.unsqueeze(0).contiguous()
+        f = m.rope_backward if backward else m.rope_forward
+        return lambda: f(qb, kb, c, s_)
+
+    def _flashinfer(self, q, k, pos, cache):
+        fi = self.mods["FlashInfer"]
+        T, D = q.shape[0], q.shape[-1]
+        q2, k2 = q.view(T, -1), k.view(T, -1)
+        return lambda: fi.apply_rope_with_cos_sin_cache_inplace(pos, q2, k2, D, cache, is_neox=True)
+
+    def x_fns(self, x_tok, cos, sin, pos, cache, backward=False):
+        """{peer: fn} for x as tokens [N, H, D] (contiguous) with cos/sin [N, D] in x's
+        dtype (halves duplicated, HF style), int64 positions [N] and an fp32 cache."""
+        out = {}
+        h = x_tok.shape[0] // 2
+        q, k = x_tok[:h], x_tok[h:2 * h]
+        if "Liger" in self.mods:
+            out["Liger"] = self._liger(q, k, cos[:h], sin[:h], backward)
+        if "FlashInfer" in self.mods and not backward:  # no backward in FlashInfer
+            out["FlashInfer"] = self._flashinfer(q, k, pos[:h].contiguous(), cache)
+        return out
+
+    def qk_fns(self, q, k, pos, cache):
+        """{peer: fn} for thd q [T, Hq, D] + k [T, Hk, D] in place at positions pos."""
+        out = {}
+        if "Liger" in self.mods:
+            cs = cache[pos]
+            half = cs.shape[-1] // 2
+            cos = torch.cat([cs[:, :half], cs[:, :half]], -1).to(q.dtype)
+            sin = torch.cat([cs[:, half:], cs[:, half:]], -1).to(q.dtype)
+            out["Liger"] = self._liger(q, k, cos, sin)
+        if "FlashInfer" in self.mods:
+            out["FlashInfer"] = self._flashinfer(q, k, pos, cache)
+        return out
+
+
+# ----------------------------------------------------------------------------- latency suite
+LAT_COLS = [("rope_ext auto", "auto"), ("rope_ext flat", "flat"), ("rope_ext fp32x4_tile", "tile"),
+            ("torch.compile", "compile"), ("Liger", "Liger"), ("FlashInfer", "FlashInf"),
+            ("same-size copy", "copy")]
+LAT_PEERS = ("torch.compile", "Liger", "FlashInfer")
+
+
+def latency_x_workload(layout, dtype, S, peers):
+    """x [1, S, 32, 128] bshd, [S, 1, 32, 128] sbhd or [S, 32, 128] thd (cu_seqlens
+    [0, S]): one token-major memory, out of place, positions 0..S-1."""
+    H, D = 32, 128
+    shape = {"bshd": (1, S, H, D), "sbhd": (S, 1, H, D), "thd": (S, H, D)}[layout]
+    x = torch.randn(*shape, device=DEV).to(dtype)
+    kw = {"cu_seqlens": torch.tensor([0, S], dtype=torch.int32, device=DEV)} if layout == "thd" else {}
+    cos, sin = hf_cos_sin(S, D, dtype)
+    cshape = (S, 1, 1, D) if layout == "sbhd" else (S, 1, D)
+    c4, s4 = cos.view(cshape), sin.view(cshape)
+    torch._dynamo.reset()
+    comp = torch.compile(ref.apply_cos_sin, dynamic=False)
+    fns = {f"rope_ext {i}": (lambda i=i: rope_ext.apply_rope(x, layout=layout, impl=i, **kw))
+           for i in ("auto", "flat", "fp32x4_tile")}
+    fns["torch.compile"] = lambda: comp(x, c4, s4)
+    pos = torch.arange(S, device=DEV)
+    cache = ref.cos_sin_table(D, 10000.0, S, DEV)[:S].contiguous()
+    fns.update(peers.x_fns(x.view(S, H, D), cos, sin, pos, cache))
+    fns["same-size copy"] = same_size_copy(x.numel(), dtype)
+    name = "bf16" if dtype == torch.bfloat16 else "fp32"
+    return f"{layout} {name} {list(shape)}", x.numel() * x.element_size(), fns
+
+
+def latency_sbhd_workload(name, shape, peers):
+    """W2a / W2b: sbhd bf16 [S, B, H, D] forward, out of place."""
+    S, B, H, D = shape
+    x = torch.randn(*shape, device=DEV).bfloat16()
+    cos, sin = hf_cos_sin(S, D, x.dtype)
+    c4, s4 = cos[:, None, None, :], sin[:, None, None, :]
+    torch._dynamo.reset()
+    comp = torch.compile(ref.apply_cos_sin, dynamic=False)
+    fns = {f"rope_ext {i}": (lambda i=i: rope_ext.apply_rope(x, layout="sbhd", impl=i))
+           for i in ("auto", "flat", "fp32x4_tile")}
+    fns["torch.compile"] = lambda: comp(x, c4, s4)
+    # Peers see sbhd memory as S * B tokens, each with its own cos/sin row (gathered once).
+    tok_cos, tok_sin = cos.repeat_interleave(B, 0), sin.repeat_interleave(B, 0)
+    pos = torch.arange(S, device=DEV).repeat_interleave(B)
+    cache = ref.cos_sin_table(D, 10000.0, S, DEV)[:S].contiguous()
+    fns.update(peers.x_fns(x.view(S * B, H, D), tok_cos, tok_sin, pos, cache))
+    fns["same-size copy"] = same_size_copy(x.numel(), x.dtype)
+    return f"{name} sbhd bf16 {list(shape)} fwd", x.numel() * 2, fns
+
+
+def latency_qk_workload(T, peers):
+    """W4 (T = 8192) / W5 (T = 16): q [T, 32, 128] + k [T, 8, 128] bf16 thd, random
+    int64 positions < 131072, in place, one launch."""
+    cache = ref.cos_sin_table(128, 10000.0, 131072, DEV)[:131072].contiguous()
+    q = torch.randn(T, 32, 128, device=DEV).bfloat16()
+    k = torch.randn(T, 8, 128, device=DEV).bfloat16()
+    pos = torch.randint(0, 131072, (T,), device=DEV)
+    comp = qk_cache_compiled()
+    fns = {f"rope_ext {i}": (lambda i=i: rope_ext.apply_rope_qk(q, k, pos, layout="thd", impl=i, inplace=True))
+           for i in ("auto", "flat", "fp32x4_tile")}
+    fns["torch.compile"] = lambda: comp(q, k, pos, cache)
+    fns.update(peers.qk_fns(q, k, pos, cache))
+    fns["same-size copy"] = same_size_copy(q.numel() + k.numel(), q.dtype)
+    label = "W5" if T == 16 else "W4"
+    return f"{label} q[{T},32,128]+k[{T},8,128] thd", (q.numel() + k.numel()) * 2, fns
+
+
+def latency_suite(peers, reps, quick=False):
+    """Issue 11's table: each workload's call captured alone in a CUDA graph, L2 flushed
+    before every replay, median of `reps` replays; then W5 as eager calls back to back.
+    "x peer" = the best peer's time / rope_ext auto's (>= 1: rope_ext at or ahead)."""
+    sizes = (16, 64, 256, 1024, 4096, 16384, 65536) if CUDA else (16, 64)
+    groups = [("bshd", torch.bfloat16)] + ([] if quick else [("bshd", torch.float32), ("sbhd", torch.bfloat16),
+                                                              ("thd", torch.bfloat16)])
+    builders = [lambda lay=lay, dt=dt, S=S: latency_x_workload(lay, dt, S, peers) for lay, dt in groups for S in sizes]
+    if CUDA:
+        builders += [lambda: latency_sbhd_workload("W2a", (4096, 1, 128, 128), peers),
+                     lambda: latency_sbhd_workload("W2b", (512, 32, 24, 128), peers)]
+    builders += [lambda: latency_qk_workload(8192 if CUDA else 64, peers), lambda: latency_qk_workload(16, peers)]
+    timeit = (lambda fn: graph_us(fn, reps)) if CUDA else Timer(reps)
+    how = (f"one call in a CUDA graph, L2 flushed before each replay, median of {reps} replays" if CUDA else
+           "CPU smoke run: wall clock of eager calls, small sizes only")
+    print(f"\nlatency suite (us): {how}")
+    head = f"  {'workload':<36}{'MB':>7}" + "".join(f"{c:>9}" for _, c in LAT_COLS) + f"{'% copy':>8}{'x peer':>8}"
+    print(head)
+    results = []
+    for build in builders:
+        title, nbytes, fns = build()
+        cells, rows = {}, []
+        for col, _ in LAT_COLS:
+            fn = fns.get(col)
+            if fn is None:
+                continue
+            try:
+                cells[col] = timeit(fn)
+                rows.append(dict(impl=col, graph_us=cells[col]))
+            except Exception as e:
+                if col in Peers.names:
+                    peers.note(col, e)
+                rows.append(dict(impl=col, error=first_line(e)))
+        auto = cells.get("rope_ext auto")
+        best = min((cells[c] for c in LAT_PEERS if c in cells), default=None)
+        line = f"  {title:<36}{nbytes / 2**20:>7.2f}" + "".join(
+            f"{cells[c]:>9.1f}" if c in cells else f"{'n/a':>9}" for c, _ in LAT_COLS)
+        pct = f"{100 * cells['same-size copy'] / auto:>7.1f}%" if auto and "same-size copy" in cells else f"{'':>8}"
+        xp = f"{best / auto:>7.2f}x" if auto and best else f"{'':>8}"
+        print(line + pct + xp)
+        results.append(dict(workload=f"latency {title}", rows=rows))
+        del fns
+    # W5 eager: the host's share of a decode step.
+    title, _, fns = latency_qk_workload(16, peers)
+    cells = {}
+    for col, _ in LAT_COLS:
+        if col in fns:
+            try:
+                cells[col] = eager_us(fns[col])
+            except Exception as e:
+                if col in Peers.names:
+                    peers.note(col, e)
+    auto = cells.get("rope_ext auto")
+    best = min((cells[c] for c in LAT_PEERS if c in cells), default=None)
+    print(f"  {title + ' eager':<36}{'':>7}" + "".join(f"{cells[c]:>9.1f}" if c in cells else f"{'n/a':>9}"
+                                                      for c, _ in LAT_COLS) +
+          f"{'':>8}" + (f"{best / auto:>7.2f}x" if auto and best else ""))
+    results.append(dict(workload=f"latency {title} eager", rows=[dict(impl=c, eager_us=v) for c, v in cells.items()]))
+    print("  (eager: back-to-back calls, host included, us per call; MB: bytes of x (q + k) read; % copy: the "
+          "same-size copy's time / auto's)")
+    peers.report()
+    return results
+
+
 # ----------------------------------------------------------------------------- size sweep
-def sweep_suite(timer, bw, max_bytes):
+def sweep_suite(timer, bw, max_bytes, peers):
     """x of 64 KB .. max_bytes (bshd [1, S, 32, 128]), bf16 and fp32, forward and
     backward: rope_ext auto vs torch.compile(cached) (a fresh static compile per point,
-    its warm-up untimed)."""
+    its warm-up untimed), Liger and FlashInfer (forward) when importable, and the
+    same-size copy (y.copy_(x), x's bytes)."""
     results = []
     sizes = [2**k for k in range(16, 33, 2) if 2**k <= max_bytes]
     points = [(n, dt, inv) for n in sizes for dt in (torch.bfloat16, torch.float32) for inv in (False, True)]
+    others = [("compile", "torch.compile")] + [(n.lower(), n) for n in Peers.names] + [("copy", "same-size copy")]
     for idx, (nbytes, dt, inv) in enumerate(points):
         esz = 2 if dt == torch.bfloat16 else 4
-        S = max(1, nbytes // (32 * 128 * esz))
+        S = max(2, nbytes // (32 * 128 * esz))
         x = torch.randn(1, S, 32, 128, device=DEV).to(dt)
         cos, sin = hf_cos_sin(S, 128, dt)
-        cos, sin = cos[:, None, :], (-sin if inv else sin)[:, None, :]
+        c3, s3 = cos[:, None, :], (-sin if inv else sin)[:, None, :]
         torch._dynamo.reset()
         comp = torch.compile(ref.apply_cos_sin, dynamic=False)
         moved = 2 * x.numel() * esz
-        us_c = timer(lambda: comp(x, cos, sin))
+        fns = {"torch.compile": lambda: comp(x, c3, s3)}
+        cache = ref.cos_sin_table(128, 10000.0, S, DEV)[:S].contiguous()
+        fns.update(peers.x_fns(x.view(S, 32, 128), cos, sin, torch.arange(S, device=DEV), cache, backward=inv))
+        fns["same-size copy"] = same_size_copy(x.numel(), dt)
         us_r = timer(lambda: bshd_call(x, "auto", inv))
         row = dict(bytes=x.numel() * esz, dtype=str(dt).split(".")[-1], direction="backward" if inv else "forward",
-                   rope_ext_us=us_r, compile_us=us_c, rope_ext_gbs=moved / us_r / 1e3, compile_gbs=moved / us_c / 1e3)
+                   rope_ext_us=us_r, rope_ext_gbs=moved / us_r / 1e3)
+        for key, col in others:
+            if col not in fns:
+                continue
+            try:
+                us = timer(fns[col])
+            except Exception as e:
+                if col in Peers.names:
+                    peers.note(col, e)
+                continue
+            row[f"{key}_us"], row[f"{key}_gbs"] = us, moved / us / 1e3
         results.append(row)
         print(f"\r  sweep {idx + 1}/{len(points)}: {row['bytes'] / 2**20:9.2f} MB {row['dtype']:<8} {row['direction']:<8}"
-              f" rope_ext {row['rope_ext_gbs']:6.0f} GB/s  compile {row['compile_gbs']:6.0f} GB/s", file=sys.stderr)
-        del x
-    print("\nsize sweep (bshd [1, S, 32, 128]): GB/s, rope_ext auto vs torch.compile(cached)")
-    print(f"  {'MB':>10} {'dtype':<9}{'dir':<9}{'rope_ext':>9}{'compile':>9}{'ratio':>7}")
+              f" rope_ext {row['rope_ext_gbs']:6.0f} GB/s  compile {row.get('compile_gbs', 0):6.0f} GB/s",
+              file=sys.stderr)
+        del x, fns
+    print("\nsize sweep (bshd [1, S, 32, 128]): GB/s; ratio = the fastest other kernel's time / rope_ext auto's")
+    print(f"  {'MB':>10} {'dtype':<9}{'dir':<9}{'rope_ext':>9}" + "".join(f"{k:>11}" for k, _ in others[:-1]) +
+          f"{'copy':>9}{'% copy':>8}{'ratio':>8}")
     for r in results:
-        print(f"  {r['bytes'] / 2**20:>10.2f} {r['dtype']:<9}{r['direction']:<9}{r['rope_ext_gbs']:>9.0f}"
-              f"{r['compile_gbs']:>9.0f}{r['compile_us'] / r['rope_ext_us']:>6.2f}x")
+        cells = "".join(f"{r[k + '_gbs']:>11.0f}" if k + "_gbs" in r else f"{'n/a':>11}" for k, _ in others[:-1])
+        best = min((r[k + "_us"] for k, _ in others[:-1] if k + "_us" in r), default=float("nan"))
+        cp = f"{r['copy_gbs']:>9.0f}{100 * r['copy_us'] / r['rope_ext_us']:>7.1f}%" if "copy_us" in r else ""
+        print(f"  {r['bytes'] / 2**20:>10.2f} {r['dtype']:<9}{r['direction']:<9}{r['rope_ext_gbs']:>9.0f}{cells}"
+              f"{cp}{best / r['rope_ext_us']:>7.2f}x")
+    peers.report()
     return results
 
 
@@ -314,20 +625,27 @@ def plot_sweep(rows, bw, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    series = [("rope_ext", "rope_ext auto", "o", "C0"), ("compile", "torch.compile", "s", "C1"),
+              ("liger", "Liger", "^", "C2"), ("flashinfer", "FlashInfer", "v", "C3"),
+              ("copy", "same-size copy", "x", "0.4")]
     for ax, dt in zip(axes, ("bfloat16", "float32")):
         for direction, ls in (("forward", "-"), ("backward", "--")):
             pts = [r for r in rows if r["dtype"] == dt and r["direction"] == direction]
-            xs = [r["bytes"] for r in pts]
-            ax.plot(xs, [r["rope_ext_gbs"] for r in pts], "o" + ls, color="C0", label=f"rope_ext auto {direction}")
-            ax.plot(xs, [r["compile_gbs"] for r in pts], "s" + ls, color="C1", label=f"torch.compile {direction}")
-        ax.axhline(bw, color="k", lw=1, label=f"copy {bw:.0f} GB/s")
+            for key, label, marker, color in series:
+                if key == "copy" and direction == "backward":
+                    continue  # the same bytes both ways: one copy curve
+                have = [r for r in pts if f"{key}_gbs" in r]
+                if have:
+                    ax.plot([r["bytes"] for r in have], [r[f"{key}_gbs"] for r in have], marker + ls, color=color,
+                            ms=4, label=f"{label} {direction}")
+        ax.axhline(bw, color="k", lw=1, label=f"copy 2 GiB {bw:.0f} GB/s")
         ax.set_xscale("log", base=2)
         ax.set_ylim(0, bw * 1.08)
         ax.set_title(f"{dt}: bshd [1, S, 32, 128]")
         ax.set_xlabel("size of x (bytes)")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("GB/s (x read + out written)")
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -336,8 +654,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="largest seed shapes and the bshd workload only")
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--suite", choices=["seed", "llm", "sweep", "variants", "all"], default="seed",
-                    help="seed: the seed sweep + bshd bf16 (default); llm: W1-W5; sweep: 64 KB..--max-bytes")
+    ap.add_argument("--suite", choices=["seed", "llm", "latency", "sweep", "variants", "all"], default="seed",
+                    help="seed: the seed sweep + bshd bf16 (default); llm: W1-W5; latency: issue 11's small "
+                         "tensors and decode vs peers (--quick: bshd bf16 and W2-W5 only); sweep: 64 KB..--max-bytes")
+    ap.add_argument("--graph-reps", type=int, default=200, help="CUDA-graph replays per latency point")
     ap.add_argument("--max-bytes", type=float, default=4 * 2**30, help="largest x in the size sweep")
     ap.add_argument("--plot", help="PNG of the size sweep (GB/s against size)")
     ap.add_argument("--json")
@@ -356,17 +676,22 @@ def main():
         seed_shapes = [(4, n, m) for n in (512, 2048) for m in (64, 128)]
         bshd_shape = (1, 512, 8, 128)
     bw = copy_bandwidth(timer, 2**30 if CUDA else 2**26)
-    print(f"device: {dev_name}; torch {torch.__version__}; copy bandwidth {bw:.0f} GB/s (read + write)")
+    print(f"device: {dev_name}; torch {torch.__version__}; copy bandwidth {bw:.0f} GB/s (read + write; "
+          f"y.copy_(x) of {'1 GiB' if CUDA else '64 MiB'}: the reference of '% copy')")
     results = []
+    peers = Peers() if args.suite in ("llm", "latency", "sweep", "all") else None
+    if args.suite in ("latency", "all"):
+        results += latency_suite(peers, args.graph_reps, quick=args.quick)
     if args.suite in ("llm", "all") and CUDA:
-        results += llm_suite(timer, bw)
+        results += llm_suite(timer, bw, peers)
     if args.suite in ("variants", "all") and CUDA:  # issue 12's ops vs torch.compile (bench/variants.py)
         from variants import variants_suite
         rows = variants_suite(timer, bw, time_rows, print_table)
-        results += [dict(workload=w, rows=[r for r in rows if r["workload"] == w]) for w in dict.fromkeys(r["workload"] for r in rows)]
+        results += [dict(workload=w, rows=[r for r in rows if r["workload"] == w])
+                    for w in dict.fromkeys(r["workload"] for r in rows)]
     sweep = []
     if args.suite in ("sweep", "all") and CUDA:
-        sweep = sweep_suite(timer, bw, args.max_bytes)
+        sweep = sweep_suite(timer, bw, args.max_bytes, peers)
         if args.plot:
             plot_sweep(sweep, bw, args.plot)
     if args.suite not in ("seed", "all"):
@@ -388,7 +713,8 @@ def main():
         title = f"bshd bf16 {list(bshd_shape)} {'backward' if inverse else 'forward'}"
         print_table(title, rows)
         results.append(dict(workload=title, rows=rows))
-    meta = dict(device=dev_name, torch=torch.__version__, copy_gbs=bw, reps=args.reps)
+    meta = dict(device=dev_name, torch=torch.__version__, copy_gbs=bw, reps=args.reps,
+                flat_max_bytes=rope_ext._C.flat_max_bytes() if hasattr(rope_ext._C, "flat_max_bytes") else None)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(meta=meta, results=results, sweep=sweep), f, indent=1)
@@ -402,10 +728,11 @@ def main():
                                 f"{r.get('pct_copy', '')},{r.get('speedup', '')},{r.get('err', '')},"
                                 f"{r.get('graph_us', '')},{r.get('eager_us', '')}\n")
             for r in sweep:
-                f.write(f"\"sweep {r['bytes']} {r['dtype']} {r['direction']}\",rope_ext auto,{r['rope_ext_us']:.2f},"
-                        f"{r['rope_ext_gbs']:.1f},,,,,\n")
-                f.write(f"\"sweep {r['bytes']} {r['dtype']} {r['direction']}\",torch.compile(cached),"
-                        f"{r['compile_us']:.2f},{r['compile_gbs']:.1f},,,,,\n")
+                for key, name in (("rope_ext", "rope_ext auto"), ("compile", "torch.compile(cached)"),
+                                  ("liger", "Liger"), ("flashinfer", "FlashInfer"), ("copy", "same-size copy")):
+                    if f"{key}_us" in r:
+                        f.write(f"\"sweep {r['bytes']} {r['dtype']} {r['direction']}\",{name},{r[key + '_us']:.2f},"
+                                f"{r[key + '_gbs']:.1f},,,,,\n")
 
 
 if __name__ == "__main__":

@@ -24,8 +24,7 @@ def workloads():
                                 ("W2b", (512, 32, 24, 128), "sbhd")]:
         x = torch.randn(*shape, device=dev).bfloat16()
         x4 = x.permute(1, 0, 2, 3) if layout == "sbhd" else x
-        w.append((name, 4 * x.numel(), lambda i, x4=x4: ops.rope(x4, None, None, None, None, None, 0, 10000.0, -1,
-                                                                False, False, i)))
+        w.append((name, 4 * x.numel(), lambda i, x4=x4: ops.rope(x4, *bench.op_opts(False, i))))
     x = torch.randn(128, 8192, 128, device=dev)
     w.append(("W3", 8 * x.numel(), lambda i, x=x: rope_ext.rope(x, impl=i)))
     cache = ref.cos_sin_table(128, 10000.0, 131072, dev)[:131072].contiguous()

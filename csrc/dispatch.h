@@ -12,15 +12,15 @@ namespace rope_ext {
 // Kernel variants, in the order of csrc/cuda/rope_variants.cuh. "auto" picks the fastest
 // eligible one. rope_ext.IMPLS is read from kImplNames, so a variant added here is
 // tested and benchmarked without editing the tests or the bench.
-enum class Impl : int { kNaive = 0, kFp32 = 1, kFp32x4 = 2, kFp32x4Tile = 3, kAuto = 4 };
+enum class Impl : int { kNaive = 0, kFp32 = 1, kFp32x4 = 2, kFp32x4Tile = 3, kFlat = 4, kAuto = 5 };
 inline const std::vector<std::string>& impl_names() {
-  static const std::vector<std::string> names = {"naive", "fp32", "fp32x4", "fp32x4_tile"};
+  static const std::vector<std::string> names = {"naive", "fp32", "fp32x4", "fp32x4_tile", "flat"};
   return names;
 }
 
-// Whether variants 3 and 4 (16-byte vectors) can run on these tensors: unit feature
+// Whether variants 3, 4 and 5 (16-byte vectors) can run on these tensors: unit feature
 // stride, 16-byte aligned rows and chunks. Shared by the CUDA selector and the error
-// message of an explicit impl="fp32x4" / "fp32x4_tile".
+// message of an explicit impl="fp32x4" / "fp32x4_tile" / "flat".
 bool vector_eligible(const RopeParams& p, int64_t elem_size, std::string* why);
 
 void run_cpu(const RopeParams& p, Impl impl, at::ScalarType dtype);
@@ -28,6 +28,12 @@ void run_cpu(const RopeParams& p, Impl impl, at::ScalarType dtype);
 void run_cuda(const RopeParams& p, Impl impl, at::ScalarType dtype, c10::Device device);
 // Tuning hook for bench/tune_tile.py: rows per thread of variant 4's tiles (0 = default).
 void set_tile_rows_per_thread(int n);
+// Tuning hooks for bench/tune_flat.py: rows per thread of variant 5 (0 = default), and
+// auto's size limit for variant 5 in bytes of x (q + k) (< 0: ROPE_EXT_FLAT_MAX_BYTES
+// or the default; rope_dispatch.cu); flat_max_bytes() is the limit in force.
+void set_flat_rows_per_thread(int n);
+void set_flat_max_bytes(int64_t n);
+int64_t flat_max_bytes();
 #endif
 
 }  // namespace rope_ext

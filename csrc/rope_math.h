@@ -105,13 +105,25 @@ ROPE_HD float inv_freq_of(const RopeParams& p, int i) {
 // sin/cos of the angle pos * f, accurate at any position.
 // The fp32 product pos * f is off by up to ulp(pos * f) (~1 rad at pos = 2^24), and
 // fast-math __sinf/__cosf lose accuracy on large arguments. So: the product in double
-// (exact for |pos| < 2^29), reduced mod 2*pi with a two-part constant, then the
-// accurate (non-fast-math) sincosf on |r| <= pi. Angle error ~1e-7 rad, flat in pos.
+// (exact for |pos| < 2^29), reduced exactly, then an accurate (non-fast-math) sin/cos
+// of the reduced fp32 argument. Angle error ~1e-7 rad, flat in pos.
 // (Measured on the H100: __sincosf on the reduced angle, abs error <= 2^-21.4 there,
 // made fp32 2-3e-7 * max|x| and bf16 up to 1.85 ulp on small outputs, and did not
 // speed up the bf16 W1 workload; so the accurate one stays.)
+// On the GPU the angle is reduced in half-turns, t = a / pi in [-1, 1], for
+// sincospif (1 ulp, CUDA's documented bound; sincosf's is 2): sincospif has no
+// Payne-Hanek slow path, which sincosf inlines for every call site although |r| <= pi
+// never takes it (issue 11: the flat kernel's eight inlined sincosf were most of
+// its ~6000 instructions, a lot of cold instruction fetch for a 5 us kernel). The
+// argument error is the same: t's double rounding is ~|t| * 2^-52, then one fp32
+// rounding of t (vs of r before). -DROPE_EXT_SINCOSF=1 restores the sincosf path.
 ROPE_HD void angle_sincos(int64_t pos, float f, float* s, float* c) {
   const double a = static_cast<double>(pos) * static_cast<double>(f);
+#if defined(__CUDA_ARCH__) && !defined(ROPE_EXT_SINCOSF)
+  const double t = a * 0.3183098861837907;          // 1 / pi
+  const double r = ::fma(-2.0, ::rint(t * 0.5), t);  // exact: t - 2k, in [-1, 1]
+  ::sincospif(static_cast<float>(r), s, c);
+#else
   const double k = ::rint(a * 0.15915494309189535);  // 1 / (2 pi)
   double r = ::fma(-k, 6.283185307179586, a);         // 2 pi, high part
   r = ::fma(-k, 2.4492935982947064e-16, r);           // 2 pi, low part
@@ -121,6 +133,7 @@ ROPE_HD void angle_sincos(int64_t pos, float f, float* s, float* c) {
 #else
   *s = std::sin(rf);
   *c = std::cos(rf);
+#endif
 #endif
 }
 

@@ -272,7 +272,7 @@ RopeParams make_params(const std::vector<at::Tensor>& ins, const std::vector<at:
                       "rope_ext: impl='naive' cannot run in place (each thread reads its partner element, "
                       "which another thread may already have written); use 'fp32', 'fp32x4' or 'auto'");
   }
-  if (impl == Impl::kFp32x4 || impl == Impl::kFp32x4Tile) {
+  if (impl == Impl::kFp32x4 || impl == Impl::kFp32x4Tile || impl == Impl::kFlat) {
     std::string why;
     TORCH_CHECK_VALUE(vector_eligible(p, x.element_size(), &why), msg("rope_ext: impl='", o.impl, "' needs 16-byte vector access, but ", why,
                       "; use impl='auto' (falls back to the scalar kernel) or make x contiguous"));

@@ -76,11 +76,6 @@ struct RopeParams {
   int32_t section[kMaxAxes] = {0, 0, 0, 0};
 
   FreqSource freq = FreqSource::kBase;
-  // kBase with R/2 <= kParamFreqs (every head dim up to 256): HF's float32 table, built
-  // on the host with the same ATen ops as transformers (rope_ops.cpp), carried in the
-  // params. Larger tables go through inv_freq (a cached tensor of the same values).
-  static constexpr int kParamFreqs = 128;
-  float base_freqs[kParamFreqs];
   const float* inv_freq = nullptr;  // [R/2], stride inv_freq_stride
   int64_t inv_freq_stride = 1;
   const void* cache = nullptr;      // [cache_rows, R]
@@ -91,6 +86,15 @@ struct RopeParams {
   // True when a token's position does not depend on b (shared positions [S], or
   // arange + scalar offset): the kernels then reuse sin/cos across the batch.
   bool pos_shared_b = false;
+
+  // kBase with R/2 <= kParamFreqs (every head dim up to 256): HF's float32 table, built
+  // on the host with the same ATen ops as transformers (rope_ops.cpp), carried in the
+  // params. Larger tables go through inv_freq (a cached tensor of the same values).
+  // Last, so that every scalar field above shares a few constant-cache lines (the
+  // kernels read them in dependent steps: issue 11, bench/NOTES.md); 16-byte aligned
+  // so a chunk's frequencies come in 8-byte constant loads.
+  static constexpr int kParamFreqs = 128;
+  alignas(16) float base_freqs[kParamFreqs];
 };
 
 }  // namespace rope_ext

@@ -17,7 +17,7 @@ import rope_ext
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 IMPLS = rope_ext.IMPLS + ("auto",)
-VECTOR_IMPLS = ("fp32x4", "fp32x4_tile")  # need 16-byte vector access (vector_ok)
+VECTOR_IMPLS = ("fp32x4", "fp32x4_tile", "flat")  # need 16-byte vector access (vector_ok)
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 ALL_DTYPES = DTYPES + [torch.float64]
 F64_TOL = {torch.float32: 2e-6, torch.float64: 1e-6, torch.float16: 2e-6, torch.bfloat16: 2e-6}

@@ -106,3 +106,72 @@ def test_nonfinite_propagate_locally(device):
         expect[0, 1, 0, [3, 11]] = True
         expect[0, 2, 1, [4, 12]] = True
         assert torch.equal(bad, expect), impl
+
+
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+@cuda_only
+@pytest.mark.parametrize("rows_per_thread", [0, 1, 3, 1000])
+def test_flat_rows_per_thread(rows_per_thread):
+    """Variant 5 (flat) at every row-set size, from one row per thread to all rows of a
+    token group (heads of q then k): q + k GQA in place at random positions, and out of
+    place with a pass-through tail and GPT-J pairs, against float64."""
+    rope_ext._C.set_flat_rows_per_thread(rows_per_thread)
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            q, k = randn((16, 32, 128), dtype, "cuda"), randn((16, 8, 128), dtype, "cuda")
+            pos = torch.randint(0, 131072, (16,), device="cuda")
+            eq, ek = ref.rope_float64(q, pos, layout="thd"), ref.rope_float64(k, pos, layout="thd")
+            sq, sk = q.abs().max().item(), k.abs().max().item()
+            rope_ext.apply_rope_qk(q, k, pos, layout="thd", impl="flat", inplace=True)
+            assert_close_f64(q, eq, sq, "flat q in place")
+            assert_close_f64(k, ek, sk, "flat k in place")
+            x = randn((B, S, H, D), dtype, "cuda")
+            for kw in (dict(rotary_dim=32), dict(rotary_dim=48, interleaved=True)):
+                out = rope_ext.apply_rope(x, impl="flat", **kw)
+                assert_close_f64(out, ref.rope_float64(x, **kw), x.abs().max().item(), f"flat {kw}")
+    finally:
+        rope_ext._C.set_flat_rows_per_thread(0)
+
+
+@cuda_only
+def test_auto_flat_limit():
+    """auto runs flat for x (q + k) of at most flat_max_bytes and the tiles above; the two
+    compute the same fp32 values, so each side of the limit equals its variant bit for bit."""
+    x = randn((1, 64, 32, 128), torch.bfloat16, "cuda")
+    q, k = randn((16, 32, 128), torch.bfloat16, "cuda"), randn((16, 8, 128), torch.bfloat16, "cuda")
+    pos = torch.randint(0, 131072, (16,), device="cuda")
+    nx, nqk = x.numel() * 2, (q.numel() + k.numel()) * 2
+    try:
+        for limit, impl in ((nx, "flat"), (nx - 1, "fp32x4_tile")):
+            rope_ext._C.set_flat_max_bytes(limit)
+            assert torch.equal(rope_ext.apply_rope(x), rope_ext.apply_rope(x, impl=impl)), (limit, impl)
+        for limit, impl in ((nqk, "flat"), (nqk - 1, "fp32x4_tile")):
+            rope_ext._C.set_flat_max_bytes(limit)
+            a = rope_ext.apply_rope_qk(q, k, pos, layout="thd")
+            b = rope_ext.apply_rope_qk(q, k, pos, layout="thd", impl=impl)
+            assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), (limit, impl)
+        assert torch.equal(rope_ext.apply_rope(x, impl="flat"), rope_ext.apply_rope(x, impl="fp32x4_tile"))
+    finally:
+        rope_ext._C.set_flat_max_bytes(-1)
+
+
+@pytest.mark.skipif(not hasattr(rope_ext._C, "flat_max_bytes"), reason="built without CUDA")
+def test_flat_max_bytes_env():
+    """ROPE_EXT_FLAT_MAX_BYTES is read once at the first use; an unparsable value keeps the default."""
+    import os
+    import subprocess
+    import sys
+    def limit(val):
+        env = {k: v for k, v in os.environ.items() if k != "ROPE_EXT_FLAT_MAX_BYTES"}
+        if val is not None:
+            env["ROPE_EXT_FLAT_MAX_BYTES"] = val
+        out = subprocess.run([sys.executable, "-c", "import rope_ext; print(rope_ext._C.flat_max_bytes())"],
+                             env=env, capture_output=True, text=True, check=True)
+        return int(out.stdout.strip().splitlines()[-1])
+
+    default = limit(None)
+    assert default > 0
+    for val, want in (("123456", 123456), ("2e6", 2000000), ("junk", default)):
+        assert limit(val) == want, val

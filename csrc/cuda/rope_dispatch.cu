@@ -1,5 +1,8 @@
 // CUDA dispatch: picks a variant from csrc/cuda/rope_variants.cuh, sizes the grid and
-// launches on the current stream of x's device.
+// launches on the current stream of x's device. auto: flat (variant 5) for x (q + k)
+// of at most ROPE_EXT_FLAT_MAX_BYTES bytes (default 8 MiB, read once; see
+// flat_max_bytes_from_env), fp32x4_tile (variant 4) above, fp32 (variant 2) when the
+// 16-byte path does not apply.
 // (No ATen/cuda/CUDAContext.h: it pulls in cuSPARSE/cuBLAS headers that a bare CUDA
 // toolkit may lack; the stream and the SM count come from c10 and the runtime.)
 #include <ATen/Dispatch.h>
@@ -20,6 +23,24 @@ namespace {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 std::atomic<int> g_tile_rows_per_thread{0};  // 0: the default below (tuning hook)
+std::atomic<int> g_flat_rows_per_thread{0};  // 0: the default in launch_flat (tuning hook)
+std::atomic<int64_t> g_flat_max_bytes{-1};   // < 0: the environment or the default below
+
+// auto picks variant 5 (flat) for x (q + k together) of at most this many bytes, and
+// variant 4 (tiles) above. Read once from ROPE_EXT_FLAT_MAX_BYTES (a byte count,
+// e.g. 8388608 or 8e6); the default is a guess until tuned on the H100
+// (bench/tune_flat.py prints the time of both variants against candidate limits).
+constexpr int64_t kFlatMaxBytesDefault = int64_t(8) << 20;
+int64_t flat_max_bytes_from_env() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("ROPE_EXT_FLAT_MAX_BYTES");
+    if (!e || !*e) return kFlatMaxBytesDefault;
+    char* end = nullptr;
+    const double d = std::strtod(e, &end);
+    return (end != e && d >= 0 && d < 9e18) ? static_cast<int64_t>(d) : kFlatMaxBytesDefault;
+  }();
+  return v;
+}
 
 int sm_count(int device) {
   static int cached[64] = {0};
@@ -102,6 +123,35 @@ void launch_tile(const RopeParams& shared, int device, cudaStream_t stream) {
   kernel<<<static_cast<unsigned>(ceil_div(total, tile)), dim3(bx, by), smem, stream>>>(p, ts);
 }
 
+// Variant 5: one thread per (token group, 16-byte chunk, row set). Rows per thread K:
+// the fewest that keep the grid within one wave of resident threads (the bf16/fp16
+// neox kernel takes ~116 registers: 4 blocks of 128 per SM), so a decode step gets
+// one row per thread (T = 16 q + k: 5120 threads) and larger tensors reuse each
+// thread's sin/cos over more heads, with K rows in flight per thread (up to
+// kFlatRowsInFlight at once). Blocks shrink (down to one warp) until there is at
+// least one per SM. (A guess until bench/tune_flat.py runs: its rows/thread sweep.)
+constexpr int64_t kFlatThreadsPerSM = 512;
+template <typename T>
+void launch_flat(const RopeParams& p, int device, cudaStream_t stream) {
+  constexpr int V = 16 / sizeof(T);
+  const int chunks = row_chunks(p, V);
+  const int64_t rows_g = rows_per_group(p), groups = num_groups(p);
+  const int64_t items = groups * rows_g * chunks;  // (row, chunk) pairs
+  const int sms = sm_count(device);
+  const int knob = g_flat_rows_per_thread.load(std::memory_order_relaxed);
+  int64_t k = knob > 0 ? knob : ceil_div(items, sms * kFlatThreadsPerSM);
+  k = std::max<int64_t>(k, ceil_div(items, int64_t(INT32_MAX) * 32));  // gridDim.x limit
+  k = std::min<int64_t>(std::max<int64_t>(k, 1), rows_g);
+  cuda::FlatShape fs;
+  fs.chunks = chunks;
+  fs.row_sets = static_cast<int32_t>(ceil_div(rows_g, k));
+  fs.threads = groups * fs.row_sets * chunks;
+  int bs = cuda::kFlatMaxThreads;
+  while (bs > 32 && ceil_div(fs.threads, bs) < sms) bs /= 2;
+  auto kernel = p.interleaved ? cuda::rope_flat_kernel<T, true> : cuda::rope_flat_kernel<T, false>;
+  kernel<<<static_cast<unsigned>(ceil_div(fs.threads, bs)), bs, 0, stream>>>(p, fs);
+}
+
 template <typename T>
 void launch(const RopeParams& p, Impl impl, int device, cudaStream_t stream) {
   const size_t smem = sizeof(float) * std::max(1, p.R / 2);  // frequency table
@@ -116,6 +166,8 @@ void launch(const RopeParams& p, Impl impl, int device, cudaStream_t stream) {
     cuda::rope_fp32_kernel<T><<<flat_grid(tokens_rows * items, kThreads, device), kThreads, smem, stream>>>(p);
   } else if (impl == Impl::kFp32x4Tile) {
     launch_tile<T>(p, device, stream);
+  } else if (impl == Impl::kFlat) {
+    launch_flat<T>(p, device, stream);
   } else {
     const int chunks = row_chunks(p, 16 / sizeof(T));
     const int64_t rows = rows_per_group(p), groups = num_groups(p);
@@ -144,14 +196,27 @@ void launch(const RopeParams& p, Impl impl, int device, cudaStream_t stream) {
 }  // namespace
 
 void set_tile_rows_per_thread(int n) { g_tile_rows_per_thread.store(n < 0 ? 0 : n); }
+void set_flat_rows_per_thread(int n) { g_flat_rows_per_thread.store(n < 0 ? 0 : n); }
+void set_flat_max_bytes(int64_t n) { g_flat_max_bytes.store(n < 0 ? -1 : n); }
+int64_t flat_max_bytes() {
+  const int64_t v = g_flat_max_bytes.load(std::memory_order_relaxed);
+  return v >= 0 ? v : flat_max_bytes_from_env();
+}
 
 void run_cuda(const RopeParams& p, Impl impl, at::ScalarType dtype, c10::Device device) {
   const c10::cuda::CUDAGuard guard(device);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "rope_ext_cuda", [&] {
     Impl chosen = impl;
-    if (impl == Impl::kAuto)
-      chosen = vector_eligible(p, sizeof(scalar_t), nullptr) ? Impl::kFp32x4Tile : Impl::kFp32;
+    if (impl == Impl::kAuto) {
+      // Small tensors are latency: the barrier-free flat kernel; large ones stream
+      // through the tiles. The limit counts the bytes of x read (q + k).
+      int64_t bytes = 0;
+      for (int t = 0; t < p.num_tensors; ++t) bytes += p.B * p.S * p.t[t].H * p.D * int64_t(sizeof(scalar_t));
+      chosen = !vector_eligible(p, sizeof(scalar_t), nullptr) ? Impl::kFp32
+               : bytes <= flat_max_bytes()                      ? Impl::kFlat
+                                                                : Impl::kFp32x4Tile;
+    }
     launch<scalar_t>(p, chosen, device.index(), stream);
   });
 }

@@ -16,6 +16,11 @@
 //              one short tile of consecutive rows and exits: its first loads go out,
 //              then the block fills a shared cos/sin table for the tile's token groups
 //              (one barrier), then rotates and stores. Same eligibility as 3.
+//   5. flat    (auto's choice up to ROPE_EXT_FLAT_MAX_BYTES of x, rope_dispatch.cu)
+//              for small tensors: no shared memory, no barrier; a thread owns one
+//              16-byte chunk of a few rows (heads) of one token group, computes that
+//              chunk's sin/cos once while its loads are in flight, and reuses them for
+//              its rows. Grid sized to fill the GPU at decode sizes. Same eligibility.
 //
 // What was learned on the H100 (bench/NOTES.md has the numbers and the method):
 //   - Variant 3's x loads must be uint4: a struct copy of Vec<bf16, 8> compiled to
@@ -46,7 +51,16 @@
 //     10); moving the pow to the host made no measurable change on W1 or W5 (the
 //     small-tensor latency lies elsewhere, bench/NOTES.md).
 //   - Accurate sin/cos are affordable: the angle reduced in double (rope_math.h) and
-//     the non-fast-math sincosf on |r| <= pi.
+//     an accurate sin/cos of the reduced fp32 argument.
+//   - Issue 11 (small tensors are latency: launch, a constant-cache and an instruction
+//     fetch per new line of params or code, then one DRAM round trip), from ptxas/SASS
+//     on the CPU machine, timings pending on the H100 (bench/NOTES.md): variant 5 as
+//     first written compiled to ~5900 instructions (bf16 neox), mostly P inlined
+//     copies of position_of (multi-axis) and of sincosf's Payne-Hanek slow path; the
+//     multi-axis lookup out of line and sincospif on an angle reduced in half-turns
+//     bring it to ~3300 with no stack frame, and hoisting the frequency-source and
+//     axis branches out of the per-pair loop lets the P sin/cos interleave (they were
+//     P serial branchy blocks).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -413,6 +427,133 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinBlocks) rope_tile_kernel
     }
     have = c < chunks && lr0 < n;
     if (have) rows.load(p, NB, rows_g, g_first, r_first, lr0, step, n, d0, d0 + half, !kInterleaved && c < n_rot);
+  }
+}
+
+// ---------------------------------------------------------------- 5. flat
+// For small tensors, whose time is the launch plus one DRAM round trip: no shared
+// memory, no barrier, no loop over tiles; every thread is independent. A thread owns
+// one 16-byte chunk c (of each half, for neox) of a set of rows of one token group g:
+// rows rs, rs + RS, rs + 2 RS, ... of the group (heads of q, then of k, times the batch
+// when positions are shared). It issues the position load and the loads of its first
+// rows, computes the chunk's P sin/cos (those latencies overlap), then rotates and
+// stores each row, reusing sin/cos for all of them. Thread index = (g, rs, c) with c
+// fastest: a warp covers consecutive chunks of consecutive rows (coalesced). The host
+// (launch_flat) picks RS so the grid fills the GPU even at T = 16 (one row per
+// thread), and lowers it for larger tensors to amortise sin/cos over more rows.
+struct FlatShape {
+  int64_t threads;   // groups * row_sets * chunks
+  int32_t chunks;    // 16-byte chunks of a row (row_chunks)
+  int32_t row_sets;  // RS: threads sharing one (group, chunk)
+};
+constexpr int kFlatMaxThreads = 128;   // per block (fewer when the grid is small)
+constexpr int kFlatRowsInFlight = 4;   // rows loaded before the first is used
+
+// A pair's position with several position axes (M-RoPE, axial), out of line: inlined
+// into the unrolled per-pair loop it made P copies of position_of (cu_seqlens search,
+// context parallelism) and doubled the kernel's code, which a latency-bound kernel
+// pays in cold instruction fetch even when it never runs that path.
+__device__ __noinline__ int64_t pair_position_outlined(const RopeParams& p, int64_t b0, int64_t s, int i) {
+  return pair_position(p, b0, s, i);
+}
+
+// The P sin/cos of the pairs i0 .. i0 + P - 1 of a token at `pos` (one axis), or of
+// (b0, s) (several axes), scaled and signed as pair_sincos does. The branches on the
+// frequency source and the axes are taken once, outside the unrolled loops, so the P
+// angle reductions and sincospif are independent straight-line code that the compiler
+// interleaves; per pair (pair_sincos in the loop) they compiled to P serial branchy
+// blocks, a chain of P sin/cos latencies on the critical path of a decode step.
+template <int P>
+__device__ __forceinline__ void chunk_sincos(const RopeParams& p, int64_t b0, int64_t s, int64_t pos, int i0,
+                                             float* sn, float* cs) {
+  if (p.freq == FreqSource::kCosSinCache || p.num_axes > 1) {
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      const int i = i0 + j;
+      pair_sincos(p, p.num_axes > 1 ? pair_position_outlined(p, b0, s, i) : pos, i, inv_freq_of(p, i), &sn[j],
+                  &cs[j]);
+    }
+    return;
+  }
+  float f[P];
+  if (p.freq == FreqSource::kBase) {
+#pragma unroll
+    for (int j = 0; j < P; ++j) f[j] = p.base_freqs[i0 + j];
+  } else {
+#pragma unroll
+    for (int j = 0; j < P; ++j) f[j] = p.inv_freq[(i0 + j) * p.inv_freq_stride];
+  }
+  const float ss = p.sign * p.scale;
+#pragma unroll
+  for (int j = 0; j < P; ++j) {
+    angle_sincos(pos, f[j], &sn[j], &cs[j]);
+    sn[j] *= ss;
+    cs[j] *= p.scale;
+  }
+}
+
+template <typename T, bool kInterleaved>
+__global__ void __launch_bounds__(kFlatMaxThreads) rope_flat_kernel(const __grid_constant__ RopeParams p,
+                                                                   const FlatShape fs) {
+  constexpr int U = kFlatRowsInFlight;
+  constexpr int V = 16 / sizeof(T);
+  constexpr int P = kInterleaved ? V / 2 : V;
+  using VecT = Vec<T, V>;
+  const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (idx >= fs.threads) return;
+  // (g, rs, c) from idx: 32-bit divides unless the grid is huge (an explicit impl on a
+  // large tensor); a 64-bit divide is a long subroutine.
+  int64_t g;
+  uint32_t rs, c;
+  if ((static_cast<uint64_t>(fs.threads) >> 32) == 0) {
+    const uint32_t i = static_cast<uint32_t>(idx), rest = i / static_cast<uint32_t>(fs.chunks);
+    c = i - rest * static_cast<uint32_t>(fs.chunks);
+    const uint32_t g32 = rest / static_cast<uint32_t>(fs.row_sets);
+    rs = rest - g32 * static_cast<uint32_t>(fs.row_sets);
+    g = g32;
+  } else {
+    const int64_t rest = idx / fs.chunks;
+    c = static_cast<uint32_t>(idx - rest * fs.chunks);
+    g = rest / fs.row_sets;
+    rs = static_cast<uint32_t>(rest - g * fs.row_sets);
+  }
+  int64_t b0, s;
+  group_token(p, g, &b0, &s);
+  const int64_t NB = batches_per_group(p);
+  const uint32_t rows_g = static_cast<uint32_t>(rows_per_group(p));
+  const uint32_t RS = static_cast<uint32_t>(fs.row_sets);
+  const int half = p.R / 2;
+  const bool rot = static_cast<int>(c) < rot_chunks(p, V);
+  const bool pair = rot && !kInterleaved;
+  const int d0 = chunk_start(p, c, V), d1 = d0 + half;
+  // The position load goes out first: it heads the longest chain (position -> sin/cos,
+  // and -> cache row with a cos_sin_cache); the x loads below do not wait on it.
+  const int64_t pos = p.num_axes > 1 ? 0 : position_of(p, b0, s);
+
+  VecT a[U], b[U];
+  T* out[U];
+  float sn[P], cs[P];
+  for (uint32_t r0 = rs; r0 < rows_g; r0 += U * RS) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const uint32_t r = r0 + u * RS;
+      if (r >= rows_g) break;
+      const RowOffsets o = row_offsets(p, NB, b0, s, r);
+      // Selects, not p.t[o.t]: a runtime index into the parameters copies them to
+      // local memory (as in variant 4).
+      const T* in = static_cast<const T*>(o.t ? p.t[1].in : p.t[0].in) + o.in;
+      out[u] = static_cast<T*>(o.t ? p.t[1].out : p.t[0].out) + o.out;
+      a[u] = load_vec<VecT>(in + d0);
+      if (pair) b[u] = load_vec<VecT>(in + d1);
+    }
+    if (rot && r0 == rs) chunk_sincos<P>(p, b0, s, pos, static_cast<int>(c) * P, sn, cs);  // once, loads in flight
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (r0 + u * RS >= rows_g) break;
+      if (rot) rotate_chunk<T, kInterleaved>(a[u], b[u], sn, cs);
+      store_vec(out[u] + d0, a[u]);
+      if (pair) store_vec(out[u] + d1, b[u]);
+    }
   }
 }
 
