@@ -27,7 +27,8 @@ void append_kv_cuda(const AppendParams& p, at::ScalarType dtype, c10::Device dev
 // Host-side choices (from shapes only: CUDA-graph safe): rows per CTA, and the number of
 // key splits for `max_keys` keys per sequence (capacity or the max_seqlen hint).
 int decode_rows_per_cta(int64_t rows);
-int decode_num_splits(const DecodeParams& p, int64_t max_keys, c10::Device device);
+int decode_num_splits(const DecodeParams& p, int64_t max_keys, c10::Device device, at::ScalarType dtype,
+                      bool full_fusion);
 // Whether the vector kernels can read the caches (16-byte aligned rows); why not, if not.
 bool decode_cache_aligned(const KVCacheView& c, int64_t elem_size, std::string* why);
 void attention_decode_cuda(const DecodeParams& p, at::ScalarType dtype, c10::Device device, bool full_fusion);

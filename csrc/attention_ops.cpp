@@ -421,7 +421,7 @@ std::tuple<at::Tensor, at::Tensor> attention_decode(
     p.row_groups = static_cast<int32_t>((rows + kr - 1) / kr);
     const int64_t max_keys = max_seqlen > 0 ? std::min<int64_t>(max_seqlen, cache.capacity) : cache.capacity;
     int splits = num_splits > 0 ? static_cast<int>(std::min<int64_t>(num_splits, 1024))
-                                : decode_num_splits(p, max_keys, q.device());
+                                : decode_num_splits(p, max_keys, q.device(), q.scalar_type(), full_fusion);
     p.num_splits = std::max(1, splits);
     at::Tensor ws_o, ws_lse;
     if (p.num_splits > 1) {
