@@ -213,8 +213,12 @@ def attn_suite(timer, bw, quick=False):
 
 def plot_attn(results, path):
     """Decode time against context length: fused (hybrid, full fusion) vs separate, one
-    panel per batch size; solid contiguous, dashed paged."""
-    import matplotlib
+    panel per batch size; solid contiguous, dashed paged. Needs matplotlib (else says so)."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"--plot-attn {path}: matplotlib is not installed, no plot written", file=sys.stderr)
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     dec = [r for r in results if r.get("kind") == "decode"]
