@@ -44,19 +44,36 @@ bool non_overlapping(const std::vector<int64_t>& sizes, const std::vector<int64_
   return true;
 }
 
-// Whether a and b may share elements. Views of one storage with equal shapes and strides
-// (k_cache and v_cache as the two halves of one [num_blocks, 2, block_size, Hk, D]
-// buffer, q/k/v slices of one projection) are disjoint when the pair is itself a
-// non-overlapping view: the two tensors stacked along a new dimension whose stride is
-// their offset difference. Anything else sharing a storage counts unless
-// get_overlap_status proves it disjoint.
+// Whether a and b may share elements. Views of one storage with equal strides are
+// proven disjoint in two ways: equal shapes, and the pair is itself a non-overlapping
+// view (the two stacked along a new dimension whose stride is their offset difference:
+// k_cache and v_cache as the halves of one [num_blocks, 2, block_size, Hk, D] buffer);
+// or shapes that differ in one dimension only, offset by whole steps of it into a
+// disjoint index range, the union a non-overlapping view (q, k, v as head slices of one
+// fused projection). Anything else sharing a storage counts unless get_overlap_status
+// proves it disjoint.
 bool may_share(const at::Tensor& a, const at::Tensor& b) {
   if (a.numel() == 0 || b.numel() == 0 || !a.is_alias_of(b)) return false;
-  if (a.sizes() == b.sizes() && a.strides() == b.strides()) {
+  if (a.dim() == b.dim() && a.strides() == b.strides()) {
+    const int64_t delta = b.storage_offset() - a.storage_offset();
     std::vector<int64_t> sizes(a.sizes().begin(), a.sizes().end()), strides(a.strides().begin(), a.strides().end());
-    sizes.push_back(2);
-    strides.push_back(b.storage_offset() - a.storage_offset());
-    return !non_overlapping(sizes, strides);
+    if (a.sizes() == b.sizes()) {
+      std::vector<int64_t> sz = sizes, st = strides;
+      sz.push_back(2);
+      st.push_back(delta);
+      if (non_overlapping(sz, st)) return false;
+    }
+    for (int64_t d = 0; d < a.dim(); ++d) {
+      bool others_equal = true;
+      for (int64_t e = 0; e < a.dim(); ++e)
+        if (e != d && a.size(e) != b.size(e)) others_equal = false;
+      if (!others_equal || a.stride(d) == 0 || delta % a.stride(d)) continue;
+      const int64_t j = delta / a.stride(d);
+      if (!(j >= a.size(d) || j + b.size(d) <= 0)) continue;  // the index ranges overlap
+      std::vector<int64_t> sz = sizes;
+      sz[d] = std::max(a.size(d), j + b.size(d)) - std::min<int64_t>(0, j);
+      if (non_overlapping(sz, strides)) return false;
+    }
   }
   return at::get_overlap_status(a, b) != at::MemOverlapStatus::No;
 }
@@ -274,6 +291,9 @@ void append_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cac
     for (const auto* t : {&k_cache, &v_cache})
       TORCH_CHECK_VALUE(!may_share(qq, *t),
                         "rope_ext: q must not share memory with the caches");
+    for (const auto* t : {&k, &v})
+      TORCH_CHECK_VALUE(!may_share(qq, *t), "rope_ext: q is rotated in place and must not share memory with k or v "
+                        "(disjoint head slices of one projection are fine)");
     p.q = q4.data_ptr();
     for (int d = 0; d < 4; ++d) p.q_stride[d] = q4.stride(d);
     if (varlen) p.q_stride[0] = 0;

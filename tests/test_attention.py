@@ -284,6 +284,23 @@ def test_append_kv_batched_matches_varlen(device):
     assert torch.equal(a[0].nan_to_num(), b[0].nan_to_num()) and torch.equal(a[1].nan_to_num(), b[1].nan_to_num())
 
 
+def test_kv_halves_of_one_buffer(device):
+    """k_cache and v_cache as the two halves of one [num_blocks, 2, block_size, Hk, D]
+    buffer (FlashInfer's layout) are disjoint views: accepted, and equal to separate caches."""
+    B, Hk, D, bs = 2, 2, 64, 8
+    kv = torch.zeros(5, 2, bs, Hk, D, dtype=torch.bfloat16, device=device)
+    bt = torch.tensor([[3, 0], [1, 4]], dtype=torch.int32, device=device)
+    k, v = randn((B, 5, Hk, D), torch.bfloat16, device), randn((B, 5, Hk, D), torch.bfloat16, device)
+    sl = torch.tensor([2, 9], dtype=torch.int32, device=device)
+    rope_ext.append_kv(k, v, kv[:, 0], kv[:, 1], sl, block_table=bt)
+    kc, vc = torch.zeros_like(kv[:, 0]), torch.zeros_like(kv[:, 1])
+    rope_ext.append_kv(k, v, kc, vc, sl, block_table=bt)
+    assert torch.equal(kv[:, 0], kc) and torch.equal(kv[:, 1], vc)
+    q = randn((B, 1, 4, D), torch.bfloat16, device)
+    assert torch.equal(rope_ext.attention_decode(q, kv[:, 0], kv[:, 1], sl + 5, block_table=bt),
+                       rope_ext.attention_decode(q, kc, vc, sl + 5, block_table=bt))
+
+
 # ---------------------------------------------------------------------------- rope_attention (prefill)
 @pytest.mark.parametrize("S", [1, 7, 16, 40])
 @pytest.mark.parametrize("impl", ["auto", "fused", "separate"])
@@ -361,6 +378,8 @@ def bad_cases(dev):
             k, v, kc, vc.transpose(-1, -2).contiguous().transpose(-1, -2), sl), ValueError, "contiguous last", False),
         ("v_cache shape", lambda: rope_ext.append_kv(k, v, kc, vc[:, :8], sl), ValueError, "v_cache must have the shape",
          False),
+        ("q aliases k", lambda: rope_ext.append_kv(k, v, kc, vc, sl, q=k), ValueError, "must not share memory with k",
+         False),
         ("same cache twice", lambda: rope_ext.append_kv(k, v, kc, kc, sl), ValueError, "must not share memory", False),
         ("seqlens shape", lambda: rope_ext.attention_decode(q, kc, vc, sl[:1]), ValueError, "cache_seqlens must have shape",
          False),
@@ -421,15 +440,24 @@ def test_cuda_kernel_drops_slots_out_of_range():
     assert torch.isnan(guard[0]).all() and torch.isnan(guard[B + 1]).all()
     assert torch.isnan(vc_buf[0]).all() and torch.isnan(vc_buf[B + 1]).all()
     assert torch.isfinite(kc[0, 2:6]).all() and torch.isfinite(kc[1, 14:16]).all()
-    pk, pv, bt = new_cache(B, cap, Hk, D, dt, "cuda", paged=True, block_size=8, spare_blocks=0)
-    bt[1, 1] = 99  # out of range: tokens of sequence 1 in its second block are dropped
-    pk0 = pk.clone()
-    rope_ext.append_kv(k, v, pk, pv, torch.tensor([2, 6], dtype=torch.int32, device="cuda"), block_table=bt)
+    # Paged: block ids one past the last block are dropped, on write and on read. The
+    # cache sits inside a NaN guard buffer, so a write through a bad id would show.
+    nb, bs = 2 * B, 8
+    big_k = torch.full((nb + 2, bs, Hk, D), NAN, dtype=dt, device="cuda")
+    big_v = torch.full_like(big_k, NAN)
+    pk, pv = big_k[1:nb + 1], big_v[1:nb + 1]
+    pk.zero_()
+    pv.zero_()
+    bt = torch.arange(nb, dtype=torch.int32, device="cuda").view(B, 2)
+    bt[1, 1] = nb  # out of range: sequence 1's tokens at indices 8.. are dropped
+    rope_ext.append_kv(k, v, pk, pv, torch.tensor([0, 6], dtype=torch.int32, device="cuda"), block_table=bt)
     o = rope_ext.attention_decode(randn((B, 1, 4, D), dt, "cuda"), pk, pv,
-                                  torch.tensor([6, 10], dtype=torch.int32, device="cuda"), block_table=bt)
+                                  torch.tensor([4, 10], dtype=torch.int32, device="cuda"), block_table=bt)
     torch.cuda.synchronize()
-    assert torch.isfinite(o[0]).all()
-    assert torch.equal(pk[bt[1, 0].long(), :6].isnan(), pk0[bt[1, 0].long(), :6].isnan())
+    assert torch.isfinite(o).all(), "keys in a bad block are skipped, not read"
+    assert torch.isnan(big_k[0]).all() and torch.isnan(big_k[nb + 1]).all()
+    assert torch.isnan(big_v[0]).all() and torch.isnan(big_v[nb + 1]).all()
+    assert (pk[2, 6:8] != 0).any() and (pk[0, :4] != 0).any(), "the valid tokens are written"
 
 
 # ---------------------------------------------------------------------------- op layer
