@@ -153,6 +153,27 @@ def test_append_then_decode_matches_float64(device, paged, G, q_len):
         assert_attn_close(o, lse, wo, wl, vs, f"{dtype}")
 
 
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_equals_rope_plus_sdpa(device, paged):
+    """The decode path (append_kv of a prefill, append_kv of the step, attention_decode)
+    gives what the separate path gives over the whole sequence: apply_rope_qk of all
+    tokens + causal scaled_dot_product_attention, last q_len rows."""
+    B, L, Hq, Hk, D, q_len = 2, 37, 8, 2, 64, 3
+    dt = torch.float16
+    qa, ka, va = randn((B, L, Hq, D), dt, device), randn((B, L, Hk, D), dt, device), randn((B, L, Hk, D), dt, device)
+    qr, kr = rope_ext.apply_rope_qk(qa, ka)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        qr.float().transpose(1, 2), kr.float().transpose(1, 2), va.float().transpose(1, 2), is_causal=True,
+        enable_gqa=True).transpose(1, 2)[:, -q_len:]
+    kc, vc, bt = new_cache(B, 48, Hk, D, dt, device, paged)
+    zero = torch.zeros(B, dtype=torch.int32, device=device)
+    rope_ext.append_kv(ka[:, :-q_len], va[:, :-q_len], kc, vc, zero, block_table=bt)
+    rope_ext.append_kv(ka[:, -q_len:], va[:, -q_len:], kc, vc, zero + L - q_len, block_table=bt)
+    o = rope_ext.attention_decode(qa[:, -q_len:], kc, vc, zero + L, block_table=bt)
+    err = (o.float() - want).abs().max().item()
+    assert err <= ATTN_TOL[dt] * va.abs().max().item(), err
+
+
 @pytest.mark.parametrize("cfg", list(ROPE_CFGS))
 @pytest.mark.parametrize("pos_mode", ["default", "offset_int", "offset_tensor", "explicit"])
 def test_rotary_options(device, cfg, pos_mode):
@@ -282,6 +303,27 @@ def test_append_kv_batched_matches_varlen(device):
     cu = torch.tensor([0, T, 2 * T], dtype=torch.int32, device=device)
     rope_ext.append_kv(k.flatten(0, 1), v.flatten(0, 1), b[0], b[1], sl, cu_seqlens=cu, interleaved=True)
     assert torch.equal(a[0].nan_to_num(), b[0].nan_to_num()) and torch.equal(a[1].nan_to_num(), b[1].nan_to_num())
+
+
+@pytest.mark.parametrize("rotary_dim,interleaved", [(64, False), (6, False), (10, True)])
+def test_append_kv_scalar_path(device, rotary_dim, interleaved):
+    """Inputs the 16-byte kernel cannot take (feature stride != 1, a rotary half of 3
+    pairs) go through the scalar path of the same kernel: the same cache as contiguous
+    input, and float64-exact to one rounding."""
+    B, T, Hk, D = 2, 3, 2, 64
+    k, v = randn((B, T, Hk, D), torch.float16, device), randn((B, T, Hk, D), torch.float16, device)
+    kt = k.transpose(-1, -2).contiguous().transpose(-1, -2)
+    vt = v.transpose(-1, -2).contiguous().transpose(-1, -2)
+    sl = torch.tensor([0, 7], dtype=torch.int32, device=device)
+    a = new_cache(B, 16, Hk, D, torch.float16, device, False)
+    b = new_cache(B, 16, Hk, D, torch.float16, device, False)
+    kw = dict(rotary_dim=rotary_dim, interleaved=interleaved)
+    rope_ext.append_kv(k, v, a[0], a[1], sl, **kw)
+    rope_ext.append_kv(kt, vt, b[0], b[1], sl, **kw)
+    assert torch.equal(a[0].nan_to_num(), b[0].nan_to_num()) and torch.equal(a[1].nan_to_num(), b[1].nan_to_num())
+    pos = sl[:, None].long() + torch.arange(T, device=device)
+    assert_close_f64(a[0][0, :3], ref.rope_float64(k, pos, **kw)[0], 8.0, "k of sequence 0")
+    assert_close_f64(a[0][1, 7:10], ref.rope_float64(k, pos, **kw)[1], 8.0, "k of sequence 1")
 
 
 def test_kv_halves_of_one_buffer(device):
