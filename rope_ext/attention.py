@@ -159,6 +159,8 @@ def _needs_grad(*ts):
 
 def _as_cache(t):
     """t [B, S, H, D] as a contiguous-layout cache: unit head-dim stride, 16-byte aligned rows."""
+    if torch.compiler.is_compiling():  # no data pointers while tracing
+        return t.contiguous()
     V = 16 // t.element_size()
     ok = t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(s % V == 0 for s in t.stride()[:-1])
     return t if ok else t.contiguous()
@@ -215,7 +217,5 @@ def rope_attention(q, k, v, positions=None, *, causal=True, softmax_scale=None, 
         return attention_decode(q, _as_cache(k), _as_cache(v), seqlens, softmax_scale=softmax_scale, causal=causal,
                                 impl="full_fusion", **rkw)
     kr = apply_rope(k, positions, **rkw)
-    if positions is not None and positions.dim() == 1:
-        positions = positions.expand(B, S)
     return attention_decode(q, _as_cache(kr), _as_cache(v), seqlens, positions=positions, softmax_scale=softmax_scale,
                             causal=causal, impl="hybrid", **rkw)

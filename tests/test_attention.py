@@ -562,6 +562,15 @@ def test_compile_fullgraph(device):
             for a, b in zip(want, got):
                 assert torch.equal(a, b), backend
             assert torch.equal(kc3, kc) and torch.equal(vc3, vc), f"{backend}: cache writes kept"
+    # rope_attention's fused path (and the separate one) trace without a graph break too.
+    kk, vv = randn((B, 2, Hk, D), dt, device), randn((B, 2, Hk, D), dt, device)
+    pos = torch.randint(0, 99, (B, 2), device=device)
+    for impl in ("fused", "separate"):
+        for p in (None, pos):
+            torch._dynamo.reset()
+            f = torch.compile(lambda a, b, c, p: rope_ext.rope_attention(a, b, c, p, impl=impl), fullgraph=True,
+                              backend="aot_eager")
+            assert torch.equal(f(q, kk, vv, p), rope_ext.rope_attention(q, kk, vv, p, impl=impl)), (impl, p is None)
 
 
 @cuda

@@ -169,6 +169,7 @@ int decode_rows_per_cta(int64_t rows) {
 // with 3 splits).
 int decode_num_splits(const DecodeParams& p, int64_t max_keys, c10::Device device, at::ScalarType dtype,
                       bool full_fusion) {
+  const c10::cuda::CUDAGuard guard(device);  // the occupancy query reads the current device
   int occ = 1;
   visit_decode(dtype, p.rope.D, p.rows_per_group, full_fusion, [&]<typename T, int D, int kRows, bool kFull>() {
     occ = resident_ctas(cuda::decode_kernel<T, D, kRows, kFull>, cuda::decode_smem_bytes<D, kRows>());
