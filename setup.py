@@ -39,11 +39,11 @@ if os.environ.get("ROPE_EXT_REQUIRE_CUDA", "0") == "1" and not with_cuda:
     raise SystemExit("ROPE_EXT_REQUIRE_CUDA=1 but nvcc was not found (set CUDA_HOME)")
 
 sources = ["csrc/registration.cpp", "csrc/rope_ops.cpp", "csrc/cpu/rope_cpu.cpp",
-           "csrc/norm_rope_ops.cpp", "csrc/cpu/norm_rope_cpu.cpp"]
+           "csrc/norm_rope_ops.cpp", "csrc/cpu/norm_rope_cpu.cpp", "csrc/attention_ops.cpp", "csrc/cpu/attention_cpu.cpp"]
 cxx_flags = ["-O3"]  # the C++ standard comes from torch (C++17 or C++20 by version)
 define_macros = []
 if with_cuda:
-    sources += ["csrc/cuda/rope_dispatch.cu", "csrc/cuda/norm_rope_dispatch.cu"]
+    sources += ["csrc/cuda/rope_dispatch.cu", "csrc/cuda/norm_rope_dispatch.cu", "csrc/cuda/attention_dispatch.cu"]
     define_macros.append(("ROPE_EXT_WITH_CUDA", None))
     # No --use_fast_math: it would turn sincosf into __sinf/__cosf (wrong at long positions).
     nvcc_flags = ["-O3", "-lineinfo", "--expt-relaxed-constexpr", "-DROPE_EXT_WITH_CUDA"]

@@ -654,12 +654,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="largest seed shapes and the bshd workload only")
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--suite", choices=["seed", "llm", "latency", "sweep", "variants", "all"], default="seed",
+    ap.add_argument("--suite", choices=["seed", "llm", "latency", "sweep", "variants", "attn", "all"], default="seed",
                     help="seed: the seed sweep + bshd bf16 (default); llm: W1-W5; latency: issue 11's small "
                          "tensors and decode vs peers (--quick: bshd bf16 and W2-W5 only); sweep: 64 KB..--max-bytes")
     ap.add_argument("--graph-reps", type=int, default=200, help="CUDA-graph replays per latency point")
     ap.add_argument("--max-bytes", type=float, default=4 * 2**30, help="largest x in the size sweep")
     ap.add_argument("--plot", help="PNG of the size sweep (GB/s against size)")
+    ap.add_argument("--plot-attn", help="PNG of the attn suite: decode time against context length")
     ap.add_argument("--json")
     ap.add_argument("--csv")
     args = ap.parse_args()
@@ -689,6 +690,12 @@ def main():
         rows = variants_suite(timer, bw, time_rows, print_table)
         results += [dict(workload=w, rows=[r for r in rows if r["workload"] == w])
                     for w in dict.fromkeys(r["workload"] for r in rows)]
+    if args.suite in ("attn", "all"):  # issue 9: bench/attn.py
+        from attn import attn_suite, plot_attn
+        attn = attn_suite(timer, bw, args.quick)
+        results += attn
+        if args.plot_attn:
+            plot_attn(attn, args.plot_attn)
     sweep = []
     if args.suite in ("sweep", "all") and CUDA:
         sweep = sweep_suite(timer, bw, args.max_bytes, peers)

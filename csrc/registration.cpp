@@ -26,6 +26,14 @@ TORCH_LIBRARY(rope_ext, m) {
   m.def("norm_rope(Tensor[] xs, Tensor[] weights, float eps, float weight_offset, " ROPE_SCHEMA_OPTS ") -> Tensor[]");
   m.def("norm_rope_backward(Tensor[] grads, Tensor[] xs, Tensor[] weights, float eps, float weight_offset, "
         ROPE_SCHEMA_OPTS ") -> Tensor[]");
+  // The attention family (csrc/attention_ops.cpp; rope_ext/attention.py is the API).
+  m.def("append_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, "
+        "Tensor? cu_seqlens, Tensor? positions, Tensor? block_table, Tensor(c!)? q, Tensor? offsets, int offset, "
+        "Tensor? inv_freq, Tensor? cos_sin_cache, float base, int rotary_dim, bool interleaved, bool rotate_k) -> ()");
+  m.def("attention_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, Tensor? positions, "
+        "Tensor? block_table, Tensor? offsets, int offset, Tensor? inv_freq, Tensor? cos_sin_cache, float base, "
+        "int rotary_dim, bool interleaved, float? softmax_scale, bool causal, int max_seqlen, int num_splits, "
+        "str impl) -> (Tensor, Tensor)");
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

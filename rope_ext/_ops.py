@@ -115,3 +115,17 @@ def _norm_rope_backward(ctx, grads):
 
 
 torch.library.register_autograd("rope_ext::norm_rope", _norm_rope_backward, setup_context=_norm_rope_setup)
+
+
+# The attention family (csrc/attention_ops.cpp). append_kv mutates its caches (and q):
+# no outputs. Neither op has a backward (rope_attention's separate path is differentiable).
+@torch.library.register_fake("rope_ext::append_kv")
+def _append_kv_fake(k, v, k_cache, v_cache, *args):
+    return None
+
+
+@torch.library.register_fake("rope_ext::attention_decode")
+def _attention_decode_fake(q, *args):
+    B, q_len, Hq, D = q.shape
+    return (torch.empty((B, q_len, Hq, D), dtype=q.dtype, device=q.device),
+            torch.empty((B, q_len, Hq), dtype=torch.float32, device=q.device))

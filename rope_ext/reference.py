@@ -179,3 +179,41 @@ def rms_norm_rope_float64(x, weight, positions=None, *, eps=1e-6, weight_offset=
     # The head dim is the last dimension in every layout.
     y = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * (weight.double() + weight_offset)
     return rope_float64(y, positions, layout=layout, **rope_kwargs)
+
+
+def attention_float64(q, k, v, seqlens=None, *, causal=True, softmax_scale=None):
+    """Ground-truth attention in float64, written without the kernels' index code.
+
+    q [B, q_len, Hq, D] and k, v [B, L, Hk, D] (already rotated; any dtype, computed in
+    float64), Hq a multiple of Hk (query head h reads kv head h // (Hq / Hk)). Sequence b
+    has seqlens[b] valid keys (default L); query token j sits at key index
+    seqlens[b] - q_len + j and with causal=True sees keys up to it, else all valid keys.
+    A row that sees no key gives zeros and lse = -inf. Returns (o float64 [B, q_len, Hq, D],
+    lse float64 [B, q_len, Hq], natural log)."""
+    B, q_len, Hq, D = q.shape
+    L, Hk = k.shape[1], k.shape[2]
+    scale = D ** -0.5 if softmax_scale is None else softmax_scale
+    qd, kd, vd = q.double(), k.double().repeat_interleave(Hq // Hk, dim=2), v.double().repeat_interleave(Hq // Hk, dim=2)
+    s = torch.einsum("bjhd,bihd->bhji", qd, kd) * scale  # [B, Hq, q_len, L]
+    n = torch.full((B,), L, device=q.device) if seqlens is None else seqlens.to(q.device, torch.int64)
+    key = torch.arange(L, device=q.device)
+    visible = key[None, None, :] < n[:, None, None]  # [B, 1, L]
+    if causal:
+        qidx = n[:, None] - q_len + torch.arange(q_len, device=q.device)[None, :]  # [B, q_len]
+        visible = visible & (key[None, None, :] <= qidx[:, :, None])
+    visible = visible[:, None].expand(B, Hq, q_len, L)
+    s = s.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)  # -inf where nothing is visible
+    p = torch.where(visible, torch.exp(s - lse.clamp_min(-1e300)[..., None]), torch.zeros_like(s))
+    o = torch.einsum("bhji,bihd->bjhd", p, vd)
+    return o, lse.permute(0, 2, 1)
+
+
+def rope_attention_float64(q, k, v, q_positions, k_positions, seqlens=None, *, causal=True, softmax_scale=None,
+                           **rope_kwargs):
+    """rope_float64 of q (positions [B, q_len]) and k (positions [B, L]), then
+    attention_float64; rope_kwargs as rope_float64 (base, inv_freq, cos_sin_cache,
+    rotary_dim, interleaved)."""
+    qr = rope_float64(q, q_positions, **rope_kwargs)
+    kr = rope_float64(k, k_positions, **rope_kwargs)
+    return attention_float64(qr, kr, v, seqlens, causal=causal, softmax_scale=softmax_scale)

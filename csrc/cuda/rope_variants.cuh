@@ -453,7 +453,7 @@ constexpr int kFlatRowsInFlight = 4;   // rows loaded before the first is used
 // into the unrolled per-pair loop it made P copies of position_of (cu_seqlens search,
 // context parallelism) and doubled the kernel's code, which a latency-bound kernel
 // pays in cold instruction fetch even when it never runs that path.
-__device__ __noinline__ int64_t pair_position_outlined(const RopeParams& p, int64_t b0, int64_t s, int i) {
+static __device__ __noinline__ int64_t pair_position_outlined(const RopeParams& p, int64_t b0, int64_t s, int i) {
   return pair_position(p, b0, s, i);
 }
 

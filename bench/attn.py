@@ -1,0 +1,269 @@
+"""The attention suite (issue 9): RoPE fused into decode attention and the KV-cache append.
+
+    python bench/run.py --suite attn [--plot-attn attn.png] [--json out.json]
+    python bench/attn.py [--quick] [--plot-attn attn.png]      # the same suite on its own
+
+Decode: B in {1, 8, 64}, context 512..32768, Hq = 32, Hk = 8, D = 128, bf16, contiguous
+cache and paged (block 16, shuffled block table), every sequence at the full context.
+Rows per point (µs; GB/s and % of copy count the KV bytes read: B * ctx * Hk * D * 2 (k, v)
+* 2 bytes):
+    rope_ext hybrid           attention_decode alone (Q-RoPE on load, K rotated in the cache)
+    rope_ext full fusion      attention_decode(impl="full_fusion") alone (K-RoPE in the loop)
+    step: rope_ext hybrid     append_kv(new k, v) + attention_decode: one decode step
+    step: rope_ext full fusion   the same with the un-rotated cache
+    step: separate            apply_rope_qk(q, k_new, in place) + cache write + SDPA (the
+                              backend torch picks; paged: a gather of the blocks first)
+    step: torch.compile(separate)
+Append: append_kv of T = 16 (16 sequences x 1 token) and T = 8192 (one sequence) tokens,
+with and without q; GB/s count k, v (and q) read + written, against the separate path
+(apply_rope_qk + cache writes).
+Timing: bench/run.py's Timer (CUDA events, L2 flushed before each call, median); the
+copy bandwidth is the one measured in the same run.
+"""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import rope_ext  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+
+
+def _rows(fns, nbytes, timer, bw, base):
+    """Times each (name, fn): µs, GB/s of `nbytes`, % of copy, speedup over the row named
+    `base`. A path that fails (OOM, unsupported) gets a row saying why."""
+    rows = []
+    for name, fn in fns:
+        try:
+            us = timer(fn)
+        except Exception as e:  # noqa: BLE001  (the sweep goes on)
+            rows.append(dict(impl=name, error=str(e).splitlines()[0][:80]))
+            if CUDA:
+                torch.cuda.empty_cache()
+            continue
+        gbs = nbytes / us / 1e3
+        rows.append(dict(impl=name, us=us, gbs=gbs, pct_copy=100 * gbs / bw))
+    base_us = next((r["us"] for r in rows if "us" in r and r["impl"] == base), None)
+    for r in rows:
+        if "us" in r:
+            r["speedup"] = base_us / r["us"] if base_us else float("nan")
+    return rows
+
+
+def _print(title, rows, ratio):
+    print(f"\n{title}")
+    print(f"  {'impl':<40}{'time us':>10}{'GB/s':>8}{'% copy':>8}{ratio:>12}")
+    for r in rows:
+        if "error" in r:
+            print(f"  {r['impl']:<40}  n/a: {r['error']}")
+        else:
+            print(f"  {r['impl']:<40}{r['us']:>10.1f}{r['gbs']:>8.0f}{r['pct_copy']:>7.1f}%{r['speedup']:>11.2f}x")
+
+
+def _sdpa(q, k, v):
+    """q [B, q_len, Hq, D], k/v [B, L, Hk, D] -> [B, q_len, Hq, D]; q_len 1: no mask needed."""
+    o = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                         enable_gqa=q.shape[2] != k.shape[2])
+    return o.transpose(1, 2)
+
+
+def separate_step(q, k_new, v_new, kc, vc, pos, idx, ctx, bt=None):
+    """The unfused decode step: rotate q and the new k (one rope_ext launch), write k/v
+    into the cache, attention over the cache with SDPA (paged: gather the blocks)."""
+    rope_ext.apply_rope_qk(q, k_new, pos, inplace=True)
+    B = q.shape[0]
+    if bt is None:
+        kc[torch.arange(B, device=q.device), idx] = k_new[:, 0]
+        vc[torch.arange(B, device=q.device), idx] = v_new[:, 0]
+        return _sdpa(q, kc[:, :ctx], vc[:, :ctx])
+    bs = kc.shape[1]
+    blk = bt[torch.arange(B, device=q.device), idx // bs].long()
+    kc[blk, idx % bs] = k_new[:, 0]
+    vc[blk, idx % bs] = v_new[:, 0]
+    nb = -(-ctx // bs)
+    k = kc[bt[:, :nb].long()].flatten(1, 2)[:, :ctx]
+    v = vc[bt[:, :nb].long()].flatten(1, 2)[:, :ctx]
+    return _sdpa(q, k, v)
+
+
+def decode_points(quick):
+    if not CUDA:
+        return [(B, ctx) for B in (1, 2) for ctx in (64, 128)], 8, 2, 64
+    ctxs = (512, 2048, 32768) if quick else (512, 1024, 2048, 4096, 8192, 16384, 32768)
+    return [(B, ctx) for B in (1, 8, 64) for ctx in ctxs], 32, 8, 128
+
+
+def decode_suite(timer, bw, quick=False):
+    results = []
+    points, Hq, Hk, D = decode_points(quick)
+    dt = torch.bfloat16
+    for paged in (False, True):
+        for B, ctx in points:
+            bs = 16
+            cap = ctx  # every sequence at the full context (the new token is its last)
+            if paged:
+                nblk = -(-cap // bs)
+                bt = torch.randperm(B * nblk, device=DEV).view(B, nblk).to(torch.int32)
+                shape = (B * nblk, bs, Hk, D)
+            else:
+                bt, shape = None, (B, cap, Hk, D)
+            try:
+                kc = torch.randn(shape, device=DEV, dtype=dt)
+                vc = torch.randn(shape, device=DEV, dtype=dt)
+            except torch.OutOfMemoryError:
+                print(f"  skipped B={B} ctx={ctx}: out of memory", file=sys.stderr)
+                continue
+            q = torch.randn(B, 1, Hq, D, device=DEV, dtype=dt)
+            k_new = torch.randn(B, 1, Hk, D, device=DEV, dtype=dt)
+            v_new = torch.randn(B, 1, Hk, D, device=DEV, dtype=dt)
+            before = torch.full((B,), ctx - 1, dtype=torch.int32, device=DEV)
+            lens = before + 1
+            idx = before.long()
+            pos = idx[:, None]  # [B, 1]
+            kv_bytes = 2 * B * ctx * Hk * D * 2
+            hint = dict(max_seqlen=ctx)
+
+            def hybrid():
+                return rope_ext.attention_decode(q, kc, vc, lens, block_table=bt, **hint)
+
+            def full():
+                return rope_ext.attention_decode(q, kc, vc, lens, block_table=bt, impl="full_fusion", **hint)
+
+            def step_hybrid():
+                rope_ext.append_kv(k_new, v_new, kc, vc, before, block_table=bt)
+                return hybrid()
+
+            def step_full():
+                rope_ext.append_kv(k_new, v_new, kc, vc, before, block_table=bt, rotate_k=False)
+                return full()
+
+            fns = [("rope_ext hybrid", hybrid), ("rope_ext full fusion", full),
+                   ("step: rope_ext hybrid", step_hybrid), ("step: rope_ext full fusion", step_full),
+                   ("step: separate", lambda: separate_step(q, k_new, v_new, kc, vc, pos, idx, ctx, bt))]
+            if CUDA:
+                # A fresh static-shape compile per point (its warm-up is in the untimed calls),
+                # as bench/run.py does for its torch.compile baselines.
+                torch._dynamo.reset()
+                compiled = torch.compile(separate_step, dynamic=False)
+                fns.append(("step: torch.compile(separate)",
+                            lambda: compiled(q, k_new, v_new, kc, vc, pos, idx, ctx, bt)))
+            rows = _rows(fns, kv_bytes, timer, bw, base="step: separate")
+            title = (f"decode {'paged(16)' if paged else 'contiguous'} B={B} ctx={ctx} Hq={Hq} Hk={Hk} D={D} bf16 "
+                     f"(KV read {kv_bytes / 1e6:.1f} MB)")
+            _print(title, rows, "x separate")
+            results.append(dict(workload=title, kind="decode", paged=paged, B=B, ctx=ctx, rows=rows))
+            del kc, vc
+            if CUDA:
+                torch.cuda.empty_cache()
+    return results
+
+
+def separate_append(q, k, v, kc, vc, pos, rows_b, rows_i):
+    if q is None:
+        rope_ext.apply_rope(k, pos, layout="thd", inplace=True)
+    else:
+        rope_ext.apply_rope_qk(q, k, pos, layout="thd", inplace=True)
+    kc[rows_b, rows_i] = k
+    vc[rows_b, rows_i] = v
+
+
+def append_suite(timer, bw, quick=False):
+    results = []
+    Hq, Hk, D = (32, 8, 128) if CUDA else (8, 2, 64)
+    dt = torch.bfloat16
+    for T in ((16, 8192) if CUDA else (16, 256)):
+        B = 16 if T == 16 else 1
+        per = T // B
+        cap = per + 4096 if CUDA else per + 64
+        kc = torch.zeros(B, cap, Hk, D, device=DEV, dtype=dt)
+        vc = torch.zeros_like(kc)
+        before = torch.randint(0, cap - per, (B,), device=DEV, dtype=torch.int32)
+        q = torch.randn(T, Hq, D, device=DEV, dtype=dt)
+        k = torch.randn(T, Hk, D, device=DEV, dtype=dt)
+        v = torch.randn(T, Hk, D, device=DEV, dtype=dt)
+        cu = torch.arange(0, T + 1, per, device=DEV, dtype=torch.int32)
+        rows_b = torch.repeat_interleave(torch.arange(B, device=DEV), per)
+        rows_i = before.long()[rows_b] + torch.arange(T, device=DEV) % per
+        pos = rows_i
+        for with_q in (False, True):
+            nbytes = 2 * 2 * (k.numel() + v.numel() + (q.numel() if with_q else 0))
+            qq = q if with_q else None
+            fns = [("rope_ext append_kv", lambda: rope_ext.append_kv(k, v, kc, vc, before, cu_seqlens=cu,
+                                                                      q=q if with_q else None)),
+                   ("separate: apply_rope_qk + cache writes",
+                    lambda: separate_append(qq, k, v, kc, vc, pos, rows_b, rows_i))]
+            rows = _rows(fns, nbytes, timer, bw, base="separate: apply_rope_qk + cache writes")
+            title = (f"append_kv T={T} ({B} sequence{'s' if B > 1 else ''}) Hk={Hk}{f' + q Hq={Hq}' if with_q else ''} "
+                     f"D={D} bf16 ({nbytes / 1e6:.1f} MB moved)")
+            _print(title, rows, "x separate")
+            results.append(dict(workload=title, kind="append", T=T, with_q=with_q, rows=rows))
+    return results
+
+
+def attn_suite(timer, bw, quick=False):
+    """Issue 9's attention suite; `timer` and `bw` are bench/run.py's Timer and the copy
+    bandwidth it measured. Returns run.py-style results: dicts with 'workload' and 'rows'."""
+    print("\nattention suite: decode (Q-RoPE fused) and append_kv (K-RoPE at cache write)"
+          + ("" if CUDA else " [CPU: tiny shapes, wall clock]"))
+    return decode_suite(timer, bw, quick) + append_suite(timer, bw, quick)
+
+
+def plot_attn(results, path):
+    """Decode time against context length: fused (hybrid, full fusion) vs separate, one
+    panel per batch size; solid contiguous, dashed paged. Needs matplotlib (else says so)."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"--plot-attn {path}: matplotlib is not installed, no plot written", file=sys.stderr)
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    dec = [r for r in results if r.get("kind") == "decode"]
+    Bs = sorted({r["B"] for r in dec})
+    fig, axes = plt.subplots(1, len(Bs), figsize=(5.5 * len(Bs), 4.5), squeeze=False)
+    names = [("step: rope_ext hybrid", "C0"), ("step: rope_ext full fusion", "C2"), ("step: separate", "C1"),
+             ("step: torch.compile(separate)", "C3")]
+    for ax, B in zip(axes[0], Bs):
+        for paged, ls in ((False, "-"), (True, "--")):
+            pts = sorted((r for r in dec if r["B"] == B and r["paged"] == paged), key=lambda r: r["ctx"])
+            for name, color in names:
+                xs, ys = [], []
+                for r in pts:
+                    row = next((x for x in r["rows"] if x["impl"] == name and "us" in x), None)
+                    if row:
+                        xs.append(r["ctx"])
+                        ys.append(row["us"])
+                if xs:
+                    ax.plot(xs, ys, "o" + ls, color=color, label=f"{name.replace('step: ', '')}"
+                            f" ({'paged' if paged else 'contiguous'})")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"decode step, B={B}")
+        ax.set_xlabel("context length")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("µs per step (device time)")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    from run import Timer, copy_bandwidth
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="contexts 512, 2048, 32768 only")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--plot-attn", help="PNG: decode time against context length")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    timer = Timer(args.reps)
+    bw = copy_bandwidth(timer, 2**30 if CUDA else 2**26)
+    print(f"device: {torch.cuda.get_device_name() if CUDA else 'CPU'}; copy bandwidth {bw:.0f} GB/s (read + write)")
+    res = attn_suite(timer, bw, args.quick)
+    if args.plot_attn:
+        plot_attn(res, args.plot_attn)

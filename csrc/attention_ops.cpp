@@ -1,0 +1,498 @@
+// The attention ops (append_kv, attention_decode): argument validation, the
+// translation of tensors into AppendParams / DecodeParams (attention_params.h), the
+// per-backend implementations (TORCH_LIBRARY_IMPL) and the version-counter kernel of
+// the mutating op. The schemas are in registration.cpp.
+//
+// As for the rope ops (rope_ops.cpp): every check runs before any kernel; shape, dtype,
+// device and stride checks need no device memory (CUDA-graph safe); checks of index
+// *values* (cache_seqlens, block tables, cu_seqlens, positions) run for CPU tensors
+// always and for CUDA tensors after rope_ext.set_value_checks(True). The kernels drop a
+// slot that does not exist (past the capacity, or a block id out of range) either way.
+#include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/extension.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+#include <limits>
+
+#include "attention.h"
+#include "attention_math.h"
+#include "op_utils.h"
+#include "rope_ops.h"
+
+namespace rope_ext {
+namespace {
+
+// A strided view whose elements are all distinct: sorted by stride, each dimension
+// steps over everything the smaller ones span (the rule of rope_ops.cpp's in-place check).
+bool non_overlapping(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (|stride|, size)
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] == 0) return true;
+    if (sizes[d] > 1) dims.emplace_back(std::abs(strides[d]), sizes[d]);
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 0;
+  for (const auto& [stride, size] : dims) {
+    if (stride <= span) return false;
+    span += stride * (size - 1);
+  }
+  return true;
+}
+
+// Whether a and b may share elements. Views of one storage with equal strides are
+// proven disjoint in two ways: equal shapes, and the pair is itself a non-overlapping
+// view (the two stacked along a new dimension whose stride is their offset difference:
+// k_cache and v_cache as the halves of one [num_blocks, 2, block_size, Hk, D] buffer);
+// or shapes that differ in one dimension only, offset by whole steps of it into a
+// disjoint index range, the union a non-overlapping view (q, k, v as head slices of one
+// fused projection). Anything else sharing a storage counts unless get_overlap_status
+// proves it disjoint.
+bool may_share(const at::Tensor& a, const at::Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0 || !a.is_alias_of(b)) return false;
+  if (a.dim() == b.dim() && a.strides() == b.strides()) {
+    const int64_t delta = b.storage_offset() - a.storage_offset();
+    std::vector<int64_t> sizes(a.sizes().begin(), a.sizes().end()), strides(a.strides().begin(), a.strides().end());
+    if (a.sizes() == b.sizes()) {
+      std::vector<int64_t> sz = sizes, st = strides;
+      sz.push_back(2);
+      st.push_back(delta);
+      if (non_overlapping(sz, st)) return false;
+    }
+    for (int64_t d = 0; d < a.dim(); ++d) {
+      bool others_equal = true;
+      for (int64_t e = 0; e < a.dim(); ++e)
+        if (e != d && a.size(e) != b.size(e)) others_equal = false;
+      if (!others_equal || a.stride(d) == 0 || delta % a.stride(d)) continue;
+      const int64_t j = delta / a.stride(d);
+      if (!(j >= a.size(d) || j + b.size(d) <= 0)) continue;  // the index ranges overlap
+      std::vector<int64_t> sz = sizes;
+      sz[d] = std::max(a.size(d), j + b.size(d)) - std::min<int64_t>(0, j);
+      if (non_overlapping(sz, strides)) return false;
+    }
+  }
+  return at::get_overlap_status(a, b) != at::MemOverlapStatus::No;
+}
+
+at::Tensor host_long(const at::Tensor& t) { return t.to(at::kCPU, at::kLong).contiguous(); }
+
+void check_float(const at::Tensor& t, const char* name) {
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat || t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16,
+                   msg("rope_ext: ", name, " must be float32, float16 or bfloat16, got ", t.scalar_type()));
+}
+
+// The caches and their index tensors -> KVCacheView (shape, dtype, device, stride checks).
+// x: the tensor whose device everything must share (k for append_kv, q for decode).
+KVCacheView make_cache(const at::Tensor& kc, const at::Tensor& vc, const at::Tensor& seqlens,
+                       const std::optional<at::Tensor>& block_table, int64_t B, const at::Tensor& x, const char* xname) {
+  TORCH_CHECK_VALUE(x.is_cpu() || x.is_cuda(), msg("rope_ext: ", xname, " must be a CPU or CUDA tensor, got ", x.device()));
+  check_float(kc, "k_cache");
+  check_device(kc, "k_cache", x, xname);
+  check_device(vc, "v_cache", x, xname);
+  const bool paged = block_table.has_value();
+  TORCH_CHECK_VALUE(kc.dim() == 4, msg("rope_ext: k_cache must be 4-D ", paged ? "[num_blocks, block_size, Hk, D] (paged)"
+                    : "[B, max_len, Hk, D]", ", got shape ", shape_str(kc)));
+  TORCH_CHECK_VALUE(vc.sizes() == kc.sizes(), msg("rope_ext: v_cache must have the shape of k_cache ", shape_str(kc),
+                    ", got ", shape_str(vc)));
+  TORCH_CHECK_TYPE(vc.scalar_type() == kc.scalar_type(), msg("rope_ext: v_cache must have the dtype of k_cache (",
+                   kc.scalar_type(), "), got ", vc.scalar_type()));
+  TORCH_CHECK_VALUE(kc.stride(3) == 1 || kc.size(3) == 1, msg("rope_ext: k_cache must have a contiguous last (head dim) "
+                    "dimension, stride 1; got stride ", kc.stride(3)));
+  TORCH_CHECK_VALUE(vc.stride(3) == 1 || vc.size(3) == 1, msg("rope_ext: v_cache must have a contiguous last (head dim) "
+                    "dimension, stride 1; got stride ", vc.stride(3)));
+  check_index(seqlens, "cache_seqlens", x, xname);
+  TORCH_CHECK_VALUE(seqlens.dim() == 1 && seqlens.size(0) == B, msg("rope_ext: cache_seqlens must have shape [B] = [", B,
+                    "], got ", shape_str(seqlens)));
+  KVCacheView c;
+  c.k = kc.data_ptr();
+  c.v = vc.data_ptr();
+  for (int d = 0; d < 3; ++d) {
+    c.k_stride[d] = kc.stride(d);
+    c.v_stride[d] = vc.stride(d);
+  }
+  c.Hk = kc.size(2);
+  c.seqlens = index_array(seqlens, seqlens.stride(0));
+  if (paged) {
+    const at::Tensor& bt = *block_table;
+    check_index(bt, "block_table", x, xname);
+    TORCH_CHECK_VALUE(bt.dim() == 2 && bt.size(0) == B, msg("rope_ext: block_table must have shape [B, max_blocks] with B = ",
+                      B, ", got ", shape_str(bt)));
+    TORCH_CHECK_VALUE(kc.size(1) >= 1, "rope_ext: a paged k_cache needs block_size (dim 1) >= 1");
+    c.paged = true;
+    c.block_size = kc.size(1);
+    c.num_blocks = kc.size(0);
+    c.capacity = bt.size(1) * c.block_size;
+    c.block_table = index_array(bt, bt.stride(1));
+    c.bt_stride_b = bt.stride(0);
+  } else {
+    TORCH_CHECK_VALUE(kc.size(0) == B, msg("rope_ext: k_cache must hold B = ", B, " sequences (dim 0 of [B, max_len, Hk, D]; "
+                      "give block_table for a paged cache), got shape ", shape_str(kc)));
+    c.capacity = kc.size(1);
+  }
+  return c;
+}
+
+// Frequencies, rotary dim and pairing (the RoPE part shared with apply_rope).
+void fill_rotary(RopeParams& r, const at::Tensor& x, int64_t D, int64_t rotary_dim, bool interleaved,
+                 const std::optional<at::Tensor>& inv_freq, const std::optional<at::Tensor>& cos_sin_cache, double base) {
+  TORCH_CHECK_VALUE(D % 2 == 0 && D > 0, msg("rope_ext: the head dim D must be even and > 0, got D = ", D));
+  TORCH_CHECK_VALUE(D <= 8192, msg("rope_ext: the head dim D must be at most 8192, got ", D));
+  const int64_t R = rotary_dim < 0 ? D : rotary_dim;
+  TORCH_CHECK_VALUE(R > 0 && R % 2 == 0 && R <= D, msg("rope_ext: rotary_dim must be even and in (0, D = ", D, "], got ",
+                    rotary_dim));
+  r.D = static_cast<int32_t>(D);
+  r.R = static_cast<int32_t>(R);
+  r.interleaved = interleaved;
+  r.copy_tail = true;
+  fill_frequencies(r, x, inv_freq, cos_sin_cache, base);
+}
+
+void fill_offsets(RopeParams& r, const std::optional<at::Tensor>& positions, const std::optional<at::Tensor>& offsets,
+                  int64_t offset, int64_t B, const at::Tensor& x, const char* xname) {
+  if (offsets) {
+    check_index(*offsets, "offsets", x, xname);
+    TORCH_CHECK_VALUE(!positions, "rope_ext: give positions or offsets, not both (positions are absolute)");
+    TORCH_CHECK_VALUE(offsets->dim() == 1 && offsets->size(0) == B, msg("rope_ext: offsets must have shape [B] = [", B,
+                      "] (one per sequence), got ", shape_str(*offsets)));
+    r.offsets = index_array(*offsets, offsets->stride(0));
+  }
+  TORCH_CHECK_VALUE(!(positions && offset != 0), "rope_ext: give positions or offsets, not both (positions are absolute)");
+  r.offset = offset;
+}
+
+// Positions of `n` tokens per sequence: [B, n] or [n] (batched), [n] (varlen / B == 1).
+void fill_positions(RopeParams& r, const at::Tensor& pt, int64_t B, int64_t n, bool varlen, const at::Tensor& x,
+                    const char* xname, const char* what) {
+  check_index(pt, "positions", x, xname);
+  if (varlen) {
+    TORCH_CHECK_VALUE(pt.dim() == 1 && pt.size(0) == n, msg("rope_ext: positions must have shape [Ttot] = [", n,
+                      "] (one per packed ", what, "), got ", shape_str(pt)));
+  } else {
+    TORCH_CHECK_VALUE((pt.dim() == 1 && pt.size(0) == n) || (pt.dim() == 2 && pt.size(0) == B && pt.size(1) == n),
+                      msg("rope_ext: positions must have shape [B, ", what == std::string("query token") ? "q_len" : "T",
+                          "] = [", B, ", ", n, "] or [", n, "], got ", shape_str(pt)));
+  }
+  r.positions = index_array(pt, pt.stride(-1));
+  r.pos_stride_b = pt.dim() == 2 ? pt.stride(0) : 0;
+}
+
+// Value checks of the rotary positions: explicit ones >= 0, and below the rows of a
+// cos_sin_cache; offsets >= 0. `hi_default`: the largest default position (cache index
+// + offset) or -1 when not known.
+void check_position_values(const RopeParams& r, const std::optional<at::Tensor>& positions,
+                           const std::optional<at::Tensor>& offsets, int64_t offset, const at::Tensor& last_index) {
+  int64_t lo = 0, hi = -1;
+  if (positions) {
+    if (positions->numel() == 0) return;
+    const at::Tensor pt = host_long(*positions);
+    lo = pt.min().item<int64_t>();
+    hi = pt.max().item<int64_t>();
+    TORCH_CHECK_VALUE(lo >= 0, msg("rope_ext: positions must be >= 0, got ", lo));
+  } else {
+    const at::Tensor off = offsets ? host_long(*offsets) : at::full({1}, offset, at::kLong);
+    if (off.numel()) {
+      lo = off.min().item<int64_t>();
+      TORCH_CHECK_VALUE(lo >= 0, msg("rope_ext: offsets must be >= 0, got ", lo));
+    }
+    if (last_index.numel()) hi = (last_index + off).max().item<int64_t>();
+  }
+  if (r.freq == FreqSource::kCosSinCache && hi >= 0)
+    TORCH_CHECK_VALUE(hi < r.cache_rows, msg("rope_ext: positions must be < ", r.cache_rows,
+                      " (the rows of cos_sin_cache), got ", hi));
+}
+
+// The blocks of sequence b that hold slots [lo, hi) must be valid block ids.
+void check_blocks(const KVCacheView& c, const at::Tensor& bt_host, int64_t b, int64_t lo, int64_t hi) {
+  if (!c.paged || hi <= lo) return;
+  const int64_t* bt = bt_host.data_ptr<int64_t>();
+  const int64_t cols = bt_host.size(1);
+  for (int64_t n = lo / c.block_size; n <= (hi - 1) / c.block_size && n < cols; ++n) {
+    const int64_t id = bt[b * cols + n];
+    TORCH_CHECK_VALUE(id >= 0 && id < c.num_blocks, msg("rope_ext: block_table entries must be in [0, num_blocks = ",
+                      c.num_blocks, "), got ", id, " at block_table[", b, ", ", n, "]"));
+  }
+}
+
+// ---------------------------------------------------------------------------- append_kv
+void append_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache, const at::Tensor& v_cache,
+               const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& cu_seqlens,
+               const std::optional<at::Tensor>& positions, const std::optional<at::Tensor>& block_table,
+               const std::optional<at::Tensor>& q, const std::optional<at::Tensor>& offsets, int64_t offset,
+               const std::optional<at::Tensor>& inv_freq, const std::optional<at::Tensor>& cos_sin_cache, double base,
+               int64_t rotary_dim, bool interleaved, bool rotate_k) {
+  const bool varlen = cu_seqlens.has_value();
+  const int want = varlen ? 3 : 4;
+  const char* shape_name = varlen ? "[Ttot, Hk, D] (varlen, with cu_seqlens)" : "[B, T, Hk, D]";
+  TORCH_CHECK_VALUE(k.dim() == want, msg("rope_ext: k must be ", shape_name, ", got shape ", shape_str(k)));
+  TORCH_CHECK_VALUE(v.sizes() == k.sizes(), msg("rope_ext: v must have the shape of k ", shape_str(k), ", got ",
+                    shape_str(v)));
+  check_float(k, "k");
+  check_device(v, "v", k, "k");
+  TORCH_CHECK_TYPE(v.scalar_type() == k.scalar_type(), msg("rope_ext: v must have the dtype of k (", k.scalar_type(),
+                   "), got ", v.scalar_type()));
+  TORCH_CHECK_TYPE(k_cache.scalar_type() == k.scalar_type(), msg("rope_ext: k and k_cache must have the same dtype, got ",
+                   k.scalar_type(), " and ", k_cache.scalar_type()));
+  // 4-D views [B or 1, T, H, D] of the inputs.
+  const at::Tensor k4 = varlen ? k.unsqueeze(0) : k, v4 = varlen ? v.unsqueeze(0) : v;
+  int64_t B = varlen ? cu_seqlens->numel() - 1 : k.size(0);
+  if (varlen) {
+    check_index(*cu_seqlens, "cu_seqlens", k, "k");
+    TORCH_CHECK_VALUE(cu_seqlens->dim() == 1 && cu_seqlens->size(0) >= 2, msg("rope_ext: cu_seqlens must be 1-D [B + 1] "
+                      "with B >= 1 sequences, got shape ", shape_str(*cu_seqlens)));
+  }
+  const KVCacheView cache = make_cache(k_cache, v_cache, cache_seqlens, block_table, B, k, "k");
+  const int64_t Hk = k4.size(2), D = k4.size(3);
+  TORCH_CHECK_VALUE(cache.Hk == Hk, msg("rope_ext: k has ", Hk, " heads but k_cache has ", cache.Hk,
+                    " (dim 2); they must match"));
+  TORCH_CHECK_VALUE(k_cache.size(3) == D, msg("rope_ext: the head dim of k (", D, ") must equal k_cache's (",
+                    k_cache.size(3), ")"));
+  TORCH_CHECK_VALUE(!may_share(k_cache, v_cache),
+                    "rope_ext: k_cache and v_cache must not share memory");
+  TORCH_CHECK_VALUE(at::has_internal_overlap(k_cache) != at::MemOverlap::Yes &&
+                        at::has_internal_overlap(v_cache) != at::MemOverlap::Yes,
+                    "rope_ext: k_cache and v_cache must not be expand()ed views (slots would alias)");
+
+  AppendParams p;
+  fill_rotary(p.rope, k, D, rotary_dim, interleaved, inv_freq, cos_sin_cache, base);
+  p.cache = cache;
+  p.k = k4.data_ptr();
+  p.v = v4.data_ptr();
+  for (int d = 0; d < 4; ++d) {
+    p.k_stride[d] = k4.stride(d);
+    p.v_stride[d] = v4.stride(d);
+  }
+  if (varlen) p.k_stride[0] = p.v_stride[0] = 0;
+  p.B = B;
+  p.T = k4.size(1);
+  p.num_tokens = varlen ? k4.size(1) : B * k4.size(1);
+  p.varlen = varlen;
+  p.rotate_k = rotate_k;
+  if (varlen) {
+    p.rope.cu_seqlens = index_array(*cu_seqlens, cu_seqlens->stride(0));
+    p.rope.num_seqs = B;
+  }
+  if (q) {
+    const at::Tensor& qq = *q;
+    TORCH_CHECK_VALUE(qq.dim() == want, msg("rope_ext: q must be ", varlen ? "[Ttot, Hq, D]" : "[B, T, Hq, D]",
+                      " like k, got shape ", shape_str(qq)));
+    check_device(qq, "q", k, "k");
+    TORCH_CHECK_TYPE(qq.scalar_type() == k.scalar_type(), msg("rope_ext: q must have the dtype of k (", k.scalar_type(),
+                     "), got ", qq.scalar_type()));
+    const at::Tensor q4 = varlen ? qq.unsqueeze(0) : qq;
+    TORCH_CHECK_VALUE(q4.size(0) == k4.size(0) && q4.size(1) == k4.size(1) && q4.size(3) == D,
+                      msg("rope_ext: q must agree with k in every dimension but heads, got q ", shape_str(qq), " and k ",
+                          shape_str(k)));
+    TORCH_CHECK_VALUE(at::has_internal_overlap(qq) != at::MemOverlap::Yes,
+                      "rope_ext: q is rotated in place and must not be an expand()ed view");
+    for (const auto* t : {&k_cache, &v_cache})
+      TORCH_CHECK_VALUE(!may_share(qq, *t),
+                        "rope_ext: q must not share memory with the caches");
+    for (const auto* t : {&k, &v})
+      TORCH_CHECK_VALUE(!may_share(qq, *t), "rope_ext: q is rotated in place and must not share memory with k or v "
+                        "(disjoint head slices of one projection are fine)");
+    p.q = q4.data_ptr();
+    for (int d = 0; d < 4; ++d) p.q_stride[d] = q4.stride(d);
+    if (varlen) p.q_stride[0] = 0;
+    p.Hq = q4.size(2);
+  }
+  for (const auto* t : {&k, &v})
+    for (const auto* c : {&k_cache, &v_cache})
+      TORCH_CHECK_VALUE(!may_share(*t, *c),
+                        "rope_ext: k and v must not share memory with the caches");
+  if (positions) fill_positions(p.rope, *positions, B, p.T, varlen, k, "k", "token");
+  fill_offsets(p.rope, positions, offsets, offset, B, k, "k");
+
+  if (check_values_of(k)) {
+    const at::Tensor sl = host_long(cache_seqlens);
+    at::Tensor lens;  // new tokens per sequence
+    if (varlen) {
+      const at::Tensor cu = host_long(*cu_seqlens);
+      const int64_t* c = cu.data_ptr<int64_t>();
+      TORCH_CHECK_VALUE(c[0] == 0, msg("rope_ext: cu_seqlens must start at 0, got ", c[0]));
+      TORCH_CHECK_VALUE(c[B] == p.num_tokens, msg("rope_ext: cu_seqlens must end at Ttot = ", p.num_tokens,
+                        " (the tokens of k), got ", c[B]));
+      for (int64_t i = 1; i <= B; ++i)
+        TORCH_CHECK_VALUE(c[i] >= c[i - 1], msg("rope_ext: cu_seqlens must be non-decreasing, got ", c[i - 1], " then ",
+                          c[i], " at index ", i));
+      lens = cu.slice(0, 1) - cu.slice(0, 0, -1);
+    } else {
+      lens = at::full({B}, p.T, at::kLong);
+    }
+    const int64_t* s = sl.data_ptr<int64_t>();
+    const int64_t* n = lens.data_ptr<int64_t>();
+    const at::Tensor bt = cache.paged ? host_long(*block_table) : at::Tensor();
+    for (int64_t b = 0; b < B; ++b) {
+      TORCH_CHECK_VALUE(s[b] >= 0, msg("rope_ext: cache_seqlens must be >= 0, got ", s[b], " for sequence ", b));
+      TORCH_CHECK_VALUE(s[b] + n[b] <= cache.capacity, msg("rope_ext: the cache is too small for the new tokens: sequence ",
+                        b, " holds cache_seqlens = ", s[b], " tokens and appends ", n[b], ", past the capacity of ",
+                        cache.capacity, cache.paged ? " slots (max_blocks * block_size)" : " slots (max_len, dim 1 of k_cache)"));
+      check_blocks(cache, bt, b, s[b], s[b] + n[b]);
+    }
+    // The largest default position per sequence before offsets (none for a sequence
+    // without new tokens).
+    const at::Tensor last = at::where(lens > 0, sl + lens - 1, at::full_like(sl, std::numeric_limits<int64_t>::min() / 4));
+    check_position_values(p.rope, positions, offsets, offset, last);
+  }
+  if (p.num_tokens == 0 || Hk == 0 || D == 0) return;
+  if (k.is_cuda()) {
+#ifdef ROPE_EXT_WITH_CUDA
+    append_kv_cuda(p, k.scalar_type(), k.device());
+#else
+    TORCH_CHECK(false, "rope_ext was built without CUDA; rebuild with nvcc available (see README)");
+#endif
+  } else {
+    append_kv_cpu(p, k.scalar_type());
+  }
+}
+
+// ---------------------------------------------------------------------------- attention_decode
+DecodeImpl parse_decode_impl(const std::string& name) {
+  const auto& names = decode_impl_names();
+  for (size_t i = 0; i < names.size(); ++i)
+    if (names[i] == name) return static_cast<DecodeImpl>(i);
+  if (name == "auto") return DecodeImpl::kAuto;
+  std::string m = "rope_ext: impl must be 'auto'";
+  for (const auto& n : names) m += ", '" + n + "'";
+  TORCH_CHECK_VALUE(false, m + "; got '" + name + "'");
+}
+
+std::tuple<at::Tensor, at::Tensor> attention_decode(
+    const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
+    const std::optional<at::Tensor>& positions, const std::optional<at::Tensor>& block_table,
+    const std::optional<at::Tensor>& offsets, int64_t offset, const std::optional<at::Tensor>& inv_freq,
+    const std::optional<at::Tensor>& cos_sin_cache, double base, int64_t rotary_dim, bool interleaved,
+    std::optional<double> softmax_scale, bool causal, int64_t max_seqlen, int64_t num_splits, const std::string& impl) {
+  const DecodeImpl which = parse_decode_impl(impl);
+  // auto -> hybrid: K rotated once when written (append_kv) and Q rotated on load; the
+  // full fusion re-rotates every key on every read (attention_dispatch.cu, variant 3).
+  const bool full_fusion = which == DecodeImpl::kFullFusion;
+  TORCH_CHECK_VALUE(q.dim() == 4, msg("rope_ext: q must be 4-D [B, q_len, Hq, D], got shape ", shape_str(q)));
+  check_float(q, "q");
+  TORCH_CHECK_TYPE(k_cache.scalar_type() == q.scalar_type(), msg("rope_ext: q and k_cache must have the same dtype, got ",
+                   q.scalar_type(), " and ", k_cache.scalar_type()));
+  const int64_t B = q.size(0), q_len = q.size(1), Hq = q.size(2), D = q.size(3);
+  const KVCacheView cache = make_cache(k_cache, v_cache, cache_seqlens, block_table, B, q, "q");
+  TORCH_CHECK_VALUE(k_cache.size(3) == D, msg("rope_ext: the head dim of q (", D, ") must equal k_cache's (",
+                    k_cache.size(3), ")"));
+  TORCH_CHECK_VALUE(cache.Hk > 0 && Hq % cache.Hk == 0, msg("rope_ext: the query heads Hq = ", Hq,
+                    " must be a multiple of the cache's kv heads Hk = ", cache.Hk, " (GQA)"));
+  TORCH_CHECK_VALUE(max_seqlen >= 0, msg("rope_ext: max_seqlen must be >= 0 (0: the cache capacity), got ", max_seqlen));
+  TORCH_CHECK_VALUE(num_splits >= 0, msg("rope_ext: num_splits must be >= 0 (0: chosen from the shapes), got ", num_splits));
+  DecodeParams p;
+  fill_rotary(p.rope, q, D, rotary_dim, interleaved, inv_freq, cos_sin_cache, base);
+  p.cache = cache;
+  p.q = q.data_ptr();
+  for (int d = 0; d < 4; ++d) p.q_stride[d] = q.stride(d);
+  p.B = B;
+  p.q_len = q_len;
+  p.Hq = Hq;
+  p.G = Hq / cache.Hk;
+  p.causal = causal;
+  const double scale = softmax_scale ? *softmax_scale : 1.0 / std::sqrt(static_cast<double>(D));
+  TORCH_CHECK_VALUE(std::isfinite(scale), msg("rope_ext: softmax_scale must be finite, got ", scale));
+  p.softmax_scale = static_cast<float>(scale);
+  if (positions) fill_positions(p.rope, *positions, B, q_len, false, q, "q", "query token");
+  fill_offsets(p.rope, positions, offsets, offset, B, q, "q");
+  if (full_fusion)
+    TORCH_CHECK_VALUE(!positions, "rope_ext: impl='full_fusion' rotates each key by its cache index + offsets, so the "
+                      "query positions must follow the same rule: give offsets, not positions (or use impl='hybrid')");
+
+  if (check_values_of(q)) {
+    const at::Tensor sl = host_long(cache_seqlens);
+    const int64_t* s = sl.data_ptr<int64_t>();
+    const at::Tensor bt = cache.paged ? host_long(*block_table) : at::Tensor();
+    for (int64_t b = 0; b < B; ++b) {
+      TORCH_CHECK_VALUE(s[b] >= 0 && s[b] <= cache.capacity, msg("rope_ext: cache_seqlens must be in [0, capacity = ",
+                        cache.capacity, "], got ", s[b], " for sequence ", b, " (seqlens past capacity)"));
+      check_blocks(cache, bt, b, 0, s[b]);
+    }
+    // Keys (full fusion) and queries take positions up to seqlen - 1 + offset.
+    check_position_values(p.rope, positions, offsets, offset, (sl - 1).clamp_min(0));
+  }
+
+  at::Tensor o = at::empty({B, q_len, Hq, D}, q.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor lse = at::empty({B, q_len, Hq}, q.options().dtype(at::kFloat));
+  maybe_poison(o);
+  maybe_poison(lse);
+  p.o = o.data_ptr();
+  p.lse = lse.data_ptr<float>();
+  if (o.numel() == 0) return {o, lse};
+  const int64_t rows = p.G * q_len;
+  if (q.is_cuda()) {
+#ifdef ROPE_EXT_WITH_CUDA
+    TORCH_CHECK_VALUE(D == 64 || D == 128 || D == 256, msg("rope_ext: attention_decode on CUDA supports head dims 64, "
+                      "128 and 256, got ", D));
+    TORCH_CHECK_TYPE(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, msg("rope_ext: attention_decode "
+                     "on CUDA supports float16 and bfloat16 (fp32 accumulation), got ", q.scalar_type()));
+    std::string why;
+    TORCH_CHECK_VALUE(decode_cache_aligned(cache, k_cache.element_size(), &why), msg("rope_ext: attention_decode reads "
+                      "the caches in 16-byte vectors, but ", why));
+    if (full_fusion) {
+      const int32_t R = p.rope.R;
+      TORCH_CHECK_VALUE(interleaved ? R % 8 == 0 : (R / 2) % 8 == 0, msg("rope_ext: impl='full_fusion' rotates keys in "
+                        "8-feature chunks: rotary_dim must be a multiple of ", interleaved ? 8 : 16, ", got ", R));
+    }
+    const int kr = decode_rows_per_cta(rows);
+    p.rows_per_group = kr;
+    p.row_groups = static_cast<int32_t>((rows + kr - 1) / kr);
+    const int64_t max_keys = max_seqlen > 0 ? std::min<int64_t>(max_seqlen, cache.capacity) : cache.capacity;
+    int splits = num_splits > 0 ? static_cast<int>(std::min<int64_t>(num_splits, 1024))
+                                : decode_num_splits(p, max_keys, q.device(), q.scalar_type(), full_fusion);
+    p.num_splits = std::max(1, splits);
+    at::Tensor ws_o, ws_lse;
+    if (p.num_splits > 1) {
+      ws_o = at::empty({B, Hq, q_len, p.num_splits, D}, q.options().dtype(at::kFloat));
+      ws_lse = at::empty({B, Hq, q_len, p.num_splits}, q.options().dtype(at::kFloat));
+      p.ws_o = ws_o.data_ptr<float>();
+      p.ws_lse = ws_lse.data_ptr<float>();
+    }
+    attention_decode_cuda(p, q.scalar_type(), q.device(), full_fusion);
+#else
+    TORCH_CHECK(false, "rope_ext was built without CUDA; rebuild with nvcc available (see README)");
+#endif
+  } else {
+    p.rows_per_group = static_cast<int32_t>(rows);
+    attention_decode_cpu(p, q.scalar_type(), full_fusion);
+  }
+  return {o, lse};
+}
+
+// append_kv writes k_cache, v_cache and q (when given): bump their version counters, as
+// rope_ops.cpp's bump_written does for the in-place rope ops (optional tensors may be None).
+void bump_written_optional(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const auto& args = op.schema().arguments();
+  const size_t n = args.size(), first = stack->size() - n;
+  std::vector<at::Tensor> written;
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& iv = (*stack)[first + i];
+    if (args[i].alias_info() && args[i].alias_info()->isWrite() && iv.isTensor()) written.push_back(iv.toTensor());
+  }
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    op.redispatchBoxed(ks & c10::after_ADInplaceOrView_keyset, stack);
+  }
+  for (const auto& t : written) torch::autograd::impl::bump_version(t);
+}
+
+}  // namespace
+}  // namespace rope_ext
+
+TORCH_LIBRARY_IMPL(rope_ext, CPU, m) {
+  m.impl("append_kv", &rope_ext::append_kv);
+  m.impl("attention_decode", &rope_ext::attention_decode);
+}
+
+TORCH_LIBRARY_IMPL(rope_ext, ADInplaceOrView, m) {
+  m.impl("append_kv", torch::CppFunction::makeFromBoxedFunction<&rope_ext::bump_written_optional>());
+}
+
+#ifdef ROPE_EXT_WITH_CUDA
+TORCH_LIBRARY_IMPL(rope_ext, CUDA, m) {
+  m.impl("append_kv", &rope_ext::append_kv);
+  m.impl("attention_decode", &rope_ext::attention_decode);
+}
+#endif

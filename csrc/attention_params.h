@@ -1,0 +1,86 @@
+// The contract between the attention op layer (attention_ops.cpp) and its
+// implementations (csrc/cuda/attention_variants.cuh, csrc/cpu/attention_cpu.cpp):
+// one struct per kernel family, passed by value (no 20-argument signatures).
+//
+// The rotary part reuses RopeParams (rope_params.h): R, D, pairing, the frequency
+// source (base / inv_freq / cos_sin_cache, filled by fill_frequencies exactly as for
+// apply_rope), explicit positions, offsets. Its positions rules are NOT position_of's:
+// a token's default position is its cache index (+ offsets), see attention_math.h.
+//
+// Caches (vLLM / FlashInfer layouts), the feature dimension always unit-stride:
+//   contiguous  [batch, capacity, Hk, D]: slot i of sequence b is row (b, i)
+//   paged       [num_blocks, block_size, Hk, D] + block_table [B, max_blocks]:
+//               slot i of sequence b is row (block_table[b, i / block_size], i % block_size)
+// Strides are in elements and 64-bit.
+#pragma once
+#include <cstdint>
+
+#include "rope_params.h"
+
+namespace rope_ext {
+
+struct KVCacheView {
+  void* k = nullptr;
+  void* v = nullptr;
+  int64_t k_stride[3] = {0, 0, 0};  // dim 0 (sequence or block), dim 1 (slot or offset in block), head
+  int64_t v_stride[3] = {0, 0, 0};
+  int64_t Hk = 0;
+  int64_t capacity = 0;             // slots per sequence: max_len, or max_blocks * block_size
+  bool paged = false;
+  int64_t block_size = 1;
+  int64_t num_blocks = 0;
+  IndexArray block_table;           // .stride: the column stride
+  int64_t bt_stride_b = 0;          // the row stride
+  IndexArray seqlens;               // cache_seqlens [B]
+};
+
+// append_kv: rotate k (and q in place), write rotated k and v into the cache slots
+// cache_seqlens[b] + j of the new tokens.
+//   batched  k, v [B, T, Hk, D] (q [B, T, Hq, D]): token (b, j), input row (b, j)
+//   varlen   k, v [Ttot, Hk, D] + cu_seqlens [B+1]: token t of sequence b (j = t - cu[b]),
+//            input row (0, t); in_stride[.][0] is then 0
+// rope.positions (if given) are indexed like the input rows: [B, T] / [T] / [Ttot].
+struct AppendParams {
+  RopeParams rope;
+  KVCacheView cache;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* q = nullptr;                   // optional, rotated in place
+  int64_t k_stride[4] = {0, 0, 0, 0};  // row b, row t, head, feature
+  int64_t v_stride[4] = {0, 0, 0, 0};
+  int64_t q_stride[4] = {0, 0, 0, 0};
+  int64_t Hq = 0;                      // 0 when q is not given
+  int64_t B = 0;                       // sequences
+  int64_t T = 0;                       // tokens per sequence (batched) or in total (varlen)
+  int64_t num_tokens = 0;              // B * T, or Ttot
+  bool varlen = false;                 // rope.cu_seqlens / rope.num_seqs then hold the sequences
+  bool rotate_k = true;                // false: k is written as given (the full-fusion cache)
+};
+
+// attention_decode: q [B, q_len, Hq, D] (un-rotated) against the cache. Query token j of
+// sequence b sits at cache index seqlens[b] - q_len + j; with `causal` it sees keys
+// 0 .. that index, else every key below seqlens[b]. Q is rotated while it is loaded
+// (position: rope.positions[b, j] if given, else its cache index + offsets); keys in
+// the cache are already rotated (hybrid), or rotated on every read at position
+// index + offsets (full fusion).
+// Work: grid (num_splits * row_groups, Hk, B). The G = Hq / Hk query heads of one kv
+// head times q_len form G * q_len rows (row r = j * G + g), cut into row groups; each
+// CTA runs one row group over one split of the keys.
+struct DecodeParams {
+  RopeParams rope;
+  KVCacheView cache;
+  const void* q = nullptr;
+  int64_t q_stride[4] = {0, 0, 0, 0};  // b, j, head, feature
+  void* o = nullptr;                   // [B, q_len, Hq, D], contiguous, q's dtype
+  float* lse = nullptr;                // [B, q_len, Hq] natural log
+  float* ws_o = nullptr;               // num_splits > 1: [B, Hq, q_len, num_splits, D] partial O / l
+  float* ws_lse = nullptr;             //                 [B, Hq, q_len, num_splits] partial lse (log2)
+  int64_t B = 0, q_len = 0, Hq = 0, G = 0;
+  int32_t rows_per_group = 0;          // rows of one CTA (<= the kernel's kRows)
+  int32_t row_groups = 1;
+  int32_t num_splits = 1;
+  float softmax_scale = 1.f;
+  bool causal = true;
+};
+
+}  // namespace rope_ext

@@ -1,0 +1,231 @@
+// CUDA dispatch of the attention family: launchers for csrc/cuda/attention_variants.cuh,
+// the decode selector (auto -> hybrid) and the split heuristic. Every launch runs on the
+// current stream of the tensors' device under a device guard, followed by a launch check.
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <algorithm>
+
+#include "../attention.h"
+#include "attention_variants.cuh"
+
+namespace rope_ext {
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int sm_count(int device) {
+  static int cached[64] = {0};
+  if (device >= 0 && device < 64 && cached[device]) return cached[device];
+  int n = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+  if (device >= 0 && device < 64) cached[device] = n;
+  return n;
+}
+
+std::string msg_dtype(at::ScalarType dtype) {
+  return std::string("rope_ext: attention_decode on CUDA supports float16 and bfloat16, got ") + c10::toString(dtype);
+}
+
+template <typename F>
+void dispatch_half_types(at::ScalarType dtype, F&& f) {
+  if (dtype == at::kHalf) f(c10::Half());
+  else if (dtype == at::kBFloat16) f(c10::BFloat16());
+  else TORCH_CHECK_TYPE(false, msg_dtype(dtype));
+}
+
+// ---------------------------------------------------------------------------- 1. append_kv
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+// 16-byte vectors need: unit feature strides, aligned pointers, strides in whole
+// vectors, and rows that split into whole vectors (rotary halves / pairs, the tail).
+bool append_vector_ok(const AppendParams& p, int64_t elem_size) {
+  const int64_t V = 16 / elem_size;
+  const RopeParams& r = p.rope;
+  if (r.D % V || (r.D - r.R) % V || (r.interleaved ? r.R % V : (r.R / 2) % V)) return false;
+  if (!aligned16(p.k) || !aligned16(p.v) || !aligned16(p.cache.k) || !aligned16(p.cache.v)) return false;
+  if (p.q && !aligned16(p.q)) return false;
+  const int64_t* in[3] = {p.k_stride, p.v_stride, p.q ? p.q_stride : p.k_stride};
+  for (const int64_t* s : in)
+    if (s[3] != 1 || s[0] % V || s[1] % V || s[2] % V) return false;
+  for (int d = 0; d < 3; ++d)
+    if (p.cache.k_stride[d] % V || p.cache.v_stride[d] % V) return false;
+  return true;
+}
+
+template <typename T, bool kInterleaved, bool kVec>
+void launch_append(const AppendParams& p, int device, cudaStream_t stream) {
+  const int half = p.rope.R / 2;
+  // Tokens per block: ~8 chunks per thread, at least 2 blocks per SM where the token
+  // count allows, and a sin/cos table that fits in 32 KB.
+  constexpr int V = kVec ? 16 / static_cast<int>(sizeof(T)) : (kInterleaved ? 2 : 1);
+  const int64_t chunks_per_token =
+      (p.Hq + 2 * p.cache.Hk) * std::max<int64_t>(1, p.rope.D / V);
+  int64_t tpb = std::max<int64_t>(1, 8 * cuda::kAppendThreads / chunks_per_token);
+  tpb = std::min<int64_t>(tpb, std::max<int64_t>(1, p.num_tokens / (2 * sm_count(device))));
+  tpb = std::min<int64_t>(tpb, std::max<int64_t>(1, 32 * 1024 / (8 * std::max(1, half))));
+  tpb = std::min<int64_t>(tpb, 64);
+  const size_t smem = tpb * sizeof(cuda::AppendSlot) + 2 * sizeof(float) * tpb * half;
+  const int64_t blocks = ceil_div(p.num_tokens, tpb);
+  TORCH_CHECK_VALUE(blocks < (int64_t(1) << 31), "rope_ext: append_kv: too many tokens for one launch");
+  cuda::append_kv_kernel<T, kInterleaved, kVec>
+      <<<static_cast<unsigned>(blocks), cuda::kAppendThreads, smem, stream>>>(p, static_cast<int>(tpb));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T>
+void append_typed(const AppendParams& p, int device, cudaStream_t stream) {
+  const bool vec = append_vector_ok(p, sizeof(T));
+  if (p.rope.interleaved) {
+    vec ? launch_append<T, true, true>(p, device, stream) : launch_append<T, true, false>(p, device, stream);
+  } else {
+    vec ? launch_append<T, false, true>(p, device, stream) : launch_append<T, false, false>(p, device, stream);
+  }
+}
+
+// ---------------------------------------------------------------------------- 2-4. decode
+// Rows per CTA (template kRows): G * q_len rows are cut into groups of this many.
+constexpr int kRowChoices[] = {1, 4, 8};
+// The smallest key range worth a split of its own: below it the split's fixed cost
+// (Q load + rotation, the merge, a combine row) outweighs the parallelism gained.
+constexpr int64_t kMinKeysPerSplit = 128;
+constexpr int kMaxSplits = 256;
+
+template <typename T, int D, int kRows, bool kFull>
+void launch_decode_kernel(const DecodeParams& p, cudaStream_t stream) {
+  constexpr size_t smem = cuda::decode_smem_bytes<D, kRows>();
+  static_assert(smem <= 48 * 1024, "decode: shared memory within the default 48 KB");
+  const dim3 grid(static_cast<unsigned>(p.num_splits * p.row_groups), static_cast<unsigned>(p.cache.Hk),
+                  static_cast<unsigned>(p.B));
+  cuda::decode_kernel<T, D, kRows, kFull><<<grid, cuda::kDecodeThreads, smem, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Calls f.template operator()<T, D, kRows, kFull>() for the decode kernel instance that
+// serves (dtype, head dim, rows per CTA, variant): the one place that lists them.
+template <typename F>
+void visit_decode(at::ScalarType dtype, int D, int rows, bool full, F&& f) {
+  dispatch_half_types(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    auto by_rows = [&]<int DD, bool FF>() {
+      switch (rows) {
+        case 1: f.template operator()<T, DD, 1, FF>(); break;
+        case 4: f.template operator()<T, DD, 4, FF>(); break;
+        default: f.template operator()<T, DD, 8, FF>(); break;
+      }
+    };
+    auto by_dim = [&]<bool FF>() {
+      switch (D) {
+        case 64: by_rows.template operator()<64, FF>(); break;
+        case 128: by_rows.template operator()<128, FF>(); break;
+        default: by_rows.template operator()<256, FF>(); break;
+      }
+    };
+    full ? by_dim.template operator()<true>() : by_dim.template operator()<false>();
+  });
+}
+
+// Resident CTAs per SM of a decode kernel instance (asked once per instance).
+template <typename K>
+int resident_ctas(K kernel, size_t smem) {
+  struct Entry { const void* k; int n; };
+  static thread_local Entry cache[16] = {};
+  static thread_local int next = 0;
+  for (const Entry& e : cache)
+    if (e.k == reinterpret_cast<const void*>(kernel)) return e.n;
+  int n = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, cuda::kDecodeThreads, smem));
+  n = std::max(1, n);
+  cache[next++ % 16] = Entry{reinterpret_cast<const void*>(kernel), n};
+  return n;
+}
+
+}  // namespace
+
+void append_kv_cuda(const AppendParams& p, at::ScalarType dtype, c10::Device device) {
+  const c10::cuda::CUDAGuard guard(device);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  if (dtype == at::kFloat) append_typed<float>(p, device.index(), stream);
+  else if (dtype == at::kHalf) append_typed<c10::Half>(p, device.index(), stream);
+  else append_typed<c10::BFloat16>(p, device.index(), stream);
+}
+
+int decode_rows_per_cta(int64_t rows) {
+  for (int k : kRowChoices)
+    if (rows <= k) return k;
+  return kRowChoices[sizeof(kRowChoices) / sizeof(int) - 1];
+}
+
+// The number of key splits (flash-decoding), from shapes only: the count never depends
+// on tensor values, so a captured CUDA graph stays valid for any cache_seqlens. CTAs =
+// B * Hk * row_groups * splits; with one CTA per kv head B = 1 and a long context would
+// leave most SMs idle, so the keys are split, but no split gets fewer than
+// kMinKeysPerSplit keys of the longest possible sequence (max_keys: the capacity, or
+// the caller's max_seqlen hint). Among those counts: the smallest one whose grid fills
+// the resident CTA slots (SMs x CTAs per SM) in whole waves within 5% of the best
+// (equal-length sequences make every CTA take the same time, so a last partial wave
+// idles most of the GPU: B = 64, Hk = 8 on 132 SMs x 3 gives 1.29 waves unsplit, 3.88
+// with 3 splits).
+int decode_num_splits(const DecodeParams& p, int64_t max_keys, c10::Device device, at::ScalarType dtype,
+                      bool full_fusion) {
+  const c10::cuda::CUDAGuard guard(device);  // the occupancy query reads the current device
+  int occ = 1;
+  visit_decode(dtype, p.rope.D, p.rows_per_group, full_fusion, [&]<typename T, int D, int kRows, bool kFull>() {
+    occ = resident_ctas(cuda::decode_kernel<T, D, kRows, kFull>, cuda::decode_smem_bytes<D, kRows>());
+  });
+  const double cap = static_cast<double>(sm_count(device.index())) * occ;
+  const int64_t ctas = std::max<int64_t>(1, p.B * p.cache.Hk * p.row_groups);
+  const int64_t by_len = std::max<int64_t>(1, std::min<int64_t>(ceil_div(max_keys, kMinKeysPerSplit), kMaxSplits));
+  const int64_t hi = std::min<int64_t>(by_len, 4 * std::max<int64_t>(1, ceil_div(static_cast<int64_t>(cap), ctas)));
+  auto efficiency = [&](int64_t s) {  // busy fraction of the resident slots over the waves
+    const double waves = static_cast<double>(ctas * s) / cap;
+    return waves / std::max(1.0, std::ceil(waves));
+  };
+  double best = 0;
+  for (int64_t s = 1; s <= hi; ++s) best = std::max(best, efficiency(s));
+  for (int64_t s = 1; s <= hi; ++s)
+    if (efficiency(s) >= best - 0.05) return static_cast<int>(s);
+  return 1;
+}
+
+bool decode_cache_aligned(const KVCacheView& c, int64_t elem_size, std::string* why) {
+  const int64_t V = 16 / elem_size;
+  if (!aligned16(c.k) || !aligned16(c.v)) {
+    if (why) *why = "a cache's data pointer is not 16-byte aligned";
+    return false;
+  }
+  for (int d = 0; d < 3; ++d)
+    if (c.k_stride[d] % V || c.v_stride[d] % V) {
+      if (why) *why = "a cache stride (dims 0-2) is not a multiple of " + std::to_string(V) + " elements (16 bytes)";
+      return false;
+    }
+  return true;
+}
+
+void attention_decode_cuda(const DecodeParams& p, at::ScalarType dtype, c10::Device device, bool full_fusion) {
+  TORCH_CHECK_VALUE(p.B <= 65535 && p.cache.Hk <= 65535, "rope_ext: attention_decode supports B <= 65535 and Hk <= 65535");
+  TORCH_CHECK_VALUE(p.cache.capacity < (int64_t(1) << 31), "rope_ext: attention_decode indexes keys in 32 bits: the cache "
+                    "capacity (slots per sequence) must be below 2^31");
+  TORCH_CHECK_VALUE(static_cast<int64_t>(p.num_splits) * p.row_groups < (int64_t(1) << 31),
+                    "rope_ext: attention_decode: too many splits x row groups");
+  const c10::cuda::CUDAGuard guard(device);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  // Variant 2 (hybrid) unless the caller asked for 3 (full fusion): see the header of
+  // attention_variants.cuh for why auto never picks the full fusion.
+  visit_decode(dtype, p.rope.D, p.rows_per_group, full_fusion, [&]<typename T, int D, int kRows, bool kFull>() {
+    launch_decode_kernel<T, D, kRows, kFull>(p, stream);
+  });
+  dispatch_half_types(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if (p.num_splits > 1) {
+      constexpr int rows_per_block = cuda::kCombineThreads / 32;
+      const int64_t rows = p.B * p.q_len * p.Hq;
+      cuda::decode_combine_kernel<T><<<static_cast<unsigned>(ceil_div(rows, rows_per_block)), cuda::kCombineThreads, 0,
+                                       stream>>>(p, p.rope.D);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+  });
+}
+
+}  // namespace rope_ext

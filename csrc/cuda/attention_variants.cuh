@@ -1,0 +1,516 @@
+// The CUDA kernels of the attention family (RoPE fused where fusion pays), numbered:
+//
+//   1. append_kv        one launch per decode/prefill step: each block owns a few new
+//                       tokens, computes their slots (contiguous or paged) and the
+//                       sin/cos of each (token, pair) once into shared memory, then its
+//                       threads walk 16-byte chunks of every row of K (rotated), V
+//                       (copied) and Q (rotated in place), consecutive threads on
+//                       consecutive chunks of a row. A slot that does not exist (past
+//                       the capacity, or a block id out of range) is dropped.
+//   2. decode, hybrid   (auto's choice) split-KV decode attention over a cache of
+//                       ROTATED keys; Q is rotated (accurate sin/cos, fp32) while the
+//                       CTA loads it into shared memory, the softmax scale folded in.
+//                       Grid (num_splits * row_groups, Hk, B): a CTA takes one kv head,
+//                       the G = Hq / Hk query heads of its group times q_len rows (up to
+//                       kRows of them) and one split of the keys. Lanes split the head
+//                       dim (8 features = one 16-byte load per lane; D/8 lanes per key),
+//                       the 128 / (D/8) key slots of the CTA walk the keys N at a time,
+//                       each slot with its own online softmax (running max / sum / P.V
+//                       in fp32 registers): no barrier in the key loop, every K and V
+//                       element is read from DRAM once per CTA, coalesced (a key row is
+//                       D contiguous elements). The slots merge in shared memory at the
+//                       end; each split writes its partial O and log2-sum-exp (or, with
+//                       one split, the output directly).
+//   3. decode, full     the same kernel with K-RoPE inside the loop: the cache holds
+//      fusion          UN-rotated keys and each key is rotated after its load at
+//                       position index + offsets (neox partners are exchanged between
+//                       lanes with shuffles). Kept as a variant for the bench.
+//   4. combine          one warp per (b, query token, head): merges the splits' partial
+//                       outputs with weights exp2(lse_s - max).
+//
+// What was learned (the design notes; H100 numbers come from bench/attn.py runs):
+//   - K-RoPE in the loop (3) costs, per key and lane, 8 accurate sin/cos (a double
+//     product and a reduction each) plus 4 shuffles: more issue slots than the key's
+//     dot products and P.V together, and it is paid on EVERY decode step for EVERY
+//     cached key, while rotating at append_kv time (1 + 2) pays once per token. The
+//     hybrid is therefore auto's choice for decode (attention_dispatch.cu).
+//   - Q-RoPE on load is free: rows * R/2 sin/cos per CTA, once, hidden behind the first
+//     key loads of the other warps.
+//   - Splits are chosen on the host from shapes only (capacity or a max_seqlen hint):
+//     the kernel cuts each sequence's actual length into num_splits pieces at run time,
+//     so a CUDA graph captured once replays for any cache_seqlens.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "../attention_math.h"
+#include "rope_variants.cuh"  // Vec, load_vec, store_vec
+
+namespace rope_ext {
+namespace cuda {
+
+// ---------------------------------------------------------------- 1. append_kv
+constexpr int kAppendThreads = 256;
+
+// Per-token record of a block (shared memory): input and cache offsets, the position.
+struct AppendSlot {
+  int64_t k_in, v_in, q_in;  // element offsets of the token's head-0 row in k, v, q
+  int64_t k_out, v_out;      // in the caches; k_out < 0: the slot does not exist (dropped)
+  int64_t pos;
+};
+
+// A chunk of V elements: a 16-byte vector, or (kVec false: any strides / sizes)
+// V scalar elements at stride sd.
+template <bool kVec, typename VecT, typename T>
+__device__ __forceinline__ VecT load_chunk(const T* p, int64_t sd) {
+  if constexpr (kVec) {
+    return load_vec<VecT>(p);
+  } else {
+    VecT v;
+#pragma unroll
+    for (int j = 0; j < static_cast<int>(sizeof(v.v) / sizeof(T)); ++j) v.v[j] = p[j * sd];
+    return v;
+  }
+}
+template <bool kVec, typename VecT, typename T>
+__device__ __forceinline__ void store_chunk(T* p, int64_t sd, const VecT& v) {
+  if constexpr (kVec) {
+    store_vec(p, v);
+  } else {
+#pragma unroll
+    for (int j = 0; j < static_cast<int>(sizeof(v.v) / sizeof(T)); ++j) p[j * sd] = v.v[j];
+  }
+}
+
+// Rotates a chunk of V elements in fp32 (rope_variants.cuh's rotate_chunk, for any V):
+// neox pairs (a[e], b[e]), GPT-J pairs (a[2e], a[2e+1]); one rounding at the end.
+template <typename T, bool kInterleaved, int V>
+__device__ __forceinline__ void rotate_chunk_v(Vec<T, V>& a, Vec<T, V>& b, const float* sn, const float* cs) {
+  if constexpr (kInterleaved) {
+#pragma unroll
+    for (int e = 0; e < V / 2; ++e) {
+      const float x0 = static_cast<float>(a.v[2 * e]), x1 = static_cast<float>(a.v[2 * e + 1]);
+      a.v[2 * e] = static_cast<T>(x0 * cs[e] - x1 * sn[e]);
+      a.v[2 * e + 1] = static_cast<T>(x1 * cs[e] + x0 * sn[e]);
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const float x0 = static_cast<float>(a.v[e]), x1 = static_cast<float>(b.v[e]);
+      a.v[e] = static_cast<T>(x0 * cs[e] - x1 * sn[e]);
+      b.v[e] = static_cast<T>(x1 * cs[e] + x0 * sn[e]);
+    }
+  }
+}
+
+template <typename T, bool kInterleaved, bool kVec>
+__global__ void __launch_bounds__(kAppendThreads) append_kv_kernel(const __grid_constant__ AppendParams p,
+                                                                   int tokens_per_block) {
+  // V elements per chunk: 16 bytes; scalar path: one pair (GPT-J) or one element (neox).
+  constexpr int V = kVec ? 16 / static_cast<int>(sizeof(T)) : (kInterleaved ? 2 : 1);
+  constexpr int P = kInterleaved ? V / 2 : V;  // pairs per chunk
+  using VecT = Vec<T, V>;
+  const RopeParams& r = p.rope;
+  const int half = r.R / 2;
+  extern __shared__ float4 append_smem[];
+  AppendSlot* slots = reinterpret_cast<AppendSlot*>(append_smem);  // [tokens_per_block]
+  float* cos_tab = reinterpret_cast<float*>(slots + tokens_per_block);  // [tokens][R/2]
+  float* sin_tab = cos_tab + tokens_per_block * half;
+
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * tokens_per_block;
+  const int nt = static_cast<int>(min(static_cast<int64_t>(tokens_per_block), p.num_tokens - t0));
+  const int tid = threadIdx.x;
+
+  // 1. Slots and positions of the block's tokens.
+  for (int tl = tid; tl < nt; tl += blockDim.x) {
+    const AppendToken a = append_token(p, t0 + tl);
+    const int64_t idx = cache_len(p.cache, a.b) + a.j;
+    AppendSlot s;
+    s.k_in = a.row_b * p.k_stride[0] + a.row_t * p.k_stride[1];
+    s.v_in = a.row_b * p.v_stride[0] + a.row_t * p.v_stride[1];
+    s.q_in = a.row_b * p.q_stride[0] + a.row_t * p.q_stride[1];
+    s.pos = attn_position(r, a.row_b, a.row_t, a.b, idx);
+    if (!cache_slot(p.cache, a.b, idx, &s.k_out, &s.v_out)) s.k_out = s.v_out = -1;
+    slots[tl] = s;
+  }
+  __syncthreads();
+  // 2. sin/cos once per (token, pair), shared by every head of K and Q.
+  for (int e = tid; e < nt * half; e += blockDim.x) {
+    const int tl = e / half, i = e - tl * half;
+    pair_sincos(r, slots[tl].pos, i, inv_freq_of(r, i), &sin_tab[e], &cos_tab[e]);
+  }
+  __syncthreads();
+
+  // 3. Chunks: K rows (rotary chunk pairs, then the tail), V rows, Q rows (rotary only).
+  const int n_rot = rot_chunks(r, V);
+  const int ck = p.rotate_k ? n_rot + (r.D - r.R) / V : r.D / V;
+  const int cv = r.D / V;
+  const int nk = static_cast<int>(p.cache.Hk) * ck, nv = static_cast<int>(p.cache.Hk) * cv;
+  const int per_tok = nk + nv + static_cast<int>(p.Hq) * n_rot;
+  const T* kin = static_cast<const T*>(p.k);
+  const T* vin = static_cast<const T*>(p.v);
+  T* qio = static_cast<T*>(p.q);
+  T* kc = static_cast<T*>(p.cache.k);
+  T* vc = static_cast<T*>(p.cache.v);
+  for (int it = tid; it < nt * per_tok; it += blockDim.x) {
+    const int tl = it / per_tok;
+    int w = it - tl * per_tok;
+    const AppendSlot& s = slots[tl];
+    const T* src;
+    T* dst;
+    int64_t src_sd;
+    bool rotate;
+    int c;
+    if (w < nk) {  // K
+      if (s.k_out < 0) continue;
+      const int h = w / ck;
+      c = w - h * ck;
+      src = kin + s.k_in + h * p.k_stride[2];
+      dst = kc + s.k_out + h * p.cache.k_stride[2];
+      src_sd = p.k_stride[3];
+      rotate = p.rotate_k && c < n_rot;
+      if (!p.rotate_k) c += n_rot;  // a plain copy: chunk_start below maps c - n_rot
+    } else if ((w -= nk) < nv) {  // V: plain copy of chunk c
+      if (s.v_out < 0) continue;
+      const int h = w / cv;
+      c = w - h * cv;
+      const VecT x = load_chunk<kVec, VecT>(vin + s.v_in + h * p.v_stride[2] + c * V * p.v_stride[3], p.v_stride[3]);
+      store_chunk<true && kVec, VecT>(vc + s.v_out + h * p.cache.v_stride[2] + c * V, 1, x);
+      continue;
+    } else {  // Q, in place: rotary chunks only
+      w -= nv;
+      const int h = w / n_rot;
+      c = w - h * n_rot;
+      src = qio + s.q_in + h * p.q_stride[2];
+      dst = qio + s.q_in + h * p.q_stride[2];
+      src_sd = p.q_stride[3];
+      rotate = true;
+    }
+    // dst strides: the cache has a unit feature stride; q its own.
+    const int64_t dst_sd = dst == src ? src_sd : 1;
+    if (!rotate) {  // K tail chunk, or all of K when it is not rotated
+      const int d0 = p.rotate_k ? r.R + (c - n_rot) * V : (c - n_rot) * V;
+      const VecT x = load_chunk<kVec, VecT>(src + d0 * src_sd, src_sd);
+      store_chunk<kVec, VecT>(dst + d0 * dst_sd, dst_sd, x);
+      continue;
+    }
+    const int d0 = c * V;
+    VecT a = load_chunk<kVec, VecT>(src + d0 * src_sd, src_sd), b = a;
+    if (!kInterleaved) b = load_chunk<kVec, VecT>(src + (d0 + half) * src_sd, src_sd);
+    float sn[P], cs[P];
+    const int i0 = c * P;  // first pair of the chunk
+#pragma unroll
+    for (int e = 0; e < P; ++e) {
+      sn[e] = sin_tab[tl * half + i0 + e];
+      cs[e] = cos_tab[tl * half + i0 + e];
+    }
+    rotate_chunk_v<T, kInterleaved, V>(a, b, sn, cs);
+    store_chunk<kVec, VecT>(dst + d0 * dst_sd, dst_sd, a);
+    if (!kInterleaved) store_chunk<kVec, VecT>(dst + (d0 + half) * dst_sd, dst_sd, b);
+  }
+}
+
+// ---------------------------------------------------------------- 2 / 3. decode
+constexpr int kDecodeThreads = 128;
+constexpr int kDecodeFeatures = 8;  // per lane: one 16-byte load of fp16/bf16
+
+// Keys in flight per slot (loads issued before their first use): fewer with more rows,
+// whose accumulators take the registers.
+template <int kRows>
+constexpr int decode_keys_in_flight() { return kRows <= 4 ? 4 : 2; }
+
+// CTAs per SM the register allocation must allow (__launch_bounds__).
+template <int kRows, bool kFullFusion>
+constexpr int decode_min_ctas() { return kRows <= 4 ? (kFullFusion ? 3 : 4) : 2; }
+
+template <int D, int kRows>
+constexpr size_t decode_smem_bytes() {
+  constexpr int L = D / kDecodeFeatures, S = kDecodeThreads / L;
+  constexpr size_t q = sizeof(float) * kRows * D;
+  constexpr size_t merge = sizeof(float) * (2 * S * kRows + S * kRows * D);
+  return q > merge ? q : merge;
+}
+
+template <typename T>
+__device__ __forceinline__ void chunk_to_float(const Vec<T, kDecodeFeatures>& c, float* f) {
+#pragma unroll
+  for (int e = 0; e < kDecodeFeatures; ++e) f[e] = static_cast<float>(c.v[e]);
+}
+
+// Full fusion: rotates this lane's 8 features of a key at `pos` (all lanes of the warp
+// call it: neox partners live in another lane, reached by shuffles). lane: the lane's
+// index within its key slot; warp_base: the warp lane of the slot's lane 0.
+template <typename T>
+__device__ __forceinline__ void rotate_key_chunk(const RopeParams& r, const Vec<T, kDecodeFeatures>& raw, float* kf,
+                                                 int lane, int warp_base, int64_t pos, const float* freq) {
+  const int half = r.R / 2;
+  if (!r.interleaved) {
+    const int hc = half / kDecodeFeatures;  // chunks per rotary half
+    const bool first = lane < hc, second = !first && lane < 2 * hc;
+    const int partner = first ? lane + hc : second ? lane - hc : lane;
+    uint4 u = *reinterpret_cast<const uint4*>(&raw), pu;
+    pu.x = __shfl_sync(0xffffffffu, u.x, warp_base + partner);
+    pu.y = __shfl_sync(0xffffffffu, u.y, warp_base + partner);
+    pu.z = __shfl_sync(0xffffffffu, u.z, warp_base + partner);
+    pu.w = __shfl_sync(0xffffffffu, u.w, warp_base + partner);
+    if (!first && !second) return;
+    Vec<T, kDecodeFeatures> pv;
+    *reinterpret_cast<uint4*>(&pv) = pu;
+    const int i0 = (first ? lane : lane - hc) * kDecodeFeatures;
+#pragma unroll
+    for (int e = 0; e < kDecodeFeatures; ++e) {
+      float sn, cs;
+      pair_sincos(r, pos, i0 + e, freq[e], &sn, &cs);
+      const float own = kf[e], other = static_cast<float>(pv.v[e]);
+      kf[e] = first ? own * cs - other * sn : own * cs + other * sn;
+    }
+  } else {
+    if (lane * kDecodeFeatures >= r.R) return;
+#pragma unroll
+    for (int e = 0; e < kDecodeFeatures / 2; ++e) {
+      float sn, cs;
+      pair_sincos(r, pos, lane * (kDecodeFeatures / 2) + e, freq[e], &sn, &cs);
+      const float x0 = kf[2 * e], x1 = kf[2 * e + 1];
+      kf[2 * e] = x0 * cs - x1 * sn;
+      kf[2 * e + 1] = x1 * cs + x0 * sn;
+    }
+  }
+}
+
+template <typename T, int D, int kRows, bool kFullFusion>
+__global__ void __launch_bounds__(kDecodeThreads, decode_min_ctas<kRows, kFullFusion>()) decode_kernel(const __grid_constant__ DecodeParams p) {
+  constexpr int E = kDecodeFeatures;
+  constexpr int L = D / E;                 // lanes per key: 8, 16, 32
+  constexpr int S = kDecodeThreads / L;    // key slots per CTA
+  constexpr int N = decode_keys_in_flight<kRows>();
+  static_assert(L <= 32 && (L & (L - 1)) == 0, "lanes per key: a power of two within a warp");
+  using Chunk = Vec<T, E>;
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float ninf = -INFINITY;
+  const RopeParams& r = p.rope;
+
+  const int split = blockIdx.x % p.num_splits, rg = blockIdx.x / p.num_splits;
+  const int hk = blockIdx.y;
+  const int64_t b = blockIdx.z;
+  const int tid = threadIdx.x, slot = tid / L, lane = tid % L;
+  const int warp_base = (tid & 31) - lane;
+  const int rows_total = static_cast<int>(p.G * p.q_len);
+  const int row0 = rg * p.rows_per_group;
+  const int nrows = min(p.rows_per_group, rows_total - row0);
+  const int64_t seqlen = cache_len(p.cache, b);
+  const int G = static_cast<int>(p.G);
+
+  extern __shared__ float4 decode_smem[];
+  float* sm = reinterpret_cast<float*>(decode_smem);
+
+  // Q: load (any strides), rotate in fp32 at its position, scale; into registers.
+  float* qs = sm;  // [kRows][D]
+  for (int e = tid; e < kRows * D; e += kDecodeThreads) {
+    const int rr = e / D, d = e - rr * D;
+    float x = 0.f;
+    if (rr < nrows) {
+      const int row = row0 + rr, j = row / G, hq = hk * G + (row - j * G);
+      x = static_cast<float>(static_cast<const T*>(p.q)[b * p.q_stride[0] + j * p.q_stride[1] + hq * p.q_stride[2] +
+                                                         d * p.q_stride[3]]);
+    }
+    qs[e] = x;
+  }
+  __syncthreads();
+  const int half = r.R / 2;
+  for (int e = tid; e < nrows * half; e += kDecodeThreads) {
+    const int rr = e / half, i = e - rr * half;
+    const int j = (row0 + rr) / G;
+    float sn, cs;
+    pair_sincos(r, attn_position(r, b, j, b, seqlen - p.q_len + j), i, inv_freq_of(r, i), &sn, &cs);
+    int d0, d1;
+    pair_dims(r, i, &d0, &d1);
+    const float x0 = qs[rr * D + d0], x1 = qs[rr * D + d1];
+    qs[rr * D + d0] = x0 * cs - x1 * sn;
+    qs[rr * D + d1] = x1 * cs + x0 * sn;
+  }
+  __syncthreads();
+  const float qscale = p.softmax_scale * kLog2e;  // scores in log2 units: exp2 below
+  float q[kRows][E];
+  // Key indices are 32-bit (the host keeps the capacity below 2^31); element offsets
+  // into the caches stay 64-bit (cache_slot).
+  int lim[kRows];  // keys row rr may see
+  int n_keys = 0;
+#pragma unroll
+  for (int rr = 0; rr < kRows; ++rr) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) q[rr][e] = qs[rr * D + lane * E + e] * qscale;
+    lim[rr] = 0;
+    if (rr < nrows) {
+      const int64_t n = decode_key_limit(p, seqlen, (row0 + rr) / G);
+      lim[rr] = n > 0 ? static_cast<int>(n) : 0;
+      n_keys = max(n_keys, lim[rr]);
+    }
+  }
+  __syncthreads();  // qs is reused by the merge below
+
+  // This split's keys: [kbeg, kend) of [0, n_keys).
+  const int per_split = (n_keys + p.num_splits - 1) / p.num_splits;
+  const int kbeg = static_cast<int>(min(static_cast<int64_t>(n_keys), static_cast<int64_t>(split) * per_split));
+  const int kend = static_cast<int>(min(static_cast<int64_t>(n_keys), static_cast<int64_t>(kbeg) + per_split));
+
+  float freq[E];  // full fusion: this lane's frequencies
+  if (kFullFusion) {
+    const int i0 = r.interleaved ? lane * (E / 2) : (lane % max(1, half / E)) * E;
+#pragma unroll
+    for (int e = 0; e < E; ++e) freq[e] = (i0 + e < half) ? inv_freq_of(r, i0 + e) : 0.f;
+  }
+
+  float m[kRows], l[kRows], acc[kRows][E];
+#pragma unroll
+  for (int rr = 0; rr < kRows; ++rr) {
+    m[rr] = ninf;
+    l[rr] = 0.f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[rr][e] = 0.f;
+  }
+  const T* kc = static_cast<const T*>(p.cache.k) + hk * p.cache.k_stride[2] + lane * E;
+  const T* vc = static_cast<const T*>(p.cache.v) + hk * p.cache.v_stride[2] + lane * E;
+
+  for (int base = kbeg; base < kend; base += S * N) {
+    Chunk kr[N], vr[N];
+    int key[N];
+    bool ok[N];
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      key[n] = base + n * S + slot;
+      int64_t ko = 0, vo = 0;
+      ok[n] = key[n] < kend && cache_slot(p.cache, b, key[n], &ko, &vo);
+      if (ok[n]) {
+        kr[n] = load_vec<Chunk>(kc + ko);
+        vr[n] = load_vec<Chunk>(vc + vo);
+      } else {
+        *reinterpret_cast<uint4*>(&kr[n]) = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(&vr[n]) = make_uint4(0, 0, 0, 0);
+      }
+    }
+    float s[N][kRows];
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      float kf[E];
+      chunk_to_float(kr[n], kf);
+      if (kFullFusion) rotate_key_chunk<T>(r, kr[n], kf, lane, warp_base, attn_position(r, 0, 0, b, key[n]), freq);
+#pragma unroll
+      for (int rr = 0; rr < kRows; ++rr) {
+        float dot = 0.f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) dot = fmaf(q[rr][e], kf[e], dot);
+#pragma unroll
+        for (int off = L / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+        s[n][rr] = (ok[n] && key[n] < lim[rr]) ? dot : ninf;
+      }
+    }
+    // Online softmax per row over the N new scores.
+#pragma unroll
+    for (int rr = 0; rr < kRows; ++rr) {
+      float mx = m[rr];
+#pragma unroll
+      for (int n = 0; n < N; ++n) mx = fmaxf(mx, s[n][rr]);
+      if (mx == ninf) continue;  // nothing seen yet
+      const float alpha = exp2f(m[rr] - mx);  // 0 when m was -inf
+      float pn[N], psum = 0.f;
+#pragma unroll
+      for (int n = 0; n < N; ++n) {
+        pn[n] = exp2f(s[n][rr] - mx);  // 0 for a masked key
+        psum += pn[n];
+      }
+      l[rr] = l[rr] * alpha + psum;
+      m[rr] = mx;
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        float a = acc[rr][e] * alpha;
+#pragma unroll
+        for (int n = 0; n < N; ++n) a = fmaf(pn[n], static_cast<float>(vr[n].v[e]), a);
+        acc[rr][e] = a;
+      }
+    }
+  }
+
+  // Merge the S slots' states: shared [S][kRows] max and sum, [S][kRows][D] accumulators.
+  float* ms = sm;
+  float* ls = ms + S * kRows;
+  float* accs = ls + S * kRows;
+#pragma unroll
+  for (int rr = 0; rr < kRows; ++rr) {
+    if (lane == 0) {
+      ms[slot * kRows + rr] = m[rr];
+      ls[slot * kRows + rr] = l[rr];
+    }
+    float4* dst = reinterpret_cast<float4*>(accs + (slot * kRows + rr) * D + lane * E);
+    dst[0] = make_float4(acc[rr][0], acc[rr][1], acc[rr][2], acc[rr][3]);
+    dst[1] = make_float4(acc[rr][4], acc[rr][5], acc[rr][6], acc[rr][7]);
+  }
+  __syncthreads();
+  constexpr float kLn2 = 0.6931471805599453f;
+  for (int e = tid; e < nrows * D; e += kDecodeThreads) {
+    const int rr = e / D, d = e - rr * D;
+    float M = ninf;
+#pragma unroll
+    for (int sl = 0; sl < S; ++sl) M = fmaxf(M, ms[sl * kRows + rr]);
+    float o = 0.f, lsum = 0.f;
+    if (M != ninf) {
+#pragma unroll
+      for (int sl = 0; sl < S; ++sl) {
+        const float w = exp2f(ms[sl * kRows + rr] - M);
+        lsum = fmaf(ls[sl * kRows + rr], w, lsum);
+        o = fmaf(accs[(sl * kRows + rr) * D + d], w, o);
+      }
+      o /= lsum;
+    }
+    const int row = row0 + rr, j = row / G, hq = hk * G + (row - j * G);
+    const float lse2 = M == ninf ? ninf : M + log2f(lsum);
+    if (p.num_splits == 1) {
+      static_cast<T*>(p.o)[((b * p.q_len + j) * p.Hq + hq) * D + d] = static_cast<T>(o);
+      if (d == 0) p.lse[(b * p.q_len + j) * p.Hq + hq] = lse2 * kLn2;
+    } else {
+      const int64_t w = ((b * p.Hq + hq) * p.q_len + j) * p.num_splits + split;
+      p.ws_o[w * D + d] = o;
+      if (d == 0) p.ws_lse[w] = lse2;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- 4. combine
+constexpr int kCombineThreads = 128;  // 4 warps, one output row each
+
+template <typename T>
+__global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const __grid_constant__ DecodeParams p,
+                                                                         int D) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kCombineThreads / 32) + warp;  // (b, j, hq), output order
+  if (row >= p.B * p.q_len * p.Hq) return;
+  const int64_t hq = row % p.Hq, j = (row / p.Hq) % p.q_len, b = row / (p.Hq * p.q_len);
+  const int ns = p.num_splits;
+  const int64_t w0 = ((b * p.Hq + hq) * p.q_len + j) * ns;
+  const float* lse = p.ws_lse + w0;
+  const float ninf = -INFINITY;
+  float M = ninf;
+  for (int s = lane; s < ns; s += 32) M = fmaxf(M, lse[s]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
+  T* o = static_cast<T*>(p.o) + row * D;
+  if (M == ninf) {  // no key in any split
+    for (int d = lane; d < D; d += 32) o[d] = static_cast<T>(0.f);
+    if (lane == 0) p.lse[row] = ninf;
+    return;
+  }
+  float lsum = 0.f;
+  for (int s = lane; s < ns; s += 32) lsum += exp2f(lse[s] - M);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) lsum += __shfl_xor_sync(0xffffffffu, lsum, off);
+  const float inv = 1.f / lsum;
+  for (int d = lane; d < D; d += 32) {
+    float a = 0.f;
+    for (int s = 0; s < ns; ++s) a = fmaf(exp2f(lse[s] - M), p.ws_o[(w0 + s) * D + d], a);
+    o[d] = static_cast<T>(a * inv);
+  }
+  if (lane == 0) p.lse[row] = (M + log2f(lsum)) * 0.6931471805599453f;
+}
+
+}  // namespace cuda
+}  // namespace rope_ext

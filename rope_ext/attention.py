@@ -1,0 +1,221 @@
+"""RoPE fused into attention, where fusion pays (docs/attention.md).
+
+    append_kv         rotate the new K once (and Q in place) and write K, V into the KV
+                      cache slots of the new tokens: one launch
+    attention_decode  decode attention over the cache with Q-RoPE applied while Q is
+                      loaded (K in the cache is already rotated); split-KV + combine
+    rope_attention    prefill: the fused decode kernel for small S without grad, else
+                      apply_rope_qk + torch's scaled_dot_product_attention
+
+Caches (vLLM / FlashInfer layouts), head dim contiguous:
+    contiguous  k_cache, v_cache [B, max_len, Hk, D]
+    paged       k_cache, v_cache [num_blocks, block_size, Hk, D] + block_table [B, max_blocks]
+                (slot i of sequence b: block block_table[b, i // block_size], row i % block_size)
+The frequency keywords (base, inv_freq, cos_sin_cache, rotary_dim, interleaved) mean
+what they mean for rope_ext.apply_rope: same kernels' sin/cos, same HF float32 table.
+"""
+import torch
+
+from ._ops import ops
+from .api import DEFAULT_BASE, apply_rope, apply_rope_qk
+
+#: attention_decode variants (csrc/cuda/attention_variants.cuh); impl="auto" picks "hybrid".
+DECODE_IMPLS = ("hybrid", "full_fusion")
+#: rope_attention paths; impl="auto" picks "fused" for small S without grad on CUDA.
+PREFILL_IMPLS = ("fused", "separate")
+#: Largest number of query tokens for which rope_attention(impl="auto") takes the fused kernel.
+FUSED_MAX_Q = 16
+
+
+def _tensor_or_none(t, name):
+    if t is not None and not isinstance(t, torch.Tensor):
+        raise TypeError(f"rope_ext: {name} must be a torch.Tensor or None, got {type(t).__name__}")
+
+
+def _rotary_args(offsets, base, inv_freq, cos_sin_cache, rotary_dim):
+    """(offsets tensor or None, int offset, base, rotary_dim) after the Python-level checks."""
+    for name, t in (("inv_freq", inv_freq), ("cos_sin_cache", cos_sin_cache)):
+        _tensor_or_none(t, name)
+    if (inv_freq is not None or cos_sin_cache is not None) and base != DEFAULT_BASE:
+        raise ValueError("rope_ext: give one frequency source: base, inv_freq or cos_sin_cache")
+    if isinstance(base, bool) or not isinstance(base, (int, float)):
+        raise TypeError(f"rope_ext: base must be a number, got {type(base).__name__}")
+    offset, offsets_t = 0, None
+    if isinstance(offsets, torch.Tensor):
+        offsets_t = offsets
+    elif offsets is not None:
+        if isinstance(offsets, bool) or not isinstance(offsets, int):
+            raise TypeError(f"rope_ext: offsets must be an int or an int tensor [B], got {type(offsets).__name__}")
+        offset = offsets
+    if rotary_dim is None:
+        rotary_dim = -1
+    elif isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int):
+        raise TypeError(f"rope_ext: rotary_dim must be an int or None, got {type(rotary_dim).__name__}")
+    elif rotary_dim <= 0:
+        raise ValueError(f"rope_ext: rotary_dim must be even and in (0, head_dim], got {rotary_dim}")
+    return offsets_t, offset, float(base), rotary_dim
+
+
+def _check_tensors(**kw):
+    for name, t in kw.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"rope_ext: {name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def append_kv(k, v, k_cache, v_cache, cache_seqlens, *, positions=None, block_table=None, q=None, cu_seqlens=None,
+              offsets=None, base=DEFAULT_BASE, inv_freq=None, cos_sin_cache=None, rotary_dim=None, interleaved=False,
+              rotate_k=True):
+    """Rotate K (and Q, in place, when given) and write rotated K and V into the cache
+    slots of the new tokens, in one launch. Returns None; k_cache, v_cache (and q) are
+    written.
+
+    k, v: [B, T, Hk, D] (token t of sequence b goes to cache index cache_seqlens[b] + t),
+       or varlen [Ttot, Hk, D] with cu_seqlens [B+1] (token j of sequence n goes to
+       cache_seqlens[n] + j). Any strides: q, k, v may be views of one fused projection
+       output [T, (Hq + 2 Hk) * D].
+    k_cache, v_cache: [B, max_len, Hk, D], or paged [num_blocks, block_size, Hk, D] with
+       block_table int32 [B, max_blocks]; same dtype as k; head dim contiguous.
+    cache_seqlens: int32 [B], tokens already in the cache BEFORE this append (not
+       modified: add the new token counts yourself afterwards).
+    positions: rotary positions of the new tokens, [B, T] or [T] ([Ttot] varlen); default:
+       the cache index (+ offsets, an int or an int tensor [B]).
+    q: [B, T, Hq, D] / [Ttot, Hq, D], rotated in place with the same positions.
+    rotate_k=False writes K un-rotated (the cache of attention_decode(impl="full_fusion")).
+    base / inv_freq / cos_sin_cache / rotary_dim / interleaved: as rope_ext.apply_rope.
+
+    Bad input raises (nothing written): cache too small for the new tokens, block table
+    entries out of range, shape / dtype / device mismatches. The value checks (seqlens,
+    block table, cu_seqlens, positions) need the values on the host: always done for CPU
+    tensors, for CUDA tensors after rope_ext.set_value_checks(True); without them the
+    kernel drops a token whose slot does not exist (never writes out of bounds).
+    Not differentiable.
+    """
+    _check_tensors(k=k, v=v, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens)
+    for name, t in (("positions", positions), ("block_table", block_table), ("q", q), ("cu_seqlens", cu_seqlens)):
+        _tensor_or_none(t, name)
+    offsets_t, offset, base, rotary_dim = _rotary_args(offsets, base, inv_freq, cos_sin_cache, rotary_dim)
+    ops.append_kv(k, v, k_cache, v_cache, cache_seqlens, cu_seqlens, positions, block_table, q, offsets_t, offset,
+                  inv_freq, cos_sin_cache, base, rotary_dim, bool(interleaved), bool(rotate_k))
+
+
+def _int_or_none(v, name):
+    if v is None:
+        return 0
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"rope_ext: {name} must be an int or None, got {type(v).__name__}")
+    if v <= 0:
+        raise ValueError(f"rope_ext: {name} must be > 0, got {v}")
+    return v
+
+
+def attention_decode(q, k_cache, v_cache, cache_seqlens, *, positions=None, block_table=None, offsets=None,
+                     softmax_scale=None, return_lse=False, causal=True, base=DEFAULT_BASE, inv_freq=None,
+                     cos_sin_cache=None, rotary_dim=None, interleaved=False, max_seqlen=None, num_splits=None,
+                     impl="auto"):
+    """Decode attention with Q-RoPE fused into the kernel's Q load.
+
+    q: [B, q_len, Hq, D] UN-rotated (q_len <= 16 is the designed range; Hq a multiple
+       of Hk: GQA); float16/bfloat16 (float32 too on the CPU); fp32 accumulation.
+    k_cache, v_cache: as append_kv (contiguous or paged with block_table), K already
+       rotated (append_kv). CUDA: head dim 64, 128 or 256, 16-byte aligned rows.
+    cache_seqlens: int32 [B], valid tokens per sequence INCLUDING the q tokens: query
+       token j sits at cache index cache_seqlens[b] - q_len + j, and (causal=True) sees
+       the keys up to and including it; causal=False: every key below cache_seqlens[b].
+       A sequence of length 0 gives zeros (lse = -inf).
+    positions: rotary positions of the query tokens [B, q_len] or [q_len]; default the
+       cache index (+ offsets: int or int tensor [B]).
+    softmax_scale: default 1 / sqrt(D). return_lse: also return lse [B, q_len, Hq]
+       (float32, natural log).
+    max_seqlen: optional host-side bound on cache_seqlens (an int): the split count is
+       chosen from it instead of the capacity. Never read from the device (CUDA-graph safe).
+    num_splits: force the number of key splits (CUDA; default: chosen from the shapes).
+    impl: "auto" (= "hybrid": cache holds rotated K), "hybrid", or "full_fusion" (the
+       cache holds UN-rotated K, append_kv(rotate_k=False), rotated on every read at
+       position index + offsets; kept for the bench: it loses, see docs/attention.md).
+
+    Returns o [B, q_len, Hq, D] in q's dtype (and lse). Not differentiable (rope_attention's
+    separate path is).
+    """
+    _check_tensors(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens)
+    for name, t in (("positions", positions), ("block_table", block_table)):
+        _tensor_or_none(t, name)
+    offsets_t, offset, base, rotary_dim = _rotary_args(offsets, base, inv_freq, cos_sin_cache, rotary_dim)
+    if softmax_scale is not None:
+        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+            raise TypeError(f"rope_ext: softmax_scale must be a number or None, got {type(softmax_scale).__name__}")
+        softmax_scale = float(softmax_scale)
+    if not isinstance(impl, str):
+        raise TypeError(f"rope_ext: impl must be a str ('auto', 'hybrid' or 'full_fusion'), got {type(impl).__name__}")
+    o, lse = ops.attention_decode(q, k_cache, v_cache, cache_seqlens, positions, block_table, offsets_t, offset,
+                                  inv_freq, cos_sin_cache, base, rotary_dim, bool(interleaved), softmax_scale,
+                                  bool(causal), _int_or_none(max_seqlen, "max_seqlen"),
+                                  _int_or_none(num_splits, "num_splits"), impl)
+    return (o, lse) if return_lse else o
+
+
+def _needs_grad(*ts):
+    return torch.is_grad_enabled() and any(t.requires_grad for t in ts)
+
+
+def _as_cache(t):
+    """t [B, S, H, D] as a contiguous-layout cache: unit head-dim stride, 16-byte aligned rows."""
+    if torch.compiler.is_compiling():  # no data pointers while tracing
+        return t.contiguous()
+    V = 16 // t.element_size()
+    ok = t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(s % V == 0 for s in t.stride()[:-1])
+    return t if ok else t.contiguous()
+
+
+def _sdpa(q, k, v, causal, softmax_scale):
+    Hq, Hk = q.shape[2], k.shape[2]
+    o = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal, scale=softmax_scale,
+        enable_gqa=Hq != Hk)
+    return o.transpose(1, 2)
+
+
+def rope_attention(q, k, v, positions=None, *, causal=True, softmax_scale=None, base=DEFAULT_BASE, inv_freq=None,
+                   cos_sin_cache=None, rotary_dim=None, interleaved=False, impl="auto"):
+    """Attention of RoPE-rotated q and k (prefill): q [B, S, Hq, D], k, v [B, S, Hk, D]
+    (Hq a multiple of Hk), all un-rotated; positions [B, S] or [S] (default 0..S-1).
+    Returns [B, S, Hq, D] in q's dtype. causal: query i sees keys 0..i.
+
+    impl="auto": the fused decode kernel (Q-RoPE on load; attention_decode with k, v as
+    the cache) when S <= FUSED_MAX_Q (16), on CUDA, without grad; otherwise the separate
+    path: rope_ext.apply_rope_qk + torch.nn.functional.scaled_dot_product_attention (the
+    backend torch picks). impl="fused" / "separate" force one. AUTOGRAD goes through the
+    separate path only: with inputs that require grad, auto takes it and "fused" raises.
+    The fused path rotates K inside the kernel when positions are the default (one
+    launch: attention_decode's full-fusion variant), else rotates K with apply_rope first.
+    """
+    _check_tensors(q=q, k=k, v=v)
+    _tensor_or_none(positions, "positions")
+    if impl not in ("auto",) + PREFILL_IMPLS:
+        raise ValueError(f"rope_ext: impl must be 'auto', 'fused' or 'separate', got {impl!r}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"rope_ext: {name} must be 4-D [B, S, H, D], got shape {tuple(t.shape)}")
+    if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+        raise ValueError(f"rope_ext: q [B, S, Hq, D] and k, v [B, S, Hk, D] must agree, got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    rkw = dict(base=base, inv_freq=inv_freq, cos_sin_cache=cos_sin_cache, rotary_dim=rotary_dim,
+               interleaved=interleaved)
+    grad = _needs_grad(q, k, v)
+    if impl == "fused" and grad:
+        raise RuntimeError("rope_ext: rope_attention(impl='fused') is not differentiable; use impl='separate' or 'auto'")
+    B, S, Hq, D = q.shape
+    fused = impl == "fused" or (impl == "auto" and not grad and q.is_cuda and S <= FUSED_MAX_Q and D in (64, 128, 256)
+                                and q.dtype in (torch.float16, torch.bfloat16) and q.dtype == k.dtype == v.dtype)
+    if not fused:
+        qr, kr = apply_rope_qk(q, k, positions, **rkw)
+        return _sdpa(qr, kr, v, causal, softmax_scale)
+    seqlens = torch.full((B,), S, dtype=torch.int32, device=q.device)
+    R = D if rotary_dim is None else rotary_dim
+    if positions is None and (R % 8 == 0 if interleaved else (R // 2) % 8 == 0):
+        # Default positions: keys at their index, so the full-fusion kernel rotates them
+        # in its loop (S <= 16 keys: cheaper than a second launch).
+        return attention_decode(q, _as_cache(k), _as_cache(v), seqlens, softmax_scale=softmax_scale, causal=causal,
+                                impl="full_fusion", **rkw)
+    kr = apply_rope(k, positions, **rkw)
+    return attention_decode(q, _as_cache(kr), _as_cache(v), seqlens, positions=positions, softmax_scale=softmax_scale,
+                            causal=causal, impl="hybrid", **rkw)

@@ -1,0 +1,628 @@
+"""RoPE fused into attention: append_kv (rotate K once, write the KV cache) and
+attention_decode (Q-RoPE on load, split-KV), rope_attention (prefill), on the CPU always
+and on CUDA where there is a GPU.
+
+Truth: rope_ext.reference.rope_attention_float64 (rotation in float64 with the float32
+inv_freq, attention in float64), written without the kernels' index code. Tolerances,
+stated once (o is a convex combination of rows of v, so its error scales with max|v|):
+    |o - o_f64| <= ATTN_TOL[dtype] * max|v|      |lse - lse_f64| <= LSE_TOL[dtype]
+fp16/bf16 include one rounding of K when append_kv writes it (the hybrid cache holds
+rotated K in the cache dtype) and one of the output. Caches start as NaN: a kernel that
+reads a slot it must not (past cache_seqlens, another sequence's block) fails.
+"""
+import pytest
+import torch
+
+import rope_ext
+from rope_ext import reference as ref
+from conftest import DEVICES, assert_close_f64, randn
+
+ATTN_TOL = {torch.float32: 5e-6, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+LSE_TOL = {torch.float32: 2e-5, torch.float16: 1e-2, torch.bfloat16: 6e-2}
+OPS = torch.ops.rope_ext
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+NAN = float("nan")
+
+
+def decode_dtypes(device):
+    """attention_decode on CUDA: fp16/bf16 (fp32 accumulation); the CPU path also takes fp32."""
+    return [torch.float16, torch.bfloat16] + ([torch.float32] if device == "cpu" else [])
+
+
+def assert_attn_close(o, lse, want_o, want_lse, v_scale, what=""):
+    dt = o.dtype
+    o64, l64 = o.double().cpu(), lse.double().cpu()
+    wo, wl = want_o.cpu(), want_lse.cpu()
+    assert torch.isfinite(o64).all(), f"{what}: non-finite output"
+    err = (o64 - wo).abs().max().item()
+    assert err <= ATTN_TOL[dt] * v_scale, f"{what}: o max err {err:.3e} > {ATTN_TOL[dt] * v_scale:.3e}"
+    fin = torch.isfinite(wl)
+    assert torch.equal(torch.isfinite(l64), fin), f"{what}: lse finite where the truth is not (or vice versa)"
+    assert (l64[~fin] == float("-inf")).all(), f"{what}: lse of an empty row must be -inf"
+    if fin.any():
+        lerr = (l64[fin] - wl[fin]).abs().max().item()
+        assert lerr <= LSE_TOL[dt], f"{what}: lse max err {lerr:.3e}"
+
+
+# ---------------------------------------------------------------------------- cache builders
+def new_cache(B, cap, Hk, D, dtype, device, paged, block_size=16, spare_blocks=3):
+    """NaN-filled k/v caches of capacity >= cap per sequence; paged: [num_blocks,
+    block_size, Hk, D] with a shuffled block table (blocks of different sequences
+    interleave, spare blocks unused)."""
+    if not paged:
+        kc = torch.full((B, cap, Hk, D), NAN, dtype=dtype, device=device)
+        return kc, torch.full_like(kc, NAN), None
+    max_blocks = -(-cap // block_size)
+    nb = B * max_blocks + spare_blocks
+    bt = torch.randperm(nb)[: B * max_blocks].view(B, max_blocks).to(torch.int32).to(device)
+    kc = torch.full((nb, block_size, Hk, D), NAN, dtype=dtype, device=device)
+    return kc, torch.full_like(kc, NAN), bt
+
+
+def random_lengths(B, lo, cap):
+    """Cache lengths in [lo, cap]: the capacity, the smallest, and random others (not
+    multiples of the block size as a rule)."""
+    lens = torch.randint(lo, cap + 1, (B,))
+    lens[0] = cap
+    if B > 1:
+        lens[1] = lo
+    return lens
+
+
+ROPE_CFGS = {
+    "default": dict(),
+    "partial": dict(rotary_dim=32),
+    "interleaved": dict(interleaved=True),
+    "partial_interleaved": dict(rotary_dim=16, interleaved=True),
+    "llama3_inv_freq": "inv_freq",
+    "cos_sin_cache": "cache",
+}
+
+
+def rope_kwargs(cfg, D, device):
+    c = ROPE_CFGS[cfg]
+    if c == "inv_freq":
+        f = rope_ext.inv_freq(D, 500000.0, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                            "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+        return dict(inv_freq=f.to(device))
+    if c == "cache":
+        return dict(cos_sin_cache=ref.cos_sin_table(D, 10000.0, 6000, device))
+    return dict(c)
+
+
+def key_positions(mode, B, cap, device):
+    """[B, cap] rotary position of every cache index, and the position keywords of
+    append_kv / attention_decode that produce it."""
+    idx = torch.arange(cap, device=device)[None].expand(B, cap)
+    if mode == "default":
+        return idx, {}
+    if mode == "offset_int":
+        return idx + 1000, dict(offsets=1000)
+    if mode == "offset_tensor":
+        off = torch.randint(0, 3000, (B,), device=device)
+        return idx + off[:, None], dict(offsets=off)
+    if mode == "explicit":  # positions that are not the cache index
+        return torch.randint(0, 5000, (B, cap), device=device), None
+    raise ValueError(mode)
+
+
+def fill_and_decode(device, dtype, *, paged, G, q_len, Hk=2, D=64, B=3, cap=80, cfg="default", pos_mode="default",
+                    impl="auto", num_splits=None, max_seqlen=None, block_size=16, causal=True):
+    """Prefill (varlen append_kv), one decode-step append (batched), attention_decode;
+    returns (o, lse, want_o, want_lse, v_scale)."""
+    Hq = G * Hk
+    full = impl == "full_fusion"
+    rkw = rope_kwargs(cfg, D, device)
+    lens = random_lengths(B, q_len, cap).to(device)
+    prefix = lens - q_len
+    k_full, v_full = randn((B, cap, Hk, D), dtype, device), randn((B, cap, Hk, D), dtype, device)
+    q = randn((B, q_len, Hq, D), dtype, device)
+    kpos, pkw = key_positions(pos_mode, B, cap, device)
+    kc, vc, bt = new_cache(B, cap, Hk, D, dtype, device, paged, block_size)
+    # Prefill: packed sequences of different lengths (some empty).
+    cu = torch.zeros(B + 1, dtype=torch.int32, device=device)
+    cu[1:] = torch.cumsum(prefix, 0)
+    kp = torch.cat([k_full[b, : prefix[b]] for b in range(B)])
+    vp = torch.cat([v_full[b, : prefix[b]] for b in range(B)])
+    zeros = torch.zeros(B, dtype=torch.int32, device=device)
+    ekw = dict(pkw) if pkw is not None else dict(positions=torch.cat([kpos[b, : prefix[b]] for b in range(B)]))
+    rope_ext.append_kv(kp, vp, kc, vc, zeros, cu_seqlens=cu, block_table=bt, rotate_k=not full, **ekw, **rkw)
+    # The decode step: q_len new tokens per sequence at cache index prefix[b] + j.
+    sel = prefix[:, None] + torch.arange(q_len, device=device)[None]  # [B, q_len]
+    kd = torch.stack([k_full[b, sel[b]] for b in range(B)])
+    vd = torch.stack([v_full[b, sel[b]] for b in range(B)])
+    qpos = torch.gather(kpos, 1, sel)
+    dkw = dict(pkw) if pkw is not None else dict(positions=qpos)
+    rope_ext.append_kv(kd, vd, kc, vc, prefix.to(torch.int32), block_table=bt, rotate_k=not full, **dkw, **rkw)
+    o, lse = rope_ext.attention_decode(q, kc, vc, lens.to(torch.int32), block_table=bt, return_lse=True, impl=impl,
+                                       num_splits=num_splits, max_seqlen=max_seqlen, causal=causal, **dkw, **rkw)
+    want_o, want_lse = ref.rope_attention_float64(q, k_full, v_full, qpos, kpos, lens, causal=causal, **rkw)
+    return o, lse, want_o, want_lse, v_full.abs().max().item()
+
+
+# ---------------------------------------------------------------------------- append_kv then decode
+@pytest.mark.parametrize("q_len", [1, 5, 16])
+@pytest.mark.parametrize("G", [1, 4, 8])
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_append_then_decode_matches_float64(device, paged, G, q_len):
+    """append_kv (varlen prefill + batched decode step) then attention_decode equals
+    float64 rope + attention over the whole sequence; random cache lengths (1 .. capacity),
+    shuffled block tables, GQA ratios 1/4/8, q_len 1..16, causal inside the q block."""
+    for dtype in decode_dtypes(device):
+        o, lse, wo, wl, vs = fill_and_decode(device, dtype, paged=paged, G=G, q_len=q_len)
+        assert_attn_close(o, lse, wo, wl, vs, f"{dtype}")
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_equals_rope_plus_sdpa(device, paged):
+    """The decode path (append_kv of a prefill, append_kv of the step, attention_decode)
+    gives what the separate path gives over the whole sequence: apply_rope_qk of all
+    tokens + causal scaled_dot_product_attention, last q_len rows."""
+    B, L, Hq, Hk, D, q_len = 2, 37, 8, 2, 64, 3
+    dt = torch.float16
+    qa, ka, va = randn((B, L, Hq, D), dt, device), randn((B, L, Hk, D), dt, device), randn((B, L, Hk, D), dt, device)
+    qr, kr = rope_ext.apply_rope_qk(qa, ka)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        qr.float().transpose(1, 2), kr.float().transpose(1, 2), va.float().transpose(1, 2), is_causal=True,
+        enable_gqa=True).transpose(1, 2)[:, -q_len:]
+    kc, vc, bt = new_cache(B, 48, Hk, D, dt, device, paged)
+    zero = torch.zeros(B, dtype=torch.int32, device=device)
+    rope_ext.append_kv(ka[:, :-q_len], va[:, :-q_len], kc, vc, zero, block_table=bt)
+    rope_ext.append_kv(ka[:, -q_len:], va[:, -q_len:], kc, vc, zero + L - q_len, block_table=bt)
+    o = rope_ext.attention_decode(qa[:, -q_len:], kc, vc, zero + L, block_table=bt)
+    err = (o.float() - want).abs().max().item()
+    assert err <= ATTN_TOL[dt] * va.abs().max().item(), err
+
+
+@pytest.mark.parametrize("cfg", list(ROPE_CFGS))
+@pytest.mark.parametrize("pos_mode", ["default", "offset_int", "offset_tensor", "explicit"])
+def test_rotary_options(device, cfg, pos_mode):
+    """Partial rotary, GPT-J pairs, scaled inv_freq, a cos/sin cache; positions = cache
+    index, + int / per-sequence offsets, or explicit positions unrelated to the index."""
+    o, lse, wo, wl, vs = fill_and_decode(device, torch.bfloat16, paged=True, G=4, q_len=3, cfg=cfg, pos_mode=pos_mode)
+    assert_attn_close(o, lse, wo, wl, vs, f"{cfg} {pos_mode}")
+
+
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_head_dims(device, D):
+    for paged in (False, True):
+        o, lse, wo, wl, vs = fill_and_decode(device, torch.float16, paged=paged, G=4, q_len=2, D=D, cap=70,
+                                             cfg="partial" if D == 64 else "default")
+        assert_attn_close(o, lse, wo, wl, vs, f"D={D} paged={paged}")
+
+
+def test_non_causal(device):
+    o, lse, wo, wl, vs = fill_and_decode(device, torch.bfloat16, paged=False, G=2, q_len=4, causal=False)
+    assert_attn_close(o, lse, wo, wl, vs, "causal=False")
+
+
+@pytest.mark.parametrize("cfg", ["default", "partial_interleaved", "cos_sin_cache"])
+@pytest.mark.parametrize("pos_mode", ["default", "offset_tensor"])
+def test_full_fusion_variant(device, cfg, pos_mode):
+    """Variant 3: the cache holds un-rotated K (append_kv(rotate_k=False)), rotated in the
+    attention loop at index + offsets."""
+    for paged in (False, True):
+        o, lse, wo, wl, vs = fill_and_decode(device, torch.bfloat16, paged=paged, G=4, q_len=3, cfg=cfg,
+                                             pos_mode=pos_mode, impl="full_fusion")
+        assert_attn_close(o, lse, wo, wl, vs, f"full fusion {cfg} {pos_mode} paged={paged}")
+
+
+@cuda
+@pytest.mark.parametrize("num_splits", [1, 2, 7, 64])
+def test_forced_splits_cuda(num_splits):
+    """Every split count gives the same answer (the combine step; splits with no key)."""
+    o, lse, wo, wl, vs = fill_and_decode("cuda", torch.bfloat16, paged=True, G=4, q_len=2, cap=300,
+                                         num_splits=num_splits)
+    assert_attn_close(o, lse, wo, wl, vs, f"num_splits={num_splits}")
+
+
+@cuda
+def test_long_context_splits_cuda():
+    """B = 1, a long context (auto split count > 1) and the max_seqlen hint."""
+    for max_seqlen in (None, 5000):
+        o, lse, wo, wl, vs = fill_and_decode("cuda", torch.bfloat16, paged=False, G=4, q_len=1, B=1, cap=5000, Hk=8,
+                                             D=128, max_seqlen=max_seqlen)
+        assert_attn_close(o, lse, wo, wl, vs, f"long context max_seqlen={max_seqlen}")
+
+
+def test_empty_sequences_give_zeros(device):
+    """cache_seqlens 0 (batch padding): zeros and lse = -inf, no NaN; rows of a
+    sequence shorter than q_len that see no key likewise."""
+    dtype = torch.float16
+    B, Hk, G, D, q_len = 3, 2, 2, 64, 4
+    kc, vc, _ = new_cache(B, 32, Hk, D, dtype, device, paged=False)
+    kc[:, :2] = randn((B, 2, Hk, D), dtype, device)
+    vc[:, :2] = randn((B, 2, Hk, D), dtype, device)
+    q = randn((B, q_len, Hk * G, D), dtype, device)
+    lens = torch.tensor([0, 2, 0], dtype=torch.int32, device=device)
+    o, lse = rope_ext.attention_decode(q, kc, vc, lens, return_lse=True)
+    assert torch.isfinite(o).all()
+    assert (o[0] == 0).all() and (o[2] == 0).all() and (lse[0] == float("-inf")).all()
+    # Sequence 1 holds 2 tokens for 4 query tokens: query j sits at index j - 2; j < 2 sees nothing.
+    assert (o[1, :2] == 0).all() and (lse[1, :2] == float("-inf")).all()
+    assert torch.isfinite(lse[1, 2:]).all()
+    qpos = lens[:, None].long() - q_len + torch.arange(q_len, device=device)  # negative: rows with no key
+    qr = ref.rope_float64(q, qpos.clamp_min(0))
+    wo, wl = ref.attention_float64(qr, kc.nan_to_num(), vc.nan_to_num(), lens)  # the cache holds rotated keys
+    assert_attn_close(o, lse, wo, wl, 8.0, "empty rows")
+
+
+# ---------------------------------------------------------------------------- append_kv on its own
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_append_kv_fused_projection_and_q(device, paged, dtype):
+    """q, k, v as strided views of one fused projection [T, (Hq + 2 Hk) * D] (varlen):
+    one call rotates q in place, writes rotated k and exact v into the new slots, and
+    leaves every other slot untouched."""
+    Hq, Hk, D, B = 8, 2, 64, 3
+    cap = 48
+    before = torch.tensor([5, 0, 17], dtype=torch.int32)
+    new = torch.tensor([3, 9, 1])
+    T = int(new.sum())
+    qkv = randn((T, (Hq + 2 * Hk) * D), dtype, device)
+    q = qkv[:, : Hq * D].view(T, Hq, D)
+    k = qkv[:, Hq * D:(Hq + Hk) * D].view(T, Hk, D)
+    v = qkv[:, (Hq + Hk) * D:].view(T, Hk, D)
+    q0, k0, v0 = q.clone(), k.clone(), v.clone()
+    cu = torch.tensor([0, 3, 12, 13], dtype=torch.int32, device=device)
+    kc, vc, bt = new_cache(B, cap, Hk, D, dtype, device, paged, block_size=8)
+    rope_ext.append_kv(k, v, kc, vc, before.to(device), cu_seqlens=cu, block_table=bt, q=q, rotary_dim=48)
+    seq = torch.repeat_interleave(torch.arange(B), new)
+    idx = before[seq].long() + torch.cat([torch.arange(n) for n in new.tolist()])  # cache index of each token
+    pos = idx.to(device)
+    assert_close_f64(q, ref.rope_float64(q0, pos, layout="thd", rotary_dim=48), 8.0, "q in place")
+    assert torch.equal(k, k0) and torch.equal(v, v0), "k and v are inputs only"
+
+    def rows(cache):  # the cache rows of every token, [T, Hk, D]
+        if not paged:
+            return cache[seq.to(device), idx.to(device)]
+        blk = bt[seq.to(device), (idx // 8).to(device)].long()
+        return cache[blk, (idx % 8).to(device)]
+
+    assert_close_f64(rows(kc), ref.rope_float64(k0, pos, layout="thd", rotary_dim=48), 8.0, "k in the cache")
+    assert torch.equal(rows(vc), v0), "v is copied exactly"
+    if device == "cpu":  # the same helpers as apply_rope: the same bits
+        assert torch.equal(rows(kc), rope_ext.apply_rope(k0, pos, layout="thd", rotary_dim=48))
+    # Nothing else was written.
+    written = torch.zeros(kc.shape[:2], dtype=torch.bool)
+    if paged:
+        written[bt[seq.to(device), (idx // 8).to(device)].long().cpu(), (idx % 8)] = True
+    else:
+        written[seq, idx] = True
+    assert torch.isnan(kc.cpu()[~written]).all() and torch.isnan(vc.cpu()[~written]).all()
+
+
+def test_append_kv_batched_matches_varlen(device):
+    """The batched form [B, T, Hk, D] and the varlen form give the same cache."""
+    B, T, Hk, D = 2, 5, 2, 64
+    k, v = randn((B, T, Hk, D), torch.bfloat16, device), randn((B, T, Hk, D), torch.bfloat16, device)
+    sl = torch.tensor([3, 11], dtype=torch.int32, device=device)
+    a = new_cache(B, 32, Hk, D, torch.bfloat16, device, False)
+    b = new_cache(B, 32, Hk, D, torch.bfloat16, device, False)
+    rope_ext.append_kv(k, v, a[0], a[1], sl, interleaved=True)
+    cu = torch.tensor([0, T, 2 * T], dtype=torch.int32, device=device)
+    rope_ext.append_kv(k.flatten(0, 1), v.flatten(0, 1), b[0], b[1], sl, cu_seqlens=cu, interleaved=True)
+    assert torch.equal(a[0].nan_to_num(), b[0].nan_to_num()) and torch.equal(a[1].nan_to_num(), b[1].nan_to_num())
+
+
+@pytest.mark.parametrize("rotary_dim,interleaved", [(64, False), (6, False), (10, True)])
+def test_append_kv_scalar_path(device, rotary_dim, interleaved):
+    """Inputs the 16-byte kernel cannot take (feature stride != 1, a rotary half of 3
+    pairs) go through the scalar path of the same kernel: the same cache as contiguous
+    input, and float64-exact to one rounding."""
+    B, T, Hk, D = 2, 3, 2, 64
+    k, v = randn((B, T, Hk, D), torch.float16, device), randn((B, T, Hk, D), torch.float16, device)
+    kt = k.transpose(-1, -2).contiguous().transpose(-1, -2)
+    vt = v.transpose(-1, -2).contiguous().transpose(-1, -2)
+    sl = torch.tensor([0, 7], dtype=torch.int32, device=device)
+    a = new_cache(B, 16, Hk, D, torch.float16, device, False)
+    b = new_cache(B, 16, Hk, D, torch.float16, device, False)
+    kw = dict(rotary_dim=rotary_dim, interleaved=interleaved)
+    rope_ext.append_kv(k, v, a[0], a[1], sl, **kw)
+    rope_ext.append_kv(kt, vt, b[0], b[1], sl, **kw)
+    assert torch.equal(a[0].nan_to_num(), b[0].nan_to_num()) and torch.equal(a[1].nan_to_num(), b[1].nan_to_num())
+    pos = sl[:, None].long() + torch.arange(T, device=device)
+    assert_close_f64(a[0][0, :3], ref.rope_float64(k, pos, **kw)[0], 8.0, "k of sequence 0")
+    assert_close_f64(a[0][1, 7:10], ref.rope_float64(k, pos, **kw)[1], 8.0, "k of sequence 1")
+
+
+def test_kv_halves_of_one_buffer(device):
+    """k_cache and v_cache as the two halves of one [num_blocks, 2, block_size, Hk, D]
+    buffer (FlashInfer's layout) are disjoint views: accepted, and equal to separate caches."""
+    B, Hk, D, bs = 2, 2, 64, 8
+    kv = torch.zeros(5, 2, bs, Hk, D, dtype=torch.bfloat16, device=device)
+    bt = torch.tensor([[3, 0], [1, 4]], dtype=torch.int32, device=device)
+    k, v = randn((B, 5, Hk, D), torch.bfloat16, device), randn((B, 5, Hk, D), torch.bfloat16, device)
+    sl = torch.tensor([2, 9], dtype=torch.int32, device=device)
+    rope_ext.append_kv(k, v, kv[:, 0], kv[:, 1], sl, block_table=bt)
+    kc, vc = torch.zeros_like(kv[:, 0]), torch.zeros_like(kv[:, 1])
+    rope_ext.append_kv(k, v, kc, vc, sl, block_table=bt)
+    assert torch.equal(kv[:, 0], kc) and torch.equal(kv[:, 1], vc)
+    q = randn((B, 1, 4, D), torch.bfloat16, device)
+    assert torch.equal(rope_ext.attention_decode(q, kv[:, 0], kv[:, 1], sl + 5, block_table=bt),
+                       rope_ext.attention_decode(q, kc, vc, sl + 5, block_table=bt))
+
+
+# ---------------------------------------------------------------------------- rope_attention (prefill)
+@pytest.mark.parametrize("S", [1, 7, 16, 40])
+@pytest.mark.parametrize("impl", ["auto", "fused", "separate"])
+def test_rope_attention(device, S, impl):
+    B, Hq, Hk, D = 2, 8, 2, 64
+    dtype = torch.bfloat16
+    q, k, v = randn((B, S, Hq, D), dtype, device), randn((B, S, Hk, D), dtype, device), randn((B, S, Hk, D), dtype, device)
+    for positions in (None, torch.randint(0, 4000, (B, S), device=device), torch.arange(5, 5 + S, device=device)):
+        for causal in (True, False):
+            out = rope_ext.rope_attention(q, k, v, positions, causal=causal, impl=impl, rotary_dim=32)
+            pos = torch.arange(S, device=device)[None].expand(B, S) if positions is None else positions.expand(B, S)
+            wo, _ = ref.rope_attention_float64(q, k, v, pos, pos, causal=causal, rotary_dim=32)
+            assert out.shape == q.shape and out.dtype == dtype
+            err = (out.double().cpu() - wo.cpu()).abs().max().item()
+            assert err <= ATTN_TOL[dtype] * v.abs().max().item(), f"positions={positions is not None} causal={causal}: {err}"
+
+
+def test_rope_attention_grad_takes_the_separate_path(device):
+    B, S, Hq, Hk, D = 1, 6, 4, 2, 32
+    q, k, v = (randn((B, S, h, D), torch.float32, device).requires_grad_() for h in (Hq, Hk, Hk))
+    out = rope_ext.rope_attention(q, k, v)
+    g = randn(out.shape, torch.float32, device)
+    out.backward(g)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    pos = torch.arange(S, device=device)[None]
+    wo, _ = ref.rope_attention_float64(q64, k64, v64, pos, pos)
+    wo.backward(g.double())
+    for a, b in ((q, q64), (k, k64), (v, v64)):
+        assert (a.grad.double() - b.grad).abs().max().item() < 1e-4
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        rope_ext.rope_attention(q, k, v, impl="fused")
+
+
+# ---------------------------------------------------------------------------- bad input
+def bad_cases(dev):
+    """(what, call, exception, pattern, check_values): each call must raise before
+    writing anything. check_values: a value check (CUDA: needs set_value_checks)."""
+    dt = torch.bfloat16
+    B, Hk, D = 2, 2, 64
+    kc, vc, _ = new_cache(B, 16, Hk, D, dt, dev, paged=False)
+    pk, pv, bt = new_cache(B, 16, Hk, D, dt, dev, paged=True, block_size=8)
+    k, v = randn((B, 3, Hk, D), dt, dev), randn((B, 3, Hk, D), dt, dev)
+    q = randn((B, 1, 4, D), dt, dev)
+    sl = torch.tensor([2, 5], dtype=torch.int32, device=dev)
+    bad_bt = bt.clone()
+    bad_bt[1, 0] = pk.shape[0]  # one past the last block
+    i32 = dict(dtype=torch.int32, device=dev)
+    return [
+        ("cache too small", lambda: rope_ext.append_kv(k, v, kc, vc, torch.tensor([2, 14], **i32)), ValueError,
+         "cache is too small", True),
+        ("append block table out of range", lambda: rope_ext.append_kv(k, v, pk, pv, sl, block_table=bad_bt), ValueError,
+         "block_table entries", True),
+        ("append negative seqlens", lambda: rope_ext.append_kv(k, v, kc, vc, torch.tensor([-1, 0], **i32)), ValueError,
+         "cache_seqlens must be >= 0", True),
+        ("decode seqlens past capacity", lambda: rope_ext.attention_decode(q, kc, vc, torch.tensor([2, 17], **i32)),
+         ValueError, "seqlens past capacity", True),
+        ("decode block table out of range", lambda: rope_ext.attention_decode(q, pk, pv, sl, block_table=bad_bt),
+         ValueError, "block_table entries", True),
+        ("cu_seqlens end", lambda: rope_ext.append_kv(k[0], v[0], kc, vc, sl, cu_seqlens=torch.tensor([0, 1, 2], **i32)),
+         ValueError, "cu_seqlens must end", True),
+        ("k heads vs cache", lambda: rope_ext.append_kv(k[:, :, :1], v[:, :, :1], kc, vc, sl), ValueError,
+         "heads but k_cache has", False),
+        ("Hq not a multiple of Hk", lambda: rope_ext.attention_decode(randn((B, 1, 3, D), dt, dev), kc, vc, sl),
+         ValueError, "multiple of the cache's kv heads", False),
+        ("k head dim", lambda: rope_ext.append_kv(k[..., :32], v[..., :32], kc, vc, sl), ValueError,
+         "head dim of k", False),
+        ("q head dim", lambda: rope_ext.attention_decode(q[..., :32], kc, vc, sl), ValueError, "head dim of q", False),
+        ("q dtype vs cache", lambda: rope_ext.attention_decode(q.half(), kc, vc, sl), TypeError,
+         "q and k_cache must have the same dtype", False),
+        ("k dtype vs cache", lambda: rope_ext.append_kv(k.half(), v.half(), kc, vc, sl), TypeError,
+         "k and k_cache must have the same dtype", False),
+        ("cache last dim strided", lambda: rope_ext.attention_decode(
+            q, kc.transpose(-1, -2).contiguous().transpose(-1, -2), vc, sl), ValueError, "contiguous last", False),
+        ("append cache last dim strided", lambda: rope_ext.append_kv(
+            k, v, kc, vc.transpose(-1, -2).contiguous().transpose(-1, -2), sl), ValueError, "contiguous last", False),
+        ("v_cache shape", lambda: rope_ext.append_kv(k, v, kc, vc[:, :8], sl), ValueError, "v_cache must have the shape",
+         False),
+        ("q aliases k", lambda: rope_ext.append_kv(k, v, kc, vc, sl, q=k), ValueError, "must not share memory with k",
+         False),
+        ("same cache twice", lambda: rope_ext.append_kv(k, v, kc, kc, sl), ValueError, "must not share memory", False),
+        ("seqlens shape", lambda: rope_ext.attention_decode(q, kc, vc, sl[:1]), ValueError, "cache_seqlens must have shape",
+         False),
+        ("seqlens float", lambda: rope_ext.attention_decode(q, kc, vc, sl.float()), TypeError, "cache_seqlens must be an int",
+         False),
+        ("contiguous cache batch", lambda: rope_ext.attention_decode(q, kc[:1], vc[:1], sl), ValueError,
+         "k_cache must hold B", False),
+        ("block_table shape", lambda: rope_ext.attention_decode(q, pk, pv, sl, block_table=bt[:1]), ValueError,
+         "block_table must have shape", False),
+        ("positions shape", lambda: rope_ext.attention_decode(q, kc, vc, sl, positions=torch.zeros(B, 2, **i32)),
+         ValueError, "positions must have shape", False),
+        ("positions and offsets", lambda: rope_ext.append_kv(k, v, kc, vc, sl, positions=torch.zeros(3, **i32),
+                                                             offsets=3), ValueError, "not both", False),
+        ("unknown impl", lambda: rope_ext.attention_decode(q, kc, vc, sl, impl="fast"), ValueError, "impl must be", False),
+        ("full fusion with positions", lambda: rope_ext.attention_decode(q, kc, vc, sl, impl="full_fusion",
+                                                                         positions=torch.zeros(B, 1, **i32)),
+         ValueError, "full_fusion", False),
+        ("rotary_dim odd", lambda: rope_ext.append_kv(k, v, kc, vc, sl, rotary_dim=7), ValueError, "rotary_dim", False),
+        ("not a tensor", lambda: rope_ext.append_kv(k, v, kc, vc, [2, 5]), TypeError, "cache_seqlens must be a torch.Tensor",
+         False),
+    ], (kc, vc, pk, pv, k, v, q)
+
+
+BAD_NAMES = [c[0] for c in bad_cases("cpu")[0]]
+
+
+@pytest.mark.parametrize("what", BAD_NAMES)
+def test_bad_input_raises_clearly(device, what):
+    cases, tensors = bad_cases(device)
+    _, call, exc, pat, value_check = next(c for c in cases if c[0] == what)
+    before = [t.clone() for t in tensors]
+    if device == "cuda" and value_check:
+        rope_ext.set_value_checks(True)
+    try:
+        with pytest.raises(exc, match=pat):
+            call()
+    finally:
+        rope_ext.set_value_checks(False)
+    for t, b in zip(tensors, before):
+        assert torch.equal(t.nan_to_num(), b.nan_to_num()) and torch.equal(t.isnan(), b.isnan()), "nothing written"
+    if device == "cuda":
+        torch.cuda.synchronize()  # the context is still healthy
+
+
+@cuda
+def test_cuda_kernel_drops_slots_out_of_range():
+    """Without value checks (CUDA default) a token whose slot does not exist (past the
+    capacity, or a block id out of range) is dropped: nothing outside the cache changes,
+    the other tokens are written."""
+    dt = torch.bfloat16
+    B, Hk, D, cap = 2, 2, 64, 16
+    guard = torch.full((B + 2, cap, Hk, D), NAN, dtype=dt, device="cuda")
+    kc, vc_buf = guard[1:B + 1], torch.full((B + 2, cap, Hk, D), NAN, dtype=dt, device="cuda")
+    vc = vc_buf[1:B + 1]
+    k, v = randn((B, 4, Hk, D), dt, "cuda"), randn((B, 4, Hk, D), dt, "cuda")
+    rope_ext.append_kv(k, v, kc, vc, torch.tensor([2, 14], dtype=torch.int32, device="cuda"))
+    torch.cuda.synchronize()
+    assert torch.isnan(guard[0]).all() and torch.isnan(guard[B + 1]).all()
+    assert torch.isnan(vc_buf[0]).all() and torch.isnan(vc_buf[B + 1]).all()
+    assert torch.isfinite(kc[0, 2:6]).all() and torch.isfinite(kc[1, 14:16]).all()
+    # Paged: block ids one past the last block are dropped, on write and on read. The
+    # cache sits inside a NaN guard buffer, so a write through a bad id would show.
+    nb, bs = 2 * B, 8
+    big_k = torch.full((nb + 2, bs, Hk, D), NAN, dtype=dt, device="cuda")
+    big_v = torch.full_like(big_k, NAN)
+    pk, pv = big_k[1:nb + 1], big_v[1:nb + 1]
+    pk.zero_()
+    pv.zero_()
+    bt = torch.arange(nb, dtype=torch.int32, device="cuda").view(B, 2)
+    bt[1, 1] = nb  # out of range: sequence 1's tokens at indices 8.. are dropped
+    rope_ext.append_kv(k, v, pk, pv, torch.tensor([0, 6], dtype=torch.int32, device="cuda"), block_table=bt)
+    o = rope_ext.attention_decode(randn((B, 1, 4, D), dt, "cuda"), pk, pv,
+                                  torch.tensor([4, 10], dtype=torch.int32, device="cuda"), block_table=bt)
+    torch.cuda.synchronize()
+    assert torch.isfinite(o).all(), "keys in a bad block are skipped, not read"
+    assert torch.isnan(big_k[0]).all() and torch.isnan(big_k[nb + 1]).all()
+    assert torch.isnan(big_v[0]).all() and torch.isnan(big_v[nb + 1]).all()
+    assert (pk[2, 6:8] != 0).any() and (pk[0, :4] != 0).any(), "the valid tokens are written"
+
+
+# ---------------------------------------------------------------------------- op layer
+def op_samples(device):
+    dt = torch.bfloat16
+    B, Hk, D = 2, 2, 64
+    kc, vc, _ = new_cache(B, 24, Hk, D, dt, device, paged=False)
+    kc.normal_()
+    vc.normal_()
+    pk, pv, bt = new_cache(B, 24, Hk, D, dt, device, paged=True, block_size=8)
+    pk.normal_()
+    pv.normal_()
+    k, v, q = randn((B, 3, Hk, D), dt, device), randn((B, 3, Hk, D), dt, device), randn((B, 3, 4, D), dt, device)
+    sl = torch.tensor([2, 9], dtype=torch.int32, device=device)
+    cu = torch.tensor([0, 1, 3], dtype=torch.int32, device=device)
+    pos = torch.randint(0, 100, (B, 3), device=device)
+    f = rope_ext.inv_freq(D, 500.0, device=device)
+    #     k, v, k_cache, v_cache, seqlens, cu, positions, block_table, q, offsets, offset, inv_freq, cache, base, R, inter, rot
+    return [
+        ("append_kv", (k, v, kc, vc, sl, None, None, None, None, None, 0, None, None, 10000.0, -1, False, True)),
+        ("append_kv", (k, v, pk, pv, sl, None, pos, bt, q.clone(), None, 0, f, None, 10000.0, -1, True, True)),
+        ("append_kv", (k[0], v[0], kc, vc, sl, cu, None, None, None, None, 5, None, None, 10000.0, 32, False, False)),
+        ("attention_decode", (q, kc, vc, sl + 3, None, None, None, 0, None, None, 10000.0, -1, False, None, True, 0, 0,
+                              "auto")),
+        ("attention_decode", (q, pk, pv, sl + 3, pos, bt, None, 0, f, None, 10000.0, -1, True, 0.3, True, 12, 0,
+                              "hybrid")),
+        ("attention_decode", (q[:, :1], kc, vc, sl, None, None, torch.tensor([1, 7], device=device), 0, None, None,
+                              10000.0, 32, False, None, False, 0, 0, "full_fusion")),
+    ]
+
+
+@pytest.mark.parametrize("i", range(6))
+def test_opcheck(device, i):
+    name, args = op_samples(device)[i]
+    torch.library.opcheck(getattr(OPS, name).default, args)
+
+
+def test_compile_fullgraph(device):
+    """append_kv + attention_decode in one compiled graph, no graph break, equal to eager."""
+    dt = torch.bfloat16
+    B, Hk, D = 2, 2, 64
+    k, v, q = randn((B, 2, Hk, D), dt, device), randn((B, 2, Hk, D), dt, device), randn((B, 2, 8, D), dt, device)
+    sl = torch.tensor([3, 10], dtype=torch.int32, device=device)
+
+    def step(q, k, v, kc, vc, sl, bt):
+        rope_ext.append_kv(k, v, kc, vc, sl, block_table=bt)
+        o, lse = rope_ext.attention_decode(q, kc, vc, sl + k.shape[1], block_table=bt, return_lse=True)
+        return o * 1, lse
+
+    for paged in (False, True):
+        kc, vc, bt = new_cache(B, 24, Hk, D, dt, device, paged=paged, block_size=8)
+        kc.zero_()
+        vc.zero_()
+        kc2, vc2 = kc.clone(), vc.clone()
+        want = step(q, k, v, kc, vc, sl, bt)
+        for backend in ("aot_eager", "inductor"):
+            torch._dynamo.reset()
+            kc3, vc3 = kc2.clone(), vc2.clone()
+            got = torch.compile(step, fullgraph=True, backend=backend)(q, k, v, kc3, vc3, sl, bt)
+            for a, b in zip(want, got):
+                assert torch.equal(a, b), backend
+            assert torch.equal(kc3, kc) and torch.equal(vc3, vc), f"{backend}: cache writes kept"
+    # rope_attention's fused path (and the separate one) trace without a graph break too.
+    kk, vv = randn((B, 2, Hk, D), dt, device), randn((B, 2, Hk, D), dt, device)
+    pos = torch.randint(0, 99, (B, 2), device=device)
+    for impl in ("fused", "separate"):
+        for p in (None, pos):
+            torch._dynamo.reset()
+            f = torch.compile(lambda a, b, c, p: rope_ext.rope_attention(a, b, c, p, impl=impl), fullgraph=True,
+                              backend="aot_eager")
+            assert torch.equal(f(q, kk, vv, p), rope_ext.rope_attention(q, kk, vv, p, impl=impl)), (impl, p is None)
+
+
+@cuda
+def test_cuda_graph_capture():
+    """append_kv + attention_decode captured once (no host sync inside), replayed with new
+    cache lengths and inputs written into the captured buffers."""
+    dt = torch.bfloat16
+    B, Hk, G, D, cap = 4, 2, 4, 128, 512
+    kc, vc, bt = new_cache(B, cap, Hk, D, dt, "cuda", paged=True, block_size=16)
+    kc.zero_()
+    vc.zero_()
+    k, v, q = randn((B, 1, Hk, D), dt, "cuda"), randn((B, 1, Hk, D), dt, "cuda"), randn((B, 1, Hk * G, D), dt, "cuda")
+    sl = torch.tensor([0, 5, 100, 400], dtype=torch.int32, device="cuda")
+    sl_after = sl + 1
+
+    def step():
+        rope_ext.append_kv(k, v, kc, vc, sl, block_table=bt)
+        return rope_ext.attention_decode(q, kc, vc, sl_after, block_table=bt, return_lse=True)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        o, lse = step()
+    for lens in ([7, 0, 300, 511], [1, 2, 3, 4]):
+        sl.copy_(torch.tensor(lens, dtype=torch.int32))
+        sl_after.copy_(sl + 1)
+        for t in (k, v, q):
+            t.copy_(randn(t.shape, dt, "cuda"))
+        g.replay()
+        torch.cuda.synchronize()
+        kc2, vc2 = kc.clone(), vc.clone()
+        rope_ext.append_kv(k, v, kc2, vc2, sl, block_table=bt)
+        want_o, want_lse = rope_ext.attention_decode(q, kc2, vc2, sl_after, block_table=bt, return_lse=True)
+        assert torch.equal(kc, kc2) and torch.equal(o, want_o) and torch.equal(lse, want_lse), lens
+
+
+def test_reference_matches_sdpa():
+    """The float64 reference itself, against torch's SDPA (full causal square case)."""
+    B, S, Hq, Hk, D = 2, 9, 6, 2, 16
+    q, k, v = torch.randn(B, S, Hq, D), torch.randn(B, S, Hk, D), torch.randn(B, S, Hk, D)
+    o, _ = ref.attention_float64(q, k, v)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q.double().transpose(1, 2), k.double().transpose(1, 2), v.double().transpose(1, 2), is_causal=True,
+        enable_gqa=True).transpose(1, 2)
+    assert (o - want).abs().max().item() < 1e-12
+
+
+def test_exports():
+    assert set(("append_kv", "attention_decode", "rope_attention")) <= set(rope_ext.__all__)
+    assert "cpu" in DEVICES
