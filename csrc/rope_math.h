@@ -116,10 +116,12 @@ ROPE_HD float inv_freq_of(const RopeParams& p, int i) {
 // never takes it (issue 11: the flat kernel's eight inlined sincosf were most of
 // its ~6000 instructions, a lot of cold instruction fetch for a 5 us kernel). The
 // argument error is the same: t's double rounding is ~|t| * 2^-52, then one fp32
-// rounding of t (vs of r before). -DROPE_EXT_SINCOSF=1 restores the sincosf path.
+// rounding of t (vs of r before). Opt-in (-DROPE_EXT_SINCOSPIF=1) until it has run
+// the tests and the accuracy bench on a GPU: the sincosf path is the one measured on
+// the H100 (docs/h100_accuracy.txt).
 ROPE_HD void angle_sincos(int64_t pos, float f, float* s, float* c) {
   const double a = static_cast<double>(pos) * static_cast<double>(f);
-#if defined(__CUDA_ARCH__) && !defined(ROPE_EXT_SINCOSF)
+#if defined(__CUDA_ARCH__) && defined(ROPE_EXT_SINCOSPIF)
   const double t = a * 0.3183098861837907;          // 1 / pi
   const double r = ::fma(-2.0, ::rint(t * 0.5), t);  // exact: t - 2k, in [-1, 1]
   ::sincospif(static_cast<float>(r), s, c);

@@ -9,9 +9,9 @@
 //
 // Both take the shape of rope variant 4 (the tile kernel), which is what made the
 // plain RoPE reach the copy bandwidth (rope_variants.cuh): a block owns a short tile
-// of consecutive rows (token-group-major) and exits. Its first rows' loads go out,
-// then it fills a shared table of sin/cos for the tile's token groups and the fp32
-// weights (+ offset), one barrier, then each team of TPR threads takes whole rows: loads the row, reduces mean(x^2)
+// of consecutive rows (token-group-major) and exits. It fills a shared table of
+// sin/cos for the tile's token groups and the fp32 weights (+ offset), one barrier,
+// then each team of TPR threads takes whole rows: loads the row, reduces mean(x^2)
 // with shuffles inside the team, normalises, rotates from the table, stores. A row
 // is read once and written once; sin/cos are computed once per (token, pair), not
 // per head.
@@ -87,64 +87,6 @@ __device__ __forceinline__ float team_sum(float v, int tpr) {
   return v;
 }
 
-// One row of a team, as one thread holds it: where it goes and its units in fp32.
-template <int kMaxU, int E, bool kBwd>
-struct NormRow {
-  bool active = false;
-  int t = 0;          // tensor (q rows first, then k)
-  int64_t gl = 0;     // the row's token group within the tile (table row)
-  void* out = nullptr;
-  int64_t os3 = 1;
-  float e[kMaxU][E];                 // x
-  float g[kBwd ? kMaxU : 1][E];      // backward: dy
-};
-
-// Locates local row lr of the tile and loads this thread's units of x (and dy).
-template <typename T, int V, int kMaxU, int E, bool kBwd>
-__device__ __forceinline__ void load_norm_row(const NormRopeParams& np, const NormRopeShape& sh, int64_t r_begin,
-                                              int64_t n, int64_t g_first, int64_t lr, int lane,
-                                              NormRow<kMaxU, E, kBwd>& row) {
-  const RopeParams& p = np.rope;
-  row.active = lr < n;
-  if (!row.active) return;
-  const int64_t rows_g = rows_per_group(p), r = r_begin + lr;
-  // 32-bit division when it fits (a 64-bit divide is a long subroutine).
-  const int64_t g = (static_cast<uint64_t>(r) >> 32) == 0 && (static_cast<uint64_t>(rows_g) >> 32) == 0
-                        ? static_cast<int64_t>(static_cast<uint32_t>(r) / static_cast<uint32_t>(rows_g))
-                        : r / rows_g;
-  row.gl = g - g_first;
-  int64_t b0, s;
-  group_token(p, g, &b0, &s);
-  const RowCoord c = row_coord(p, batches_per_group(p), b0, r - g * rows_g);
-  row.t = c.t;
-  // Selects, not p.t[c.t]: a runtime index into the parameters makes the compiler
-  // copy them to local memory (rope_variants.cuh).
-  const TensorView& v = c.t ? p.t[1] : p.t[0];
-  const T* in = static_cast<const T*>(v.in) + c.b * v.in_stride[0] + s * v.in_stride[1] + c.h * v.in_stride[2];
-  row.out = static_cast<T*>(v.out) + c.b * v.out_stride[0] + s * v.out_stride[1] + c.h * v.out_stride[2];
-  row.os3 = v.out_stride[3];
-  const T* xr = in;
-  int64_t xs3 = v.in_stride[3];
-  if (kBwd) {
-    const int64_t* xs = c.t ? np.x_stride[1] : np.x_stride[0];
-    xr = static_cast<const T*>(c.t ? np.x[1] : np.x[0]) + c.b * xs[0] + s * xs[1] + c.h * xs[2];
-    xs3 = xs[3];
-  }
-#pragma unroll
-  for (int k = 0; k < kMaxU; ++k) {
-    const int u = lane + k * sh.tpr;
-    if (u >= sh.units) break;
-    int fa, fb;
-    unit_segments(p, u, sh.rot_units, V, &fa, &fb);
-    load_segment<T, V>(xr, xs3, fa, p.D, row.e[k]);
-    load_segment<T, V>(xr, xs3, fb, p.D, row.e[k] + V);
-    if (kBwd) {
-      load_segment<T, V>(in, v.in_stride[3], fa, p.D, row.g[k]);
-      load_segment<T, V>(in, v.in_stride[3], fb, p.D, row.g[k] + V);
-    }
-  }
-}
-
 // kMaxU: units per thread kept in registers (2V floats each).
 template <typename T, int V, int kMaxU, bool kInterleaved, bool kBwd>
 __global__ void __launch_bounds__(kNormRopeThreads) norm_rope_kernel(const __grid_constant__ NormRopeParams np,
@@ -159,18 +101,12 @@ __global__ void __launch_bounds__(kNormRopeThreads) norm_rope_kernel(const __gri
   const int half = p.R / 2, D = p.D, nt = p.num_tensors;
   const int tid = threadIdx.x, nthreads = blockDim.x;
 
-  const int64_t rows_g = rows_per_group(p);
+  const int64_t rows_g = rows_per_group(p), NB = batches_per_group(p);
   const int64_t total = num_groups(p) * rows_g;
   const int64_t r_begin = static_cast<int64_t>(blockIdx.x) * sh.rows;
   const int64_t n = min(total, r_begin + sh.rows) - r_begin;
   const int64_t g_first = r_begin / rows_g;
   const int groups = static_cast<int>((r_begin + n - 1) / rows_g - g_first + 1);
-  const int tpr = sh.tpr, lane = tid % tpr, team = tid / tpr, nteams = nthreads / tpr;
-
-  // The first row's loads go out before the table is computed: its DRAM latency
-  // overlaps the sin/cos work (what made rope variant 4 reach the copy bandwidth).
-  NormRow<kMaxU, E, kBwd> row;
-  load_norm_row<T, V, kMaxU, E, kBwd>(np, sh, r_begin, n, g_first, team, lane, row);
 
   fill_sincos_table(p, g_first, groups, cos_tab, sin_tab);
   for (int i = tid; i < nt * D; i += nthreads) {
@@ -182,6 +118,7 @@ __global__ void __launch_bounds__(kNormRopeThreads) norm_rope_kernel(const __gri
   }
   __syncthreads();
 
+  const int tpr = sh.tpr, lane = tid % tpr, team = tid / tpr, nteams = nthreads / tpr;
   float acc[2][kMaxU][E];  // backward: dw partial sums per tensor (registers)
   if (kBwd) {
 #pragma unroll
@@ -195,23 +132,59 @@ __global__ void __launch_bounds__(kNormRopeThreads) norm_rope_kernel(const __gri
   // Every thread runs the same number of iterations: the team reductions are warp
   // shuffles, so idle teams take part with zeros.
   for (int64_t lr0 = 0; lr0 < n; lr0 += nteams) {
-    const bool active = row.active;
-    const int t = row.t;
+    const int64_t lr = lr0 + team;
+    const bool active = lr < n;
+    int t = 0;
+    int64_t gl = 0;
+    const T* xrow = nullptr;   // x (forward input, backward's saved x)
+    const T* grow = nullptr;   // backward: dy
+    T* orow = nullptr;
+    int64_t xs3 = 1, gs3 = 1, os3 = 1;
+    if (active) {
+      const int64_t r = r_begin + lr;
+      const int64_t g = r / rows_g;
+      gl = g - g_first;
+      int64_t b0, s;
+      group_token(p, g, &b0, &s);
+      const RowCoord c = row_coord(p, NB, b0, r - g * rows_g);
+      t = c.t;
+      // Selects, not p.t[c.t]: a runtime index into the parameters makes the
+      // compiler copy them to local memory (rope_variants.cuh).
+      const TensorView& v = t ? p.t[1] : p.t[0];
+      const T* in = static_cast<const T*>(v.in) + c.b * v.in_stride[0] + s * v.in_stride[1] + c.h * v.in_stride[2];
+      orow = static_cast<T*>(v.out) + c.b * v.out_stride[0] + s * v.out_stride[1] + c.h * v.out_stride[2];
+      os3 = v.out_stride[3];
+      if (kBwd) {
+        const int64_t* xs = t ? np.x_stride[1] : np.x_stride[0];
+        xrow = static_cast<const T*>(t ? np.x[1] : np.x[0]) + c.b * xs[0] + s * xs[1] + c.h * xs[2];
+        xs3 = xs[3];
+        grow = in;
+        gs3 = v.in_stride[3];
+      } else {
+        xrow = in;
+        xs3 = v.in_stride[3];
+      }
+    }
+
+    float e[kMaxU][E];
     float ss = 0.f;
 #pragma unroll
     for (int k = 0; k < kMaxU; ++k) {
       const int u = lane + k * tpr;
       if (active && u < sh.units) {
+        int fa, fb;
+        unit_segments(p, u, sh.rot_units, V, &fa, &fb);
+        load_segment<T, V>(xrow, xs3, fa, D, e[k]);
+        load_segment<T, V>(xrow, xs3, fb, D, e[k] + V);
 #pragma unroll
-        for (int j = 0; j < E; ++j) ss += row.e[k][j] * row.e[k][j];
+        for (int j = 0; j < E; ++j) ss += e[k][j] * e[k][j];
       }
     }
     ss = team_sum(ss, tpr);
     const float rstd = 1.f / sqrtf(ss / D + np.eps);
     const float* w = w_s + t * D;
-    const float* ct = cos_tab + row.gl * half;
-    const float* st = sin_tab + row.gl * half;
-    T* orow = static_cast<T*>(row.out);
+    const float* ct = cos_tab + gl * half;
+    const float* st = sin_tab + gl * half;
 
     if (!kBwd) {
 #pragma unroll
@@ -220,11 +193,10 @@ __global__ void __launch_bounds__(kNormRopeThreads) norm_rope_kernel(const __gri
         if (!active || u >= sh.units) continue;
         int fa, fb;
         unit_segments(p, u, sh.rot_units, V, &fa, &fb);
-        float y[E];
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-          y[j] = row.e[k][j] * rstd * w[fa + j];
-          y[V + j] = row.e[k][V + j] * rstd * (fb + j < D ? w[fb + j] : 0.f);
+          e[k][j] *= rstd * w[fa + j];
+          e[k][V + j] *= rstd * (fb + j < D ? w[fb + j] : 0.f);
         }
         if (u < sh.rot_units) {
 #pragma unroll
@@ -232,62 +204,66 @@ __global__ void __launch_bounds__(kNormRopeThreads) norm_rope_kernel(const __gri
             int a, b;
             pair_slots<kInterleaved, V>(j, &a, &b);
             const int i = u * V + j;
-            const float x0 = y[a], x1 = y[b], c = ct[i], sn = st[i];
-            y[a] = x0 * c - x1 * sn;
-            y[b] = x1 * c + x0 * sn;
+            const float x0 = e[k][a], x1 = e[k][b], c = ct[i], sn = st[i];
+            e[k][a] = x0 * c - x1 * sn;
+            e[k][b] = x1 * c + x0 * sn;
           }
         }
-        store_segment<T, V>(orow, row.os3, fa, D, y);
-        store_segment<T, V>(orow, row.os3, fb, D, y + V);
+        store_segment<T, V>(orow, os3, fa, D, e[k]);
+        store_segment<T, V>(orow, os3, fb, D, e[k] + V);
       }
-    } else {
-      // g = R(-theta) dy (the table holds -sin), gw = g * w, n = x * rstd;
-      // dx = rstd * (gw - n * mean(gw * n)); dw += g * n.
-      float dot = 0.f;
+      continue;
+    }
+
+    // Backward: g = R(-theta) dy (the table holds -sin), gw = g * w, n = x * rstd;
+    // dx = rstd * (gw - n * mean(gw * n)); dw += g * n.
+    float gr[kMaxU][E];
+    float dot = 0.f;
 #pragma unroll
-      for (int k = 0; k < kMaxU; ++k) {
-        const int u = lane + k * tpr;
-        if (!active || u >= sh.units) continue;
-        int fa, fb;
-        unit_segments(p, u, sh.rot_units, V, &fa, &fb);
-        if (u < sh.rot_units) {
+    for (int k = 0; k < kMaxU; ++k) {
+      const int u = lane + k * tpr;
+      if (!active || u >= sh.units) continue;
+      int fa, fb;
+      unit_segments(p, u, sh.rot_units, V, &fa, &fb);
+      load_segment<T, V>(grow, gs3, fa, D, gr[k]);
+      load_segment<T, V>(grow, gs3, fb, D, gr[k] + V);
+      if (u < sh.rot_units) {
 #pragma unroll
-          for (int j = 0; j < V; ++j) {
-            int a, b;
-            pair_slots<kInterleaved, V>(j, &a, &b);
-            const int i = u * V + j;
-            const float y0 = row.g[k][a], y1 = row.g[k][b], c = ct[i], sn = st[i];
-            row.g[k][a] = y0 * c - y1 * sn;
-            row.g[k][b] = y1 * c + y0 * sn;
-          }
-        }
-#pragma unroll
-        for (int j = 0; j < E; ++j) {
-          const int f = j < V ? fa + j : fb + j - V;
-          dot += row.g[k][j] * (f < D ? w[f] : 0.f) * row.e[k][j];
+        for (int j = 0; j < V; ++j) {
+          int a, b;
+          pair_slots<kInterleaved, V>(j, &a, &b);
+          const int i = u * V + j;
+          const float y0 = gr[k][a], y1 = gr[k][b], c = ct[i], sn = st[i];
+          gr[k][a] = y0 * c - y1 * sn;
+          gr[k][b] = y1 * c + y0 * sn;
         }
       }
-      const float mean = team_sum(dot, tpr) * rstd / D;
 #pragma unroll
-      for (int k = 0; k < kMaxU; ++k) {
-        const int u = lane + k * tpr;
-        if (!active || u >= sh.units) continue;
-        int fa, fb;
-        unit_segments(p, u, sh.rot_units, V, &fa, &fb);
-        float dx[E];
-#pragma unroll
-        for (int j = 0; j < E; ++j) {
-          const int f = j < V ? fa + j : fb + j - V;
-          const float nx = row.e[k][j] * rstd;
-          dx[j] = rstd * (row.g[k][j] * (f < D ? w[f] : 0.f) - nx * mean);
-          if (t) acc[1][k][j] += row.g[k][j] * nx; else acc[0][k][j] += row.g[k][j] * nx;
-        }
-        store_segment<T, V>(orow, row.os3, fa, D, dx);
-        store_segment<T, V>(orow, row.os3, fb, D, dx + V);
+      for (int j = 0; j < E; ++j) {
+        const int f = j < V ? fa + j : fb + j - V;
+        const float wf = f < D ? w[f] : 0.f;
+        dot += gr[k][j] * wf * e[k][j];
       }
     }
-    if (lr0 + nteams < n) load_norm_row<T, V, kMaxU, E, kBwd>(np, sh, r_begin, n, g_first, lr0 + nteams + team, lane, row);
-    else row.active = false;
+    const float mean = team_sum(dot, tpr) * rstd / D;
+#pragma unroll
+    for (int k = 0; k < kMaxU; ++k) {
+      const int u = lane + k * tpr;
+      if (!active || u >= sh.units) continue;
+      int fa, fb;
+      unit_segments(p, u, sh.rot_units, V, &fa, &fb);
+      float dx[E];
+#pragma unroll
+      for (int j = 0; j < E; ++j) {
+        const int f = j < V ? fa + j : fb + j - V;
+        const float wf = f < D ? w[f] : 0.f;
+        const float nx = e[k][j] * rstd;
+        dx[j] = rstd * (gr[k][j] * wf - nx * mean);
+        if (t) acc[1][k][j] += gr[k][j] * nx; else acc[0][k][j] += gr[k][j] * nx;
+      }
+      store_segment<T, V>(orow, os3, fa, D, dx);
+      store_segment<T, V>(orow, os3, fb, D, dx + V);
+    }
   }
 
   if (kBwd) {

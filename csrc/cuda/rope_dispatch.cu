@@ -1,6 +1,6 @@
 // CUDA dispatch: picks a variant from csrc/cuda/rope_variants.cuh, sizes the grid and
 // launches on the current stream of x's device. auto: flat (variant 5) for x (q + k)
-// of at most ROPE_EXT_FLAT_MAX_BYTES bytes (default 8 MiB, read once; see
+// of at most ROPE_EXT_FLAT_MAX_BYTES bytes (default 0 until measured, read once; see
 // flat_max_bytes_from_env), fp32x4_tile (variant 4) above, fp32 (variant 2) when the
 // 16-byte path does not apply.
 // (No ATen/cuda/CUDAContext.h: it pulls in cuSPARSE/cuBLAS headers that a bare CUDA
@@ -28,9 +28,11 @@ std::atomic<int64_t> g_flat_max_bytes{-1};   // < 0: the environment or the defa
 
 // auto picks variant 5 (flat) for x (q + k together) of at most this many bytes, and
 // variant 4 (tiles) above. Read once from ROPE_EXT_FLAT_MAX_BYTES (a byte count,
-// e.g. 8388608 or 8e6); the default is a guess until tuned on the H100
-// (bench/tune_flat.py prints the time of both variants against candidate limits).
-constexpr int64_t kFlatMaxBytesDefault = int64_t(8) << 20;
+// e.g. 8388608 or 8e6). Default 0 (auto never picks flat): variant 5 has not run on a
+// GPU yet (the session that wrote it had no device left), so auto keeps the tile kernel
+// measured on the H100 until bench/tune_flat.py has timed both and the CUDA tests of
+// flat have passed there; then set the default to the limit it prints (guess: 8 MiB).
+constexpr int64_t kFlatMaxBytesDefault = 0;
 int64_t flat_max_bytes_from_env() {
   static const int64_t v = [] {
     const char* e = std::getenv("ROPE_EXT_FLAT_MAX_BYTES");
