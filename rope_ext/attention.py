@@ -26,6 +26,24 @@ PREFILL_IMPLS = ("fused", "separate")
 #: Largest number of query tokens for which rope_attention(impl="auto") takes the fused kernel.
 FUSED_MAX_Q = 16
 
+#: The CUDA kernels of this family compile (CI) and their CPU reference path passes its
+#: tests, but they have not yet run on a GPU (the session that wrote them had no device
+#: time left; issue 9 stays open). Until they have: rope_attention(impl="auto") takes the
+#: separate path (rope_ext's verified rope + SDPA), and the first CUDA call of append_kv /
+#: attention_decode warns once.
+CUDA_KERNELS_VERIFIED = False
+_warned = False
+
+
+def _warn_unverified(t):
+    global _warned
+    if t.is_cuda and not CUDA_KERNELS_VERIFIED and not _warned:
+        import warnings
+        _warned = True
+        warnings.warn("rope_ext: the CUDA kernels of append_kv / attention_decode have not yet been validated on a "
+                      "GPU (their tests exist: tests/test_attention.py); compare with rope_attention(impl='separate') "
+                      "before relying on them", RuntimeWarning, stacklevel=3)
+
 
 def _tensor_or_none(t, name):
     if t is not None and not isinstance(t, torch.Tensor):
@@ -94,6 +112,7 @@ def append_kv(k, v, k_cache, v_cache, cache_seqlens, *, positions=None, block_ta
     for name, t in (("positions", positions), ("block_table", block_table), ("q", q), ("cu_seqlens", cu_seqlens)):
         _tensor_or_none(t, name)
     offsets_t, offset, base, rotary_dim = _rotary_args(offsets, base, inv_freq, cos_sin_cache, rotary_dim)
+    _warn_unverified(k_cache)
     ops.append_kv(k, v, k_cache, v_cache, cache_seqlens, cu_seqlens, positions, block_table, q, offsets_t, offset,
                   inv_freq, cos_sin_cache, base, rotary_dim, bool(interleaved), bool(rotate_k))
 
@@ -146,6 +165,7 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, positions=None, bloc
         softmax_scale = float(softmax_scale)
     if not isinstance(impl, str):
         raise TypeError(f"rope_ext: impl must be a str ('auto', 'hybrid' or 'full_fusion'), got {type(impl).__name__}")
+    _warn_unverified(k_cache)
     o, lse = ops.attention_decode(q, k_cache, v_cache, cache_seqlens, positions, block_table, offsets_t, offset,
                                   inv_freq, cos_sin_cache, base, rotary_dim, bool(interleaved), softmax_scale,
                                   bool(causal), _int_or_none(max_seqlen, "max_seqlen"),
@@ -204,7 +224,8 @@ def rope_attention(q, k, v, positions=None, *, causal=True, softmax_scale=None, 
     if impl == "fused" and grad:
         raise RuntimeError("rope_ext: rope_attention(impl='fused') is not differentiable; use impl='separate' or 'auto'")
     B, S, Hq, D = q.shape
-    fused = impl == "fused" or (impl == "auto" and not grad and q.is_cuda and S <= FUSED_MAX_Q and D in (64, 128, 256)
+    fused = impl == "fused" or (impl == "auto" and CUDA_KERNELS_VERIFIED and not grad and q.is_cuda
+                                and S <= FUSED_MAX_Q and D in (64, 128, 256)
                                 and q.dtype in (torch.float16, torch.bfloat16) and q.dtype == k.dtype == v.dtype)
     if not fused:
         qr, kr = apply_rope_qk(q, k, positions, **rkw)
