@@ -178,12 +178,14 @@ def _needs_grad(*ts):
 
 
 def _as_cache(t):
-    """t [B, S, H, D] as a contiguous-layout cache: unit head-dim stride, 16-byte aligned rows."""
+    """t [B, S, H, D] as a contiguous-layout cache: unit head-dim stride, 16-byte aligned rows.
+    The fallback is a copy, not t.contiguous(): that returns a contiguous but misaligned view
+    (a slice at an odd offset) unchanged, which attention_decode on CUDA then rejects."""
     if torch.compiler.is_compiling():  # no data pointers while tracing
         return t.contiguous()
     V = 16 // t.element_size()
     ok = t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(s % V == 0 for s in t.stride()[:-1])
-    return t if ok else t.contiguous()
+    return t if ok else t.clone(memory_format=torch.contiguous_format)
 
 
 def _sdpa(q, k, v, causal, softmax_scale):

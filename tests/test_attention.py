@@ -360,6 +360,18 @@ def test_rope_attention(device, S, impl):
             assert err <= ATTN_TOL[dtype] * v.abs().max().item(), f"positions={positions is not None} causal={causal}: {err}"
 
 
+def test_as_cache_aligns_a_misaligned_contiguous_view():
+    """rope_attention's fused path hands k, v to attention_decode as caches, which CUDA needs
+    16-byte aligned: a contiguous view at an odd offset must be copied (t.contiguous() is a
+    no-op on it)."""
+    from rope_ext.attention import _as_cache
+    buf = torch.randn(1 + 2 * 3 * 2 * 64).to(torch.bfloat16)
+    k = buf[1:].view(2, 3, 2, 64)
+    assert k.is_contiguous() and k.data_ptr() % 16 != 0
+    c = _as_cache(k)
+    assert c.data_ptr() % 16 == 0 and torch.equal(c, k)
+
+
 def test_rope_attention_grad_takes_the_separate_path(device):
     B, S, Hq, Hk, D = 1, 6, 4, 2, 32
     q, k, v = (randn((B, S, h, D), torch.float32, device).requires_grad_() for h in (Hq, Hk, Hk))
