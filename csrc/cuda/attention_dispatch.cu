@@ -205,8 +205,11 @@ bool decode_cache_aligned(const KVCacheView& c, int64_t elem_size, std::string* 
 
 void attention_decode_cuda(const DecodeParams& p, at::ScalarType dtype, c10::Device device, bool full_fusion) {
   TORCH_CHECK_VALUE(p.B <= 65535 && p.cache.Hk <= 65535, "rope_ext: attention_decode supports B <= 65535 and Hk <= 65535");
-  TORCH_CHECK_VALUE(p.cache.capacity < (int64_t(1) << 31), "rope_ext: attention_decode indexes keys in 32 bits: the cache "
-                    "capacity (slots per sequence) must be below 2^31");
+  // 32-bit key indices with headroom: the kernel rounds a split up by num_splits - 1 (<= 1023)
+  // and its key loop steps up to 64 keys past the last one; either would overflow an int
+  // just below 2^31 (the loop would then never end).
+  TORCH_CHECK_VALUE(p.cache.capacity <= (int64_t(1) << 31) - 4096, "rope_ext: attention_decode indexes keys in 32 bits: the "
+                    "cache capacity (slots per sequence) must be at most 2^31 - 4096");
   TORCH_CHECK_VALUE(static_cast<int64_t>(p.num_splits) * p.row_groups < (int64_t(1) << 31),
                     "rope_ext: attention_decode: too many splits x row groups");
   const c10::cuda::CUDAGuard guard(device);

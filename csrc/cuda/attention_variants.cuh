@@ -332,8 +332,9 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_min_ctas<kRows, kFullFu
   __syncthreads();
   const float qscale = p.softmax_scale * kLog2e;  // scores in log2 units: exp2 below
   float q[kRows][E];
-  // Key indices are 32-bit (the host keeps the capacity below 2^31); element offsets
-  // into the caches stay 64-bit (cache_slot).
+  // Key indices are 32-bit (the host keeps the capacity at most 2^31 - 4096: headroom for
+  // per_split's rounding and the loop's last step); element offsets into the caches stay
+  // 64-bit (cache_slot).
   int lim[kRows];  // keys row rr may see
   int n_keys = 0;
 #pragma unroll
