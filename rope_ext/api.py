@@ -78,6 +78,17 @@ def _sections_arg(sections):
     return out
 
 
+def _offsets_arg(offsets):
+    """offsets= as (int offset, tensor offsets or None): an int, or an int tensor [B]."""
+    if isinstance(offsets, torch.Tensor):
+        return 0, offsets
+    if offsets is None:
+        return 0, None
+    if isinstance(offsets, bool) or not isinstance(offsets, int):
+        raise TypeError(f"rope_ext: offsets must be an int or an int tensor [B], got {type(offsets).__name__}")
+    return offsets, None
+
+
 def _op_options(layout, positions, offsets, base, impl, cu_seqlens, rotary_dim, interleaved, inv_freq,
                 cos_sin_cache, attention_factor=1.0, cp_size=1, cp_rank=0, cp_group=None, sections=None,
                 sections_interleaved=False):
@@ -97,13 +108,7 @@ def _op_options(layout, positions, offsets, base, impl, cu_seqlens, rotary_dim, 
             raise ValueError("rope_ext: layout='thd' needs cu_seqlens (int32 [N+1]) or positions ([T])")
     elif cu_seqlens is not None:
         raise ValueError(f"rope_ext: cu_seqlens needs layout='thd', got layout={layout!r}")
-    offset, offsets_t = 0, None
-    if isinstance(offsets, torch.Tensor):
-        offsets_t = offsets
-    elif offsets is not None:
-        if isinstance(offsets, bool) or not isinstance(offsets, int):
-            raise TypeError(f"rope_ext: offsets must be an int or an int tensor [B], got {type(offsets).__name__}")
-        offset = offsets
+    offset, offsets_t = _offsets_arg(offsets)
     # A base other than the default next to inv_freq / cos_sin_cache is a conflict. (A
     # plain float default keeps this traceable by torch.compile; an explicit
     # base=10000.0 beside another source cannot be told apart and is simply unused.)

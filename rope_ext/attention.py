@@ -17,7 +17,7 @@ what they mean for rope_ext.apply_rope: same kernels' sin/cos, same HF float32 t
 import torch
 
 from ._ops import ops
-from .api import DEFAULT_BASE, apply_rope, apply_rope_qk
+from .api import DEFAULT_BASE, _offsets_arg, apply_rope, apply_rope_qk
 
 #: attention_decode variants (csrc/cuda/attention_variants.cuh); impl="auto" picks "hybrid".
 DECODE_IMPLS = ("hybrid", "full_fusion")
@@ -58,13 +58,7 @@ def _rotary_args(offsets, base, inv_freq, cos_sin_cache, rotary_dim):
         raise ValueError("rope_ext: give one frequency source: base, inv_freq or cos_sin_cache")
     if isinstance(base, bool) or not isinstance(base, (int, float)):
         raise TypeError(f"rope_ext: base must be a number, got {type(base).__name__}")
-    offset, offsets_t = 0, None
-    if isinstance(offsets, torch.Tensor):
-        offsets_t = offsets
-    elif offsets is not None:
-        if isinstance(offsets, bool) or not isinstance(offsets, int):
-            raise TypeError(f"rope_ext: offsets must be an int or an int tensor [B], got {type(offsets).__name__}")
-        offset = offsets
+    offset, offsets_t = _offsets_arg(offsets)
     if rotary_dim is None:
         rotary_dim = -1
     elif isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int):
