@@ -197,6 +197,11 @@ class _DirectRope(torch.autograd.Function):
         opts[_INVERSE] = not opts[_INVERSE]
         gs = [torch.zeros(s, dtype=d, device=dv) if g is None else _grad_input(g, opts[_IMPL])
               for g, (s, d, dv) in zip(grads, ctx.metas)]
+        if torch.is_grad_enabled():
+            # create_graph=True (double backward): rope_direct's outputs carry no history, so
+            # the second derivative through grad_out would silently be zero; the backward is
+            # itself a rotation, recorded as one.
+            return (None, None, *_DirectRope.apply(ctx.code, opts, *gs))
         return (None, None, *_C.rope_direct(gs, ctx.code, False, *opts))
 
 
