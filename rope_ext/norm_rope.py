@@ -75,7 +75,12 @@ class _NormRopeFn(torch.autograd.Function):
         saved = ctx.saved_tensors
         xs, ws = list(saved[:n]), list(saved[n:])
         grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, xs)]
-        out = _C.norm_rope_backward_direct(grads, xs, ws, ctx.eps, ctx.weight_offset, *ctx.opts)
+        if torch.is_grad_enabled():
+            # create_graph: the op, whose Autograd kernel (norm_rope_ops.cpp) makes a double
+            # backward an error; the direct call's outputs would silently act as constants.
+            out = ops.norm_rope_backward(grads, xs, ws, ctx.eps, ctx.weight_offset, *ctx.opts)
+        else:
+            out = _C.norm_rope_backward_direct(grads, xs, ws, ctx.eps, ctx.weight_offset, *ctx.opts)
         return (None, None, None, None, *out)
 
 

@@ -165,3 +165,18 @@ def test_bad_input_clear_errors(device):
         with pytest.raises(ValueError, match="weight must be on"):
             rope_ext.rms_norm_rope(x, w.cpu())
     assert torch.equal(x, before)
+
+
+@pytest.mark.parametrize("path", ["eager", "op"])
+def test_double_backward_raises(path):
+    """The fused backward has no derivative: differentiating it (through x, w or grad_out)
+    is an error on both paths, never a second derivative computed as if it were constant."""
+    x = torch.randn(1, 3, 2, 16, dtype=torch.float64, requires_grad=True)
+    w = (1 + 0.3 * torch.randn(16, dtype=torch.float64)).requires_grad_()
+    opts = rope_ext.api._op_options("bshd", None, None, 10000.0, "auto", None, None, False, None, None)
+    f = (lambda a, b: rope_ext.rms_norm_rope(a, b)) if path == "eager" else \
+        (lambda a, b: torch.ops.rope_ext.norm_rope([a], [b], 1e-6, 0.0, *opts)[0])
+    gx, gw = torch.autograd.grad(f(x, w).sum(), (x, w), create_graph=True)
+    assert torch.equal(gx, torch.autograd.grad(f(x, w).sum(), x)[0])  # the first derivative itself is fine
+    with pytest.raises(RuntimeError, match="norm_rope_backward is not implemented"):
+        (gx ** 2).sum().backward()
