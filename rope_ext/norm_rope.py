@@ -12,7 +12,7 @@ weight's gradient in one pass).
 import torch
 
 from . import _C
-from ._ops import ops
+from ._ops import _IMPL, _grad_input, ops
 from .api import DEFAULT_BASE, _dispatch_modes, _from_bshd, _function_mode_on, _op_options, _to_bshd
 
 #: Variants of the fused norm + rope kernel; "auto" (the default) picks among them.
@@ -74,7 +74,7 @@ class _NormRopeFn(torch.autograd.Function):
         n = ctx.n
         saved = ctx.saved_tensors
         xs, ws = list(saved[:n]), list(saved[n:])
-        grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, xs)]
+        grads = [torch.zeros_like(x) if g is None else _grad_input(g, ctx.opts[_IMPL]) for g, x in zip(grads, xs)]
         if torch.is_grad_enabled():
             # create_graph: the op, whose Autograd kernel (norm_rope_ops.cpp) makes a double
             # backward an error; the direct call's outputs would silently act as constants.

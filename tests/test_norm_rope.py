@@ -114,6 +114,17 @@ def test_single_tensor_strided_and_16bit_weight(device):
             rope_ext.rms_norm_rope(x, w.detach(), pos, layout="thd", impl="tile")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_tile_backward_of_expanded_grad(device):
+    """impl='tile' runs the backward too, whose grad from .sum() is an expanded view."""
+    x = randn((2, 5, 3, 64), torch.float32, device).requires_grad_()
+    w = (1 + 0.5 * torch.randn(64, device=device)).requires_grad_()
+    rope_ext.rms_norm_rope(x, w, impl="tile").sum().backward()
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    rms_norm_rope_float64(x64, w64).sum().backward()
+    assert_close_f64(x.grad, x64.grad, x64.grad.abs().max().item(), "tile dx of .sum()")
+
+
 def test_gradcheck_float64():
     q = torch.randn(1, 3, 2, 8, dtype=torch.float64, requires_grad=True)
     k = torch.randn(1, 3, 1, 8, dtype=torch.float64, requires_grad=True)
