@@ -13,7 +13,7 @@ import torch
 
 from . import _C
 from ._ops import _IMPL, _grad_input, ops
-from .api import DEFAULT_BASE, _dispatch_modes, _from_bshd, _function_mode_on, _op_options, _to_bshd
+from .api import DEFAULT_BASE, _dispatch_modes, _from_bshd, _function_mode_on, _functorch_on, _op_options, _to_bshd
 
 #: Variants of the fused norm + rope kernel; "auto" (the default) picks among them.
 NORM_ROPE_IMPLS = tuple(_C.norm_rope_impl_names())
@@ -55,7 +55,7 @@ def _eager_ok(tensors, opts):
     the registered ops (their register_autograd). The same functions either way: the
     direct path only skips the dispatcher and torch.library's Python autograd wrapper
     (bench/NOTES.md: fwd+bwd host time 880 -> ... us per call on the CPU box)."""
-    if torch.compiler.is_compiling() or _function_mode_on() or _dispatch_modes():
+    if torch.compiler.is_compiling() or _function_mode_on() or _dispatch_modes() or _functorch_on():
         return False
     return all(type(t) is torch.Tensor for t in tensors) and \
         all(t is None or type(t) is torch.Tensor for t in opts[:5])

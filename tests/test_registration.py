@@ -149,3 +149,12 @@ def test_eager_fast_path_matches_op_path(device, layout):
     assert out.grad_fn is not None
     assert_close_f64(out, ref.rope_float64(qg.detach(), pos, layout=layout, interleaved=True), q.abs().max().item(),
                      "op path with autograd")
+
+
+def test_vmap_takes_the_op_path(device):
+    """Under torch.vmap the tensors are functorch wrappers that rope_ext._C.rope_direct
+    cannot read: the call takes the op (PyTorch's batching fallback), equal to a loop."""
+    x = randn((3, 2, 8, 2, 32), torch.float32, device)
+    pos = torch.randint(0, 1000, (2, 8), device=device)
+    got = torch.vmap(lambda t: rope_ext.apply_rope(t, pos))(x)
+    assert torch.equal(got, torch.stack([rope_ext.apply_rope(t, pos) for t in x]))
