@@ -8,6 +8,7 @@
 // xs: one tensor or (q, k), 4-D [B, S, H, D] views; weights: [D] each. The rope
 // option `impl` names the norm variant: "auto", "warp" or "tile".
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/library.h>
 
 #include "norm_rope.h"
@@ -189,6 +190,13 @@ TORCH_LIBRARY_IMPL(rope_ext, CPU, m) {
 TORCH_LIBRARY_IMPL(rope_ext, CUDA, m) {
   m.impl("norm_rope", &norm_rope);
   m.impl("norm_rope_backward", &norm_rope_backward);
+}
+
+// norm_rope_backward has no derivative (a double backward of norm_rope): this Autograd
+// kernel makes backpropagating through it an error. Without it PyTorch's fallback only
+// warns and treats the op as constant: silently wrong second derivatives.
+TORCH_LIBRARY_IMPL(rope_ext, Autograd, m) {
+  m.impl("norm_rope_backward", torch::autograd::autogradNotImplementedFallback());
 }
 
 }  // namespace rope_ext

@@ -52,9 +52,13 @@ def _backward_opts(ctx):
 
 
 def _grad_input(g, impl):
-    # An explicit variant runs on the gradient too; the vector variants need dense rows, and an
-    # autograd grad can be an expanded view (e.g. from .sum()).
-    return g if impl == "auto" else g.contiguous()
+    # An explicit variant runs on the gradient too; the vector variants need dense, 16-byte
+    # aligned rows, and an autograd grad can be an expanded view (e.g. from .sum()) or a
+    # contiguous slice at any element offset (e.g. from cat's backward).
+    if impl == "auto":
+        return g
+    g = g.contiguous()
+    return g if g.storage_offset() * g.element_size() % 16 == 0 else g.clone()
 
 
 def _rope_setup(ctx, inputs, output):
@@ -109,7 +113,7 @@ def _norm_rope_backward(ctx, grads):
     xs, weights, rest = saved[:n], saved[n:2 * n], iter(saved[2 * n:])
     idx = [next(rest) if p else None for p in ctx.present]
     eps, weight_offset, *scalars = ctx.scalars
-    grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, xs)]
+    grads = [torch.zeros_like(x) if g is None else _grad_input(g, scalars[_IMPL - 5]) for g, x in zip(grads, xs)]
     out = ops.norm_rope_backward(grads, xs, weights, eps, weight_offset, *idx, *scalars)
     return (list(out[:n]), list(out[n:]), None, None) + ctx.opt_grads
 

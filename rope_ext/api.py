@@ -164,14 +164,15 @@ _LAYOUT_CODE = {"bshd": 0, "sbhd": 1, "bhsd": 2, "thd": 3}  # rope_direct's layo
 _function_mode_on = torch._C._is_torch_function_mode_enabled
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _is_compiling = torch.compiler.is_compiling
+_functorch_on = torch._C._are_functorch_transforms_active  # vmap/grad wrap tensors that rope_direct cannot read
 
 
 def _direct_ok(xs, rank, opts, allow_grad=False):
     """Whether the call may skip the dispatcher (rope_ext._C.rope_direct): plain
     tensors of the layout's rank (that do not require grad, unless allow_grad), and
     nobody tracing or intercepting ops (torch.compile, a TorchFunction/TorchDispatch
-    mode, a subclass)."""
-    if _is_compiling() or _function_mode_on() or _dispatch_modes():
+    mode, a subclass, a torch.func transform)."""
+    if _is_compiling() or _function_mode_on() or _dispatch_modes() or _functorch_on():
         return False
     T = torch.Tensor
     for x in xs:
@@ -202,6 +203,11 @@ class _DirectRope(torch.autograd.Function):
         opts[_INVERSE] = not opts[_INVERSE]
         gs = [torch.zeros(s, dtype=d, device=dv) if g is None else _grad_input(g, opts[_IMPL])
               for g, (s, d, dv) in zip(grads, ctx.metas)]
+        if torch.is_grad_enabled():
+            # create_graph=True (double backward): rope_direct's outputs carry no history, so
+            # the second derivative through grad_out would silently be zero; the backward is
+            # itself a rotation, recorded as one.
+            return (None, None, *_DirectRope.apply(ctx.code, opts, *gs))
         return (None, None, *_C.rope_direct(gs, ctx.code, False, *opts))
 
 

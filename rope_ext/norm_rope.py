@@ -12,8 +12,8 @@ weight's gradient in one pass).
 import torch
 
 from . import _C
-from ._ops import ops
-from .api import DEFAULT_BASE, _dispatch_modes, _from_bshd, _function_mode_on, _op_options, _to_bshd
+from ._ops import _IMPL, _grad_input, ops
+from .api import DEFAULT_BASE, _dispatch_modes, _from_bshd, _function_mode_on, _functorch_on, _op_options, _to_bshd
 
 #: Variants of the fused norm + rope kernel; "auto" (the default) picks among them.
 NORM_ROPE_IMPLS = tuple(_C.norm_rope_impl_names())
@@ -55,7 +55,7 @@ def _eager_ok(tensors, opts):
     the registered ops (their register_autograd). The same functions either way: the
     direct path only skips the dispatcher and torch.library's Python autograd wrapper
     (bench/NOTES.md: fwd+bwd host time 880 -> ... us per call on the CPU box)."""
-    if torch.compiler.is_compiling() or _function_mode_on() or _dispatch_modes():
+    if torch.compiler.is_compiling() or _function_mode_on() or _dispatch_modes() or _functorch_on():
         return False
     return all(type(t) is torch.Tensor for t in tensors) and \
         all(t is None or type(t) is torch.Tensor for t in opts[:5])
@@ -74,8 +74,13 @@ class _NormRopeFn(torch.autograd.Function):
         n = ctx.n
         saved = ctx.saved_tensors
         xs, ws = list(saved[:n]), list(saved[n:])
-        grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, xs)]
-        out = _C.norm_rope_backward_direct(grads, xs, ws, ctx.eps, ctx.weight_offset, *ctx.opts)
+        grads = [torch.zeros_like(x) if g is None else _grad_input(g, ctx.opts[_IMPL]) for g, x in zip(grads, xs)]
+        if torch.is_grad_enabled():
+            # create_graph: the op, whose Autograd kernel (norm_rope_ops.cpp) makes a double
+            # backward an error; the direct call's outputs would silently act as constants.
+            out = ops.norm_rope_backward(grads, xs, ws, ctx.eps, ctx.weight_offset, *ctx.opts)
+        else:
+            out = _C.norm_rope_backward_direct(grads, xs, ws, ctx.eps, ctx.weight_offset, *ctx.opts)
         return (None, None, None, None, *out)
 
 

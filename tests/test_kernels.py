@@ -78,6 +78,24 @@ def test_seed_rope_single_call(device, impl):
         assert_close_f64(out, ref.rope_float64(x4).reshape(shape), x.abs().max().item(), f"rope {shape}")
 
 
+@pytest.mark.parametrize("impl", VECTOR_IMPLS)
+def test_vector_impl_backward_any_grad(device, impl):
+    """An explicit 16-byte variant also runs the backward: on an expanded grad (from .sum())
+    and on a contiguous grad that starts mid-chunk (cat's backward slices it at 1 element)."""
+    for layout in ("bshd", "bhsd"):
+        x = randn(shape_of(layout), torch.float32, device).requires_grad_()
+        y = rope_ext.apply_rope(x, layout=layout, impl=impl)
+        y.sum().backward()
+        assert_close_f64(x.grad, ref.rope_float64(torch.ones_like(x), layout=layout, inverse=True), 1.0, "sum grad")
+        x.grad = None
+        g = randn((1 + y.numel(),), torch.float32, device)
+        (torch.cat([torch.zeros(1, device=device), rope_ext.apply_rope(x, layout=layout, impl=impl).flatten()]) * g
+         ).sum().backward()
+        gy = g[1:].view(y.shape)
+        assert_close_f64(x.grad, ref.rope_float64(gy, layout=layout, inverse=True), gy.abs().max().item(),
+                         "misaligned grad")
+
+
 def test_layouts_agree(device):
     """The same tokens in every layout give the same rotated values."""
     x = randn((B, S, H, D), torch.bfloat16, device)

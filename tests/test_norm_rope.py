@@ -114,6 +114,17 @@ def test_single_tensor_strided_and_16bit_weight(device):
             rope_ext.rms_norm_rope(x, w.detach(), pos, layout="thd", impl="tile")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_tile_backward_of_expanded_grad(device):
+    """impl='tile' runs the backward too, whose grad from .sum() is an expanded view."""
+    x = randn((2, 5, 3, 64), torch.float32, device).requires_grad_()
+    w = (1 + 0.5 * torch.randn(64, device=device)).requires_grad_()
+    rope_ext.rms_norm_rope(x, w, impl="tile").sum().backward()
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    rms_norm_rope_float64(x64, w64).sum().backward()
+    assert_close_f64(x.grad, x64.grad, x64.grad.abs().max().item(), "tile dx of .sum()")
+
+
 def test_gradcheck_float64():
     q = torch.randn(1, 3, 2, 8, dtype=torch.float64, requires_grad=True)
     k = torch.randn(1, 3, 1, 8, dtype=torch.float64, requires_grad=True)
@@ -165,3 +176,18 @@ def test_bad_input_clear_errors(device):
         with pytest.raises(ValueError, match="weight must be on"):
             rope_ext.rms_norm_rope(x, w.cpu())
     assert torch.equal(x, before)
+
+
+@pytest.mark.parametrize("path", ["eager", "op"])
+def test_double_backward_raises(path):
+    """The fused backward has no derivative: differentiating it (through x, w or grad_out)
+    is an error on both paths, never a second derivative computed as if it were constant."""
+    x = torch.randn(1, 3, 2, 16, dtype=torch.float64, requires_grad=True)
+    w = (1 + 0.3 * torch.randn(16, dtype=torch.float64)).requires_grad_()
+    opts = rope_ext.api._op_options("bshd", None, None, 10000.0, "auto", None, None, False, None, None)
+    f = (lambda a, b: rope_ext.rms_norm_rope(a, b)) if path == "eager" else \
+        (lambda a, b: torch.ops.rope_ext.norm_rope([a], [b], 1e-6, 0.0, *opts)[0])
+    gx, gw = torch.autograd.grad(f(x, w).sum(), (x, w), create_graph=True)
+    assert torch.equal(gx, torch.autograd.grad(f(x, w).sum(), x)[0])  # the first derivative itself is fine
+    with pytest.raises(RuntimeError, match="norm_rope_backward is not implemented"):
+        (gx ** 2).sum().backward()

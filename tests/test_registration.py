@@ -55,6 +55,21 @@ def test_gradcheck_float64_cpu():
     assert torch.autograd.gradcheck(lambda a, b: rope_ext.apply_rope_qk(a, b, pos), (x, k))
 
 
+@pytest.mark.parametrize("layout", ["bshd", "bhsd", "thd"])
+def test_double_backward_float64_cpu(layout):
+    """Eager calls that need grad run through rope_ext._C.rope_direct (api._DirectRope);
+    with create_graph its backward must be recorded too (a gradient penalty through
+    grad_out), as the op path's is, not silently constant."""
+    shape = {"bshd": (2, 5, 2, 8), "bhsd": (2, 2, 5, 8), "thd": (5, 2, 8)}[layout]
+    kw = dict(layout=layout, cu_seqlens=torch.tensor([0, 2, 5], dtype=torch.int32)) if layout == "thd" else \
+        dict(layout=layout)
+    x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(shape[:-2] + (1, 8) if layout != "bhsd" else (2, 1, 5, 8), dtype=torch.float64,
+                    requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda t: rope_ext.apply_rope(t, **kw), (x,))
+    assert torch.autograd.gradgradcheck(lambda a, b: rope_ext.apply_rope_qk(a, b, **kw), (x, k))
+
+
 def _check_compiled(fn, *args, backend="aot_eager"):
     torch._dynamo.reset()
     eager = fn(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
@@ -134,3 +149,12 @@ def test_eager_fast_path_matches_op_path(device, layout):
     assert out.grad_fn is not None
     assert_close_f64(out, ref.rope_float64(qg.detach(), pos, layout=layout, interleaved=True), q.abs().max().item(),
                      "op path with autograd")
+
+
+def test_vmap_takes_the_op_path(device):
+    """Under torch.vmap the tensors are functorch wrappers that rope_ext._C.rope_direct
+    cannot read: the call takes the op (PyTorch's batching fallback), equal to a loop."""
+    x = randn((3, 2, 8, 2, 32), torch.float32, device)
+    pos = torch.randint(0, 1000, (2, 8), device=device)
+    got = torch.vmap(lambda t: rope_ext.apply_rope(t, pos))(x)
+    assert torch.equal(got, torch.stack([rope_ext.apply_rope(t, pos) for t in x]))

@@ -143,6 +143,9 @@ void launch_flat(const RopeParams& p, int device, cudaStream_t stream) {
   const int knob = g_flat_rows_per_thread.load(std::memory_order_relaxed);
   int64_t k = knob > 0 ? knob : ceil_div(items, sms * kFlatThreadsPerSM);
   k = std::max<int64_t>(k, ceil_div(items, int64_t(INT32_MAX) * 32));  // gridDim.x limit
+  // The kernel steps rows in 32 bits (r0 += kFlatRowsInFlight * RS, r0 < rows_g < 2^31):
+  // RS <= 2^29 keeps that from wrapping (a small knob on a group of >= 2^30 rows looped).
+  k = std::max<int64_t>(k, ceil_div(rows_g, int64_t(1) << 29));
   k = std::min<int64_t>(std::max<int64_t>(k, 1), rows_g);
   cuda::FlatShape fs;
   fs.chunks = chunks;
