@@ -37,6 +37,16 @@ void norm_rope_cpu_impl(const NormRopeParams& np) {
   at::parallel_for(0, nchunks, 1, [&](int64_t c0, int64_t c1) {
     std::vector<float> sn(half), cs(half);
     std::vector<A> x(D), g(D);
+    // Rotates a row in place by the group's table (sn holds -sin in the backward).
+    auto rotate = [&](std::vector<A>& r) {
+      for (int i = 0; i < half; ++i) {
+        int d0, d1;
+        pair_dims(p, i, &d0, &d1);
+        const A a = r[d0], b = r[d1];
+        r[d0] = a * cs[i] - b * sn[i];
+        r[d1] = b * cs[i] + a * sn[i];
+      }
+    };
     for (int64_t c = c0; c < c1; ++c) {
       A* dw[kMaxTensors] = {nullptr, nullptr};
       for (int t = 0; t < p.num_tensors; ++t)
@@ -67,25 +77,13 @@ void norm_rope_cpu_impl(const NormRopeParams& np) {
           const A* wt = w[rc.t].data();
           if (!np.backward) {
             for (int d = 0; d < D; ++d) g[d] = x[d] * rstd * wt[d];
-            for (int i = 0; i < half; ++i) {
-              int d0, d1;
-              pair_dims(p, i, &d0, &d1);
-              const A a = g[d0], b = g[d1];
-              g[d0] = a * cs[i] - b * sn[i];
-              g[d1] = b * cs[i] + a * sn[i];
-            }
+            rotate(g);
             for (int d = 0; d < D; ++d) out[d * v.out_stride[3]] = static_cast<T>(g[d]);
             continue;
           }
           // Backward: g = R(-theta) dy (the table holds -sin), then the RMSNorm backward.
           for (int d = 0; d < D; ++d) g[d] = static_cast<A>(in[d * v.in_stride[3]]);
-          for (int i = 0; i < half; ++i) {
-            int d0, d1;
-            pair_dims(p, i, &d0, &d1);
-            const A a = g[d0], b = g[d1];
-            g[d0] = a * cs[i] - b * sn[i];
-            g[d1] = b * cs[i] + a * sn[i];
-          }
+          rotate(g);
           double dot = 0;
           for (int d = 0; d < D; ++d) dot += static_cast<double>(g[d] * wt[d]) * (x[d] * rstd);
           const A mean = static_cast<A>(dot / D);

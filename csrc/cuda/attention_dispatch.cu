@@ -7,22 +7,16 @@
 
 #include <algorithm>
 
+#include "launch_utils.h"
 #include "../attention.h"
 #include "attention_variants.cuh"
 
 namespace rope_ext {
 namespace {
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+using cuda_launch::ceil_div;
+using cuda_launch::sm_count;
 
-int sm_count(int device) {
-  static int cached[64] = {0};
-  if (device >= 0 && device < 64 && cached[device]) return cached[device];
-  int n = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-  if (device >= 0 && device < 64) cached[device] = n;
-  return n;
-}
 
 std::string msg_dtype(at::ScalarType dtype) {
   return std::string("rope_ext: attention_decode on CUDA supports float16 and bfloat16, got ") + c10::toString(dtype);

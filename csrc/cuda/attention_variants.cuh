@@ -83,27 +83,6 @@ __device__ __forceinline__ void store_chunk(T* p, int64_t sd, const VecT& v) {
   }
 }
 
-// Rotates a chunk of V elements in fp32 (rope_variants.cuh's rotate_chunk, for any V):
-// neox pairs (a[e], b[e]), GPT-J pairs (a[2e], a[2e+1]); one rounding at the end.
-template <typename T, bool kInterleaved, int V>
-__device__ __forceinline__ void rotate_chunk_v(Vec<T, V>& a, Vec<T, V>& b, const float* sn, const float* cs) {
-  if constexpr (kInterleaved) {
-#pragma unroll
-    for (int e = 0; e < V / 2; ++e) {
-      const float x0 = static_cast<float>(a.v[2 * e]), x1 = static_cast<float>(a.v[2 * e + 1]);
-      a.v[2 * e] = static_cast<T>(x0 * cs[e] - x1 * sn[e]);
-      a.v[2 * e + 1] = static_cast<T>(x1 * cs[e] + x0 * sn[e]);
-    }
-  } else {
-#pragma unroll
-    for (int e = 0; e < V; ++e) {
-      const float x0 = static_cast<float>(a.v[e]), x1 = static_cast<float>(b.v[e]);
-      a.v[e] = static_cast<T>(x0 * cs[e] - x1 * sn[e]);
-      b.v[e] = static_cast<T>(x1 * cs[e] + x0 * sn[e]);
-    }
-  }
-}
-
 template <typename T, bool kInterleaved, bool kVec>
 __global__ void __launch_bounds__(kAppendThreads) append_kv_kernel(const __grid_constant__ AppendParams p,
                                                                    int tokens_per_block) {
@@ -205,7 +184,7 @@ __global__ void __launch_bounds__(kAppendThreads) append_kv_kernel(const __grid_
       sn[e] = sin_tab[tl * half + i0 + e];
       cs[e] = cos_tab[tl * half + i0 + e];
     }
-    rotate_chunk_v<T, kInterleaved, V>(a, b, sn, cs);
+    rotate_chunk<T, kInterleaved>(a, b, sn, cs);
     store_chunk<kVec, VecT>(dst + d0 * dst_sd, dst_sd, a);
     if (!kInterleaved) store_chunk<kVec, VecT>(dst + (d0 + half) * dst_sd, dst_sd, b);
   }

@@ -7,22 +7,16 @@
 
 #include <algorithm>
 
+#include "launch_utils.h"
 #include "../norm_rope.h"
 #include "norm_rope_variants.cuh"
 
 namespace rope_ext {
 namespace {
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+using cuda_launch::ceil_div;
+using cuda_launch::sm_count;
 
-int sm_count(int device) {
-  static int cached[64] = {0};
-  if (device < 64 && cached[device]) return cached[device];
-  int n = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-  if (device < 64) cached[device] = n;
-  return n;
-}
 
 // Registers per thread: kMaxU units of 2V floats = 16 floats of x (and as many of dy
 // and of each dw sum in the backward). 32 lanes x kMaxU units bound the row: D <= 512.

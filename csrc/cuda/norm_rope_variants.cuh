@@ -58,6 +58,20 @@ __device__ __forceinline__ void pair_slots(int j, int* a, int* b) {
   *b = kInterleaved ? 2 * j + 1 : V + j;
 }
 
+// Rotates the V pairs of a rotary unit held as e[0..2V), pair j by table entry i0 + j
+// (the forward's rotation and the backward's rotation back: the table holds the sign).
+template <bool kInterleaved, int V>
+__device__ __forceinline__ void rotate_unit(float* e, int i0, const float* ct, const float* st) {
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    int a, b;
+    pair_slots<kInterleaved, V>(j, &a, &b);
+    const float x0 = e[a], x1 = e[b], c = ct[i0 + j], sn = st[i0 + j];
+    e[a] = x0 * c - x1 * sn;
+    e[b] = x1 * c + x0 * sn;
+  }
+}
+
 template <typename T, int V>
 __device__ __forceinline__ void load_segment(const T* base, int64_t stride, int f, int D, float* dst) {
   if constexpr (V == 1) {
@@ -198,17 +212,7 @@ __global__ void __launch_bounds__(kNormRopeThreads) norm_rope_kernel(const __gri
           e[k][j] *= rstd * w[fa + j];
           e[k][V + j] *= rstd * (fb + j < D ? w[fb + j] : 0.f);
         }
-        if (u < sh.rot_units) {
-#pragma unroll
-          for (int j = 0; j < V; ++j) {
-            int a, b;
-            pair_slots<kInterleaved, V>(j, &a, &b);
-            const int i = u * V + j;
-            const float x0 = e[k][a], x1 = e[k][b], c = ct[i], sn = st[i];
-            e[k][a] = x0 * c - x1 * sn;
-            e[k][b] = x1 * c + x0 * sn;
-          }
-        }
+        if (u < sh.rot_units) rotate_unit<kInterleaved, V>(e[k], u * V, ct, st);
         store_segment<T, V>(orow, os3, fa, D, e[k]);
         store_segment<T, V>(orow, os3, fb, D, e[k] + V);
       }
@@ -227,17 +231,7 @@ __global__ void __launch_bounds__(kNormRopeThreads) norm_rope_kernel(const __gri
       unit_segments(p, u, sh.rot_units, V, &fa, &fb);
       load_segment<T, V>(grow, gs3, fa, D, gr[k]);
       load_segment<T, V>(grow, gs3, fb, D, gr[k] + V);
-      if (u < sh.rot_units) {
-#pragma unroll
-        for (int j = 0; j < V; ++j) {
-          int a, b;
-          pair_slots<kInterleaved, V>(j, &a, &b);
-          const int i = u * V + j;
-          const float y0 = gr[k][a], y1 = gr[k][b], c = ct[i], sn = st[i];
-          gr[k][a] = y0 * c - y1 * sn;
-          gr[k][b] = y1 * c + y0 * sn;
-        }
-      }
+      if (u < sh.rot_units) rotate_unit<kInterleaved, V>(gr[k], u * V, ct, st);
 #pragma unroll
       for (int j = 0; j < E; ++j) {
         const int f = j < V ? fa + j : fb + j - V;

@@ -14,13 +14,15 @@
 #include <atomic>
 #include <cstdlib>
 
+#include "launch_utils.h"
 #include "../dispatch.h"
 #include "rope_variants.cuh"
 
 namespace rope_ext {
 namespace {
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+using cuda_launch::ceil_div;
+using cuda_launch::sm_count;
 
 std::atomic<int> g_tile_rows_per_thread{0};  // 0: the default below (tuning hook)
 std::atomic<int> g_flat_rows_per_thread{0};  // 0: the default in launch_flat (tuning hook)
@@ -44,14 +46,6 @@ int64_t flat_max_bytes_from_env() {
   return v;
 }
 
-int sm_count(int device) {
-  static int cached[64] = {0};
-  if (device < 64 && cached[device]) return cached[device];
-  int n = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-  if (device < 64) cached[device] = n;
-  return n;
-}
 
 // Blocks of `kernel` resident per SM at this block size and shared memory; the
 // runtime's answer is cached (it is asked on every launch otherwise).

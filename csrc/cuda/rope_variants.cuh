@@ -146,6 +146,7 @@ constexpr int kRowsPerThread = 16;  // rows of a group per thread (launch shape,
 
 template <typename T, int N>
 struct alignas(16) Vec {
+  static constexpr int kN = N;
   T v[N];
 };
 
@@ -166,11 +167,12 @@ __device__ __forceinline__ void store_vec(T* p, const VecT& v) {
 
 // Rotates one chunk in registers: neox pairs (a[j], b[j]) across the two halves, or
 // GPT-J pairs (a[2j], a[2j+1]) inside a; sn/cs hold the chunk's P sines/cosines.
-// fp32 math, one rounding at the end. Shared by variants 3 and 4.
+// fp32 math, one rounding at the end. Shared by variants 3-5 and the attention
+// kernels (which also use chunks narrower than 16 bytes).
 template <typename T, bool kInterleaved, typename VecT>
 __device__ __forceinline__ void rotate_chunk(VecT& a, VecT& b, const float* sn, const float* cs) {
   using A = acc_t<T>;
-  constexpr int V = 16 / sizeof(T);
+  constexpr int V = VecT::kN;
   if (kInterleaved) {
 #pragma unroll
     for (int j = 0; j < V / 2; ++j) {
