@@ -89,6 +89,21 @@ def _offsets_arg(offsets):
     return offsets, None
 
 
+def _freq_args(base, inv_freq, cos_sin_cache, rotary_dim):
+    """(float base, rotary_dim or -1) after the checks shared by every op family."""
+    if (inv_freq is not None or cos_sin_cache is not None) and base != DEFAULT_BASE:
+        raise ValueError("rope_ext: give one frequency source: base, inv_freq or cos_sin_cache")
+    if isinstance(base, bool) or not isinstance(base, (int, float)):
+        raise TypeError(f"rope_ext: base must be a number, got {type(base).__name__}")
+    if rotary_dim is None:
+        return float(base), -1
+    if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int):
+        raise TypeError(f"rope_ext: rotary_dim must be an int or None, got {type(rotary_dim).__name__}")
+    if rotary_dim <= 0:
+        raise ValueError(f"rope_ext: rotary_dim must be even and in (0, head_dim], got {rotary_dim}")
+    return float(base), rotary_dim
+
+
 def _op_options(layout, positions, offsets, base, impl, cu_seqlens, rotary_dim, interleaved, inv_freq,
                 cos_sin_cache, attention_factor=1.0, cp_size=1, cp_rank=0, cp_group=None, sections=None,
                 sections_interleaved=False):
@@ -112,18 +127,9 @@ def _op_options(layout, positions, offsets, base, impl, cu_seqlens, rotary_dim, 
     # A base other than the default next to inv_freq / cos_sin_cache is a conflict. (A
     # plain float default keeps this traceable by torch.compile; an explicit
     # base=10000.0 beside another source cannot be told apart and is simply unused.)
-    if (inv_freq is not None or cos_sin_cache is not None) and base != DEFAULT_BASE:
-        raise ValueError("rope_ext: give one frequency source: base, inv_freq or cos_sin_cache")
-    if isinstance(base, bool) or not isinstance(base, (int, float)):
-        raise TypeError(f"rope_ext: base must be a number, got {type(base).__name__}")
+    base, rotary_dim = _freq_args(base, inv_freq, cos_sin_cache, rotary_dim)
     if not isinstance(impl, str):
         raise TypeError(f"rope_ext: impl must be a str (one of 'auto', {', '.join(map(repr, IMPLS))}), got {type(impl).__name__}")
-    if rotary_dim is None:
-        rotary_dim = -1
-    elif isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int):
-        raise TypeError(f"rope_ext: rotary_dim must be an int or None, got {type(rotary_dim).__name__}")
-    elif rotary_dim <= 0:
-        raise ValueError(f"rope_ext: rotary_dim must be even and in (0, head_dim], got {rotary_dim}")
     if isinstance(attention_factor, bool) or not isinstance(attention_factor, (int, float)):
         raise TypeError(f"rope_ext: attention_factor must be a number, got {type(attention_factor).__name__}")
     if not (cp_group is None and type(cp_size) is int and type(cp_rank) is int and cp_size == 1 and cp_rank == 0):

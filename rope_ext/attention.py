@@ -17,7 +17,7 @@ what they mean for rope_ext.apply_rope: same kernels' sin/cos, same HF float32 t
 import torch
 
 from ._ops import ops
-from .api import DEFAULT_BASE, _offsets_arg, apply_rope, apply_rope_qk
+from .api import DEFAULT_BASE, _freq_args, _offsets_arg, apply_rope, apply_rope_qk
 
 #: attention_decode variants (csrc/cuda/attention_variants.cuh); impl="auto" picks "hybrid".
 DECODE_IMPLS = ("hybrid", "full_fusion")
@@ -54,18 +54,9 @@ def _rotary_args(offsets, base, inv_freq, cos_sin_cache, rotary_dim):
     """(offsets tensor or None, int offset, base, rotary_dim) after the Python-level checks."""
     for name, t in (("inv_freq", inv_freq), ("cos_sin_cache", cos_sin_cache)):
         _tensor_or_none(t, name)
-    if (inv_freq is not None or cos_sin_cache is not None) and base != DEFAULT_BASE:
-        raise ValueError("rope_ext: give one frequency source: base, inv_freq or cos_sin_cache")
-    if isinstance(base, bool) or not isinstance(base, (int, float)):
-        raise TypeError(f"rope_ext: base must be a number, got {type(base).__name__}")
+    base, rotary_dim = _freq_args(base, inv_freq, cos_sin_cache, rotary_dim)
     offset, offsets_t = _offsets_arg(offsets)
-    if rotary_dim is None:
-        rotary_dim = -1
-    elif isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int):
-        raise TypeError(f"rope_ext: rotary_dim must be an int or None, got {type(rotary_dim).__name__}")
-    elif rotary_dim <= 0:
-        raise ValueError(f"rope_ext: rotary_dim must be even and in (0, head_dim], got {rotary_dim}")
-    return offsets_t, offset, float(base), rotary_dim
+    return offsets_t, offset, base, rotary_dim
 
 
 def _check_tensors(**kw):
