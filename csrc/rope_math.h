@@ -118,9 +118,9 @@ ROPE_HD float inv_freq_of(const RopeParams& p, int i) {
 // argument error: t's double rounding, ~|t| * 2^-53, then one fp32 rounding of r.
 // Against 200-bit truth (CPU emulation, review of issue 11): max angle error 9.5e-8
 // rad below position 2^24 (sincosf path: 1.2e-7), 1.7e-7 up to 2^29, 1.1e-6 up to
-// 2^31 (sincosf: 5.7e-7) -- so not flat in the position beyond 2^24. Opt-in (-DROPE_EXT_SINCOSPIF=1) until it has run
-// the tests and the accuracy bench on a GPU: the sincosf path is the one measured on
-// the H100 (docs/h100_accuracy.txt).
+// 2^31 (sincosf: 5.7e-7) -- so not flat in the position beyond 2^24. Opt-in
+// (-DROPE_EXT_SINCOSPIF=1) until it has run the tests and the accuracy bench on a GPU:
+// the sincosf path is the one measured on the H100 (docs/h100_accuracy.txt).
 ROPE_HD void angle_sincos(int64_t pos, float f, float* s, float* c) {
   const double a = static_cast<double>(pos) * static_cast<double>(f);
 #if defined(__CUDA_ARCH__) && defined(ROPE_EXT_SINCOSPIF)

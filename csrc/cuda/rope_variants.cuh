@@ -16,7 +16,8 @@
 //              one short tile of consecutive rows and exits: its first loads go out,
 //              then the block fills a shared cos/sin table for the tile's token groups
 //              (one barrier), then rotates and stores. Same eligibility as 3.
-//   5. flat    (auto's choice up to ROPE_EXT_FLAT_MAX_BYTES of x, rope_dispatch.cu)
+//   5. flat    (auto picks it up to ROPE_EXT_FLAT_MAX_BYTES of x, rope_dispatch.cu;
+//              default 0 until it has run on a GPU)
 //              for small tensors: no shared memory, no barrier; a thread owns one
 //              16-byte chunk of a few rows (heads) of one token group, computes that
 //              chunk's sin/cos once while its loads are in flight, and reuses them for
@@ -58,7 +59,7 @@
 //     first written compiled to ~5900 instructions (bf16 neox), mostly P inlined
 //     copies of position_of (multi-axis) and of sincosf's Payne-Hanek slow path; the
 //     multi-axis lookup out of line and sincospif on an angle reduced in half-turns
-//     bring it to ~3300 with no stack frame, and hoisting the frequency-source and
+//     (opt-in, -DROPE_EXT_SINCOSPIF, until measured) bring it to ~3300 with no stack frame, and hoisting the frequency-source and
 //     axis branches out of the per-pair loop lets the P sin/cos interleave (they were
 //     P serial branchy blocks).
 #pragma once
