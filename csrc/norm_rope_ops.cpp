@@ -87,15 +87,14 @@ std::vector<at::Tensor> run_norm_rope(const std::vector<at::Tensor>* grads, cons
   np.eps = static_cast<float>(eps);
   np.weight_offset = static_cast<float>(weight_offset);
   // Weights keep their own dtype and stride (read once per block into fp32).
-  std::vector<at::Tensor> wk;
   for (size_t i = 0; i < n; ++i) {
-    wk.push_back(weights[i]);
-    np.weight[i] = wk[i].data_ptr();
-    np.weight_stride[i] = wk[i].stride(0);
-    np.weight_dtype[i] = wk[i].scalar_type() == at::kHalf       ? DType::kFloat16
-                         : wk[i].scalar_type() == at::kBFloat16 ? DType::kBFloat16
-                         : wk[i].scalar_type() == at::kDouble   ? DType::kFloat64  // CPU, float64 x (gradcheck)
-                                                                : DType::kFloat32;
+    const at::Tensor& w = weights[i];
+    np.weight[i] = w.data_ptr();
+    np.weight_stride[i] = w.stride(0);
+    np.weight_dtype[i] = w.scalar_type() == at::kHalf       ? DType::kFloat16
+                         : w.scalar_type() == at::kBFloat16 ? DType::kBFloat16
+                         : w.scalar_type() == at::kDouble   ? DType::kFloat64  // CPU, float64 x (gradcheck)
+                                                            : DType::kFloat32;
   }
 
   std::vector<at::Tensor> partial;

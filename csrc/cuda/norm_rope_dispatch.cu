@@ -20,8 +20,7 @@ using cuda_launch::sm_count;
 
 // Registers per thread: kMaxU units of 2V floats = 16 floats of x (and as many of dy
 // and of each dw sum in the backward). 32 lanes x kMaxU units bound the row: D <= 512.
-template <typename T, int V>
-constexpr int max_units() { return 8 / V; }
+constexpr int max_units(int V) { return 8 / V; }
 
 struct Plan {
   int V;
@@ -34,7 +33,7 @@ Plan plan(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int de
   const RopeParams& p = np.rope;
   Plan pl;
   pl.V = impl == NormRopeImpl::kTile ? static_cast<int>(16 / elem_size) : 1;
-  const int V = pl.V, kmax = 8 / V;
+  const int V = pl.V, kmax = max_units(V);
   cuda::NormRopeShape& sh = pl.sh;
   sh.rot_units = p.R / (2 * V);
   sh.units = sh.rot_units + (p.D - p.R) / (2 * V);
@@ -64,7 +63,7 @@ Plan plan(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int de
 
 template <typename T, int V, bool kInterleaved, bool kBwd>
 void launch(const NormRopeParams& np, const Plan& pl, cudaStream_t stream) {
-  auto kernel = cuda::norm_rope_kernel<T, V, max_units<T, V>(), kInterleaved, kBwd>;
+  auto kernel = cuda::norm_rope_kernel<T, V, max_units(V), kInterleaved, kBwd>;
   if (pl.smem > 48 * 1024)
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(pl.smem)));
   kernel<<<static_cast<unsigned>(pl.blocks), cuda::kNormRopeThreads, pl.smem, stream>>>(np, pl.sh);
