@@ -5,6 +5,7 @@ present: CI has nvcc but no GPU, and compiling the kernels there is a real check
 Set TORCH_CUDA_ARCH_LIST (e.g. "9.0" for H100, "8.0;9.0") to choose the GPUs; the
 build never hard-codes -arch. ROPE_EXT_REQUIRE_CUDA=1 turns a missing nvcc into an error.
 """
+import glob
 import os
 import shutil
 
@@ -44,6 +45,8 @@ cxx_flags = ["-O3"]  # the C++ standard comes from torch (C++17 or C++20 by vers
 define_macros = []
 if with_cuda:
     sources += ["csrc/cuda/rope_dispatch.cu", "csrc/cuda/norm_rope_dispatch.cu", "csrc/cuda/attention_dispatch.cu"]
+    # One kernel instance per file (dtype x head dim), so that they compile in parallel.
+    sources += sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "csrc/cuda/instances/*.cu")))
     define_macros.append(("ROPE_EXT_WITH_CUDA", None))
     # No --use_fast_math: it would turn sincosf into __sinf/__cosf (wrong at long positions).
     nvcc_flags = ["-O3", "-lineinfo", "--expt-relaxed-constexpr", "-DROPE_EXT_WITH_CUDA"]

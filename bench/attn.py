@@ -1,24 +1,29 @@
-"""The attention suite (issue 9): RoPE fused into decode attention and the KV-cache append.
+"""The attention suite (issues 9, 18): RoPE fused into decode attention and the KV-cache append.
 
-    python bench/run.py --suite attn [--plot-attn attn.png] [--json out.json]
-    python bench/attn.py [--quick] [--plot-attn attn.png]      # the same suite on its own
+    python bench/run.py --suite attn [--quick] [--plot-attn attn.png] [--json out.json]
 
 Decode: B in {1, 8, 64}, context 512..32768, Hq = 32, Hk = 8, D = 128, bf16, contiguous
 cache and paged (block 16, shuffled block table), every sequence at the full context.
 Rows per point (µs; GB/s and % of copy count the KV bytes read: B * ctx * Hk * D * 2 (k, v)
 * 2 bytes):
-    rope_ext hybrid           attention_decode alone (Q-RoPE on load, K rotated in the cache)
-    rope_ext full fusion      attention_decode(impl="full_fusion") alone (K-RoPE in the loop)
-    step: rope_ext hybrid     append_kv(new k, v) + attention_decode: one decode step
-    step: rope_ext full fusion   the same with the un-rotated cache
-    step: separate            apply_rope_qk(q, k_new, in place) + cache write + SDPA (the
-                              backend torch picks; paged: a gather of the blocks first)
+    rope_ext hybrid           attention_decode (variant 5: tensor cores, Q-RoPE on load)
+    rope_ext hybrid_simt      variant 2 (the first hybrid kernel), for comparison
+    rope_ext full fusion      variant 3 (K-RoPE in the loop; the cache holds un-rotated K)
+    separate                  rope_ext.apply_rope(q) + SDPA (enable_gqa) over the contiguous
+                              cache: the base of "x separate" (paged rows are held against
+                              the CONTIGUOUS separate time of the same point)
+    torch.compile(separate)
+    step: rope_ext            append_kv(new k, v) + attention_decode(hybrid): one decode step
+    step: separate            apply_rope_qk(q, k_new, in place) + cache write + SDPA (paged: a
+                              gather of the blocks first); "step" rows are held against it
     step: torch.compile(separate)
+    flash_attn_with_kvcache / FlashInfer decode: when importable (n/a otherwise)
 Append: append_kv of T = 16 (16 sequences x 1 token) and T = 8192 (one sequence) tokens,
 with and without q; GB/s count k, v (and q) read + written, against the separate path
 (apply_rope_qk + cache writes).
-Timing: bench/run.py's Timer (CUDA events, L2 flushed before each call, median); the
-copy bandwidth is the one measured in the same run.
+Timing (CUDA): each call captured alone in a CUDA graph, the L2 flushed before every
+replay, the median (bench/run.py's graph_us); % copy against a 1 GiB copy timed the same
+way in the same run. CPU: tiny shapes, wall clock.
 """
 import os
 import sys
@@ -32,11 +37,15 @@ CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
 
 
-def _rows(fns, nbytes, timer, bw, base):
-    """Times each (name, fn): µs, GB/s of `nbytes`, % of copy, speedup over the row named
-    `base`. A path that fails (OOM, unsupported) gets a row saying why."""
+def _rows(fns, nbytes, timer, bw, base, base_us=None):
+    """Times each (name, fn): µs, GB/s of `nbytes`, % of copy, speedup over base_us (else
+    the row named `base`). fn may be a string: the reason the row is n/a. A path that
+    fails (OOM, unsupported) gets a row saying why."""
     rows = []
     for name, fn in fns:
+        if isinstance(fn, str):
+            rows.append(dict(impl=name, error=fn))
+            continue
         try:
             us = timer(fn)
         except Exception as e:  # noqa: BLE001  (the sweep goes on)
@@ -46,7 +55,8 @@ def _rows(fns, nbytes, timer, bw, base):
             continue
         gbs = nbytes / us / 1e3
         rows.append(dict(impl=name, us=us, gbs=gbs, pct_copy=100 * gbs / bw))
-    base_us = next((r["us"] for r in rows if "us" in r and r["impl"] == base), None)
+    if base_us is None:
+        base_us = next((r["us"] for r in rows if "us" in r and r["impl"] == base), None)
     for r in rows:
         if "us" in r:
             r["speedup"] = base_us / r["us"] if base_us else float("nan")
@@ -92,14 +102,50 @@ def separate_step(q, k_new, v_new, kc, vc, pos, idx, ctx, bt=None):
 def decode_points(quick):
     if not CUDA:
         return [(B, ctx) for B in (1, 2) for ctx in (64, 128)], 8, 2, 64
-    ctxs = (512, 2048, 32768) if quick else (512, 1024, 2048, 4096, 8192, 16384, 32768)
+    ctxs = (512, 2048, 8192, 32768) if quick else (512, 1024, 2048, 4096, 8192, 16384, 32768)
     return [(B, ctx) for B in (1, 8, 64) for ctx in ctxs], 32, 8, 128
+
+
+def _separate_attn(q, kc, vc, ctx):
+    """The unfused decode attention: rotate q (rope_ext), SDPA over the first ctx slots."""
+    qr = rope_ext.apply_rope(q, idx_positions(q, ctx))
+    return _sdpa(qr, kc[:, :ctx], vc[:, :ctx])
+
+
+def idx_positions(q, ctx):
+    return torch.full((q.shape[0], 1), ctx - 1, dtype=torch.long, device=q.device)
+
+
+def _peer_decode():
+    """Optional peers (never vendored): flash-attn's flash_attn_with_kvcache, FlashInfer's
+    single-request decode. Returns {name: (fn(q, kc, vc, lens) or None, why)}."""
+    peers = {}
+    try:
+        from flash_attn import flash_attn_with_kvcache  # noqa: PLC0415
+        peers["flash_attn_with_kvcache"] = (lambda q, kc, vc, lens: flash_attn_with_kvcache(
+            q, kc, vc, cache_seqlens=lens, causal=True), None)
+    except Exception as e:  # noqa: BLE001
+        peers["flash_attn_with_kvcache"] = (None, f"not importable ({type(e).__name__})")
+    try:
+        import flashinfer  # noqa: PLC0415
+
+        def fi(q, kc, vc, lens):
+            assert q.shape[0] == 1, "B = 1 only (single_decode_with_kv_cache)"
+            return flashinfer.single_decode_with_kv_cache(q[0, 0], kc[0], vc[0])
+        peers["flashinfer decode"] = (fi, None)
+    except Exception as e:  # noqa: BLE001
+        peers["flashinfer decode"] = (None, f"not importable ({type(e).__name__})")
+    return peers
 
 
 def decode_suite(timer, bw, quick=False):
     results = []
     points, Hq, Hk, D = decode_points(quick)
     dt = torch.bfloat16
+    contiguous_sep = {}  # (B, ctx) -> separate µs: the base of the paged rows too
+    compiled_attn = torch.compile(_separate_attn, dynamic=True) if CUDA else None
+    compiled_step = torch.compile(separate_step, dynamic=True) if CUDA else None
+    peers = _peer_decode() if CUDA else {}
     for paged in (False, True):
         for B, ctx in points:
             bs = 16
@@ -126,31 +172,30 @@ def decode_suite(timer, bw, quick=False):
             kv_bytes = 2 * B * ctx * Hk * D * 2
             hint = dict(max_seqlen=ctx)
 
-            def hybrid():
+            def dec(impl):
+                return lambda: rope_ext.attention_decode(q, kc, vc, lens, block_table=bt, impl=impl, **hint)
+
+            def step_rope_ext():
+                rope_ext.append_kv(k_new, v_new, kc, vc, before, block_table=bt)
                 return rope_ext.attention_decode(q, kc, vc, lens, block_table=bt, **hint)
 
-            def full():
-                return rope_ext.attention_decode(q, kc, vc, lens, block_table=bt, impl="full_fusion", **hint)
-
-            def step_hybrid():
-                rope_ext.append_kv(k_new, v_new, kc, vc, before, block_table=bt)
-                return hybrid()
-
-            def step_full():
-                rope_ext.append_kv(k_new, v_new, kc, vc, before, block_table=bt, rotate_k=False)
-                return full()
-
-            fns = [("rope_ext hybrid", hybrid), ("rope_ext full fusion", full),
-                   ("step: rope_ext hybrid", step_hybrid), ("step: rope_ext full fusion", step_full),
-                   ("step: separate", lambda: separate_step(q, k_new, v_new, kc, vc, pos, idx, ctx, bt))]
+            fns = [("rope_ext hybrid", dec("hybrid")), ("rope_ext hybrid_simt", dec("hybrid_simt")),
+                   ("rope_ext full fusion", dec("full_fusion"))]
+            if not paged:
+                fns += [("separate", lambda: _separate_attn(q, kc, vc, ctx))]
+                if CUDA:
+                    fns += [("torch.compile(separate)", lambda: compiled_attn(q, kc, vc, ctx))]
+                for name, (fn, why) in peers.items():
+                    fns.append((name, (lambda f=fn: f(q, kc, vc, lens)) if fn else why))
+            fns += [("step: rope_ext", step_rope_ext),
+                    ("step: separate", lambda: separate_step(q, k_new, v_new, kc, vc, pos, idx, ctx, bt))]
             if CUDA:
-                # A fresh static-shape compile per point (its warm-up is in the untimed calls),
-                # as bench/run.py does for its torch.compile baselines.
-                torch._dynamo.reset()
-                compiled = torch.compile(separate_step, dynamic=False)
                 fns.append(("step: torch.compile(separate)",
-                            lambda: compiled(q, k_new, v_new, kc, vc, pos, idx, ctx, bt)))
-            rows = _rows(fns, kv_bytes, timer, bw, base="step: separate")
+                            lambda: compiled_step(q, k_new, v_new, kc, vc, pos, idx, ctx, bt)))
+            rows = _rows(fns, kv_bytes, timer, bw, base="separate", base_us=contiguous_sep.get((B, ctx)))
+            _step_speedups(rows)
+            if not paged:
+                contiguous_sep[(B, ctx)] = next((r["us"] for r in rows if r["impl"] == "separate" and "us" in r), None)
             title = (f"decode {'paged(16)' if paged else 'contiguous'} B={B} ctx={ctx} Hq={Hq} Hk={Hk} D={D} bf16 "
                      f"(KV read {kv_bytes / 1e6:.1f} MB)")
             _print(title, rows, "x separate")
@@ -159,6 +204,14 @@ def decode_suite(timer, bw, quick=False):
             if CUDA:
                 torch.cuda.empty_cache()
     return results
+
+
+def _step_speedups(rows):
+    """'step:' rows are held against 'step: separate' (of the same cache kind)."""
+    base = next((r["us"] for r in rows if r["impl"] == "step: separate" and "us" in r), None)
+    for r in rows:
+        if r["impl"].startswith("step:") and "us" in r:
+            r["speedup"] = base / r["us"] if base else float("nan")
 
 
 def separate_append(q, k, v, kc, vc, pos, rows_b, rows_i):
@@ -212,8 +265,8 @@ def attn_suite(timer, bw, quick=False):
 
 
 def plot_attn(results, path):
-    """Decode time against context length: fused (hybrid, full fusion) vs separate, one
-    panel per batch size; solid contiguous, dashed paged. Needs matplotlib (else says so)."""
+    """Decode time against context length: fused (hybrid, hybrid_simt) vs separate and the
+    peers, one panel per batch size; solid contiguous, dashed paged. Needs matplotlib (else says so)."""
     try:
         import matplotlib
     except ImportError:
@@ -224,8 +277,8 @@ def plot_attn(results, path):
     dec = [r for r in results if r.get("kind") == "decode"]
     Bs = sorted({r["B"] for r in dec})
     fig, axes = plt.subplots(1, len(Bs), figsize=(5.5 * len(Bs), 4.5), squeeze=False)
-    names = [("step: rope_ext hybrid", "C0"), ("step: rope_ext full fusion", "C2"), ("step: separate", "C1"),
-             ("step: torch.compile(separate)", "C3")]
+    names = [("rope_ext hybrid", "C0"), ("rope_ext hybrid_simt", "C4"), ("separate", "C1"),
+             ("torch.compile(separate)", "C3"), ("flash_attn_with_kvcache", "C5"), ("flashinfer decode", "C6")]
     for ax, B in zip(axes[0], Bs):
         for paged, ls in ((False, "-"), (True, "--")):
             pts = sorted((r for r in dec if r["B"] == B and r["paged"] == paged), key=lambda r: r["ctx"])
@@ -237,33 +290,17 @@ def plot_attn(results, path):
                         xs.append(r["ctx"])
                         ys.append(row["us"])
                 if xs:
-                    ax.plot(xs, ys, "o" + ls, color=color, label=f"{name.replace('step: ', '')}"
-                            f" ({'paged' if paged else 'contiguous'})")
+                    ax.plot(xs, ys, "o" + ls, color=color, label=f"{name} ({'paged' if paged else 'contiguous'})")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_title(f"decode step, B={B}")
+        ax.set_title(f"decode attention, B={B}, Hq 32, Hk 8, D 128")
         ax.set_xlabel("context length")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("µs per step (device time)")
+    axes[0][0].set_ylabel("µs per call (CUDA graph, cold L2)")
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":
-    import argparse
-
-    from run import Timer, copy_bandwidth
-
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="contexts 512, 2048, 32768 only")
-    ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--plot-attn", help="PNG: decode time against context length")
-    args = ap.parse_args()
-    torch.manual_seed(0)
-    timer = Timer(args.reps)
-    bw = copy_bandwidth(timer, 2**30 if CUDA else 2**26)
-    print(f"device: {torch.cuda.get_device_name() if CUDA else 'CPU'}; copy bandwidth {bw:.0f} GB/s (read + write)")
-    res = attn_suite(timer, bw, args.quick)
-    if args.plot_attn:
-        plot_attn(res, args.plot_attn)
+    sys.exit("run the attention suite through bench/run.py: python bench/run.py --suite attn [--quick]")

@@ -10,12 +10,13 @@
 
 namespace rope_ext {
 
-// attention_decode variants, in the order of csrc/cuda/attention_variants.cuh
-// (variant 1 is append_kv's kernel). "auto" picks hybrid (the reason is recorded in
-// attention_dispatch.cu, decode_impl_auto).
-enum class DecodeImpl : int { kHybrid = 0, kFullFusion = 1, kAuto = 2 };
+// attention_decode variants, named for the API: "hybrid" = variant 5 (tensor cores,
+// csrc/cuda/decode_mma.cuh), "hybrid_simt" = variant 2 and "full_fusion" = variant 3
+// (csrc/cuda/attention_variants.cuh). "auto" picks hybrid (the measured reasons are
+// in those headers). The CPU path is one reference for all but full_fusion's cache rule.
+enum class DecodeImpl : int { kHybrid = 0, kHybridSimt = 1, kFullFusion = 2, kAuto = 3 };
 inline const std::vector<std::string>& decode_impl_names() {
-  static const std::vector<std::string> names = {"hybrid", "full_fusion"};
+  static const std::vector<std::string> names = {"hybrid", "hybrid_simt", "full_fusion"};
   return names;
 }
 
@@ -24,14 +25,14 @@ void attention_decode_cpu(const DecodeParams& p, at::ScalarType dtype, bool full
 
 #ifdef ROPE_EXT_WITH_CUDA
 void append_kv_cuda(const AppendParams& p, at::ScalarType dtype, c10::Device device);
-// Host-side choices (from shapes only: CUDA-graph safe): rows per CTA, and the number of
-// key splits for `max_keys` keys per sequence (capacity or the max_seqlen hint).
-int decode_rows_per_cta(int64_t rows);
+// Host-side choices (from shapes only: CUDA-graph safe): query rows per CTA, and the
+// number of key splits for `max_keys` keys per sequence (capacity or the max_seqlen hint).
+int decode_rows_per_cta(int64_t rows, DecodeImpl impl);
 int decode_num_splits(const DecodeParams& p, int64_t max_keys, c10::Device device, at::ScalarType dtype,
-                      bool full_fusion);
+                      DecodeImpl impl);
 // Whether the vector kernels can read the caches (16-byte aligned rows); why not, if not.
 bool decode_cache_aligned(const KVCacheView& c, int64_t elem_size, std::string* why);
-void attention_decode_cuda(const DecodeParams& p, at::ScalarType dtype, c10::Device device, bool full_fusion);
+void attention_decode_cuda(const DecodeParams& p, at::ScalarType dtype, c10::Device device, DecodeImpl impl);
 #endif
 
 }  // namespace rope_ext

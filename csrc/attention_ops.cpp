@@ -366,9 +366,10 @@ std::tuple<at::Tensor, at::Tensor> attention_decode(
     const std::optional<at::Tensor>& offsets, int64_t offset, const std::optional<at::Tensor>& inv_freq,
     const std::optional<at::Tensor>& cos_sin_cache, double base, int64_t rotary_dim, bool interleaved,
     std::optional<double> softmax_scale, bool causal, int64_t max_seqlen, int64_t num_splits, const std::string& impl) {
-  const DecodeImpl which = parse_decode_impl(impl);
   // auto -> hybrid: K rotated once when written (append_kv) and Q rotated on load; the
-  // full fusion re-rotates every key on every read (attention_dispatch.cu, variant 3).
+  // full fusion re-rotates every key on every read (variant 3, attention_variants.cuh).
+  DecodeImpl which = parse_decode_impl(impl);
+  if (which == DecodeImpl::kAuto) which = DecodeImpl::kHybrid;
   const bool full_fusion = which == DecodeImpl::kFullFusion;
   TORCH_CHECK_VALUE(q.dim() == 4, msg("rope_ext: q must be 4-D [B, q_len, Hq, D], got shape ", shape_str(q)));
   check_float(q, "q");
@@ -436,12 +437,12 @@ std::tuple<at::Tensor, at::Tensor> attention_decode(
       TORCH_CHECK_VALUE(interleaved ? R % 8 == 0 : (R / 2) % 8 == 0, msg("rope_ext: impl='full_fusion' rotates keys in "
                         "8-feature chunks: rotary_dim must be a multiple of ", interleaved ? 8 : 16, ", got ", R));
     }
-    const int kr = decode_rows_per_cta(rows);
+    const int kr = decode_rows_per_cta(rows, which);
     p.rows_per_group = kr;
     p.row_groups = static_cast<int32_t>((rows + kr - 1) / kr);
     const int64_t max_keys = max_seqlen > 0 ? std::min<int64_t>(max_seqlen, cache.capacity) : cache.capacity;
     int splits = num_splits > 0 ? static_cast<int>(std::min<int64_t>(num_splits, 1024))
-                                : decode_num_splits(p, max_keys, q.device(), q.scalar_type(), full_fusion);
+                                : decode_num_splits(p, max_keys, q.device(), q.scalar_type(), which);
     p.num_splits = std::max(1, splits);
     at::Tensor ws_o, ws_lse;
     if (p.num_splits > 1) {
@@ -450,7 +451,7 @@ std::tuple<at::Tensor, at::Tensor> attention_decode(
       p.ws_o = ws_o.data_ptr<float>();
       p.ws_lse = ws_lse.data_ptr<float>();
     }
-    attention_decode_cuda(p, q.scalar_type(), q.device(), full_fusion);
+    attention_decode_cuda(p, q.scalar_type(), q.device(), which);
 #else
     TORCH_CHECK(false, "rope_ext was built without CUDA; rebuild with nvcc available (see README)");
 #endif

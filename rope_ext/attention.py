@@ -19,30 +19,21 @@ import torch
 from ._ops import ops
 from .api import DEFAULT_BASE, _freq_args, _offsets_arg, apply_rope, apply_rope_qk
 
-#: attention_decode variants (csrc/cuda/attention_variants.cuh); impl="auto" picks "hybrid".
-DECODE_IMPLS = ("hybrid", "full_fusion")
+#: attention_decode variants: "hybrid" = variant 5 (tensor cores, csrc/cuda/decode_mma.cuh),
+#: "hybrid_simt" = variant 2 and "full_fusion" = variant 3 (attention_variants.cuh, kept
+#: as measured comparisons); impl="auto" picks "hybrid".
+DECODE_IMPLS = ("hybrid", "hybrid_simt", "full_fusion")
 #: rope_attention paths; impl="auto" picks "fused" for small S without grad on CUDA.
 PREFILL_IMPLS = ("fused", "separate")
 #: Largest number of query tokens for which rope_attention(impl="auto") takes the fused kernel.
 FUSED_MAX_Q = 16
 
-#: The CUDA kernels of this family compile (CI) and their CPU reference path passes its
-#: tests, but they have not yet run on a GPU (the session that wrote them had no device
-#: time left; issue 9 stays open). Until they have: rope_attention(impl="auto") takes the
-#: separate path (rope_ext's verified rope + SDPA), and the first CUDA call of append_kv /
-#: attention_decode warns once.
-CUDA_KERNELS_VERIFIED = False
-_warned = False
-
-
-def _warn_unverified(t):
-    global _warned
-    if t.is_cuda and not CUDA_KERNELS_VERIFIED and not _warned:
-        import warnings
-        _warned = True
-        warnings.warn("rope_ext: the CUDA kernels of append_kv / attention_decode have not yet been validated on a "
-                      "GPU (their tests exist: tests/test_attention.py); compare with rope_attention(impl='separate') "
-                      "before relying on them", RuntimeWarning, stacklevel=3)
+#: Whether rope_attention(impl="auto") takes the fused kernel for small S. Off, as
+#: measured on the H100 (bench/attn.py, docs/h100_attn.txt): on contiguous K/V the
+#: hybrid decode kernel is 0.80x (ctx 512) to 0.99x (ctx 2048) of rope + SDPA at B = 1,
+#: and torch.compile of that separate path is 1.43x; the fused kernel wins on paged
+#: caches (1.2-2.5x), which rope_attention does not take.
+AUTO_FUSED = False
 
 
 def _tensor_or_none(t, name):
@@ -97,7 +88,6 @@ def append_kv(k, v, k_cache, v_cache, cache_seqlens, *, positions=None, block_ta
     for name, t in (("positions", positions), ("block_table", block_table), ("q", q), ("cu_seqlens", cu_seqlens)):
         _tensor_or_none(t, name)
     offsets_t, offset, base, rotary_dim = _rotary_args(offsets, base, inv_freq, cos_sin_cache, rotary_dim)
-    _warn_unverified(k_cache)
     ops.append_kv(k, v, k_cache, v_cache, cache_seqlens, cu_seqlens, positions, block_table, q, offsets_t, offset,
                   inv_freq, cos_sin_cache, base, rotary_dim, bool(interleaved), bool(rotate_k))
 
@@ -133,9 +123,11 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, positions=None, bloc
     max_seqlen: optional host-side bound on cache_seqlens (an int): the split count is
        chosen from it instead of the capacity. Never read from the device (CUDA-graph safe).
     num_splits: force the number of key splits (CUDA; default: chosen from the shapes).
-    impl: "auto" (= "hybrid": cache holds rotated K), "hybrid", or "full_fusion" (the
-       cache holds UN-rotated K, append_kv(rotate_k=False), rotated on every read at
-       position index + offsets; kept for the bench: it loses, see docs/attention.md).
+    impl: "auto" (= "hybrid": the cache holds rotated K; tensor-core kernel), "hybrid_simt"
+       (the same contract on the older CUDA-core kernel, kept for the bench), or
+       "full_fusion" (the cache holds UN-rotated K, append_kv(rotate_k=False), rotated on
+       every read at position index + offsets; kept for the bench: it loses, see
+       docs/attention.md). On the CPU every impl runs the one reference path.
 
     Returns o [B, q_len, Hq, D] in q's dtype (and lse). Not differentiable (rope_attention's
     separate path is).
@@ -149,8 +141,7 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, positions=None, bloc
             raise TypeError(f"rope_ext: softmax_scale must be a number or None, got {type(softmax_scale).__name__}")
         softmax_scale = float(softmax_scale)
     if not isinstance(impl, str):
-        raise TypeError(f"rope_ext: impl must be a str ('auto', 'hybrid' or 'full_fusion'), got {type(impl).__name__}")
-    _warn_unverified(k_cache)
+        raise TypeError(f"rope_ext: impl must be a str ('auto' or one of {DECODE_IMPLS}), got {type(impl).__name__}")
     o, lse = ops.attention_decode(q, k_cache, v_cache, cache_seqlens, positions, block_table, offsets_t, offset,
                                   inv_freq, cos_sin_cache, base, rotary_dim, bool(interleaved), softmax_scale,
                                   bool(causal), _int_or_none(max_seqlen, "max_seqlen"),
@@ -211,7 +202,7 @@ def rope_attention(q, k, v, positions=None, *, causal=True, softmax_scale=None, 
     if impl == "fused" and grad:
         raise RuntimeError("rope_ext: rope_attention(impl='fused') is not differentiable; use impl='separate' or 'auto'")
     B, S, Hq, D = q.shape
-    fused = impl == "fused" or (impl == "auto" and CUDA_KERNELS_VERIFIED and not grad and q.is_cuda
+    fused = impl == "fused" or (impl == "auto" and AUTO_FUSED and not grad and q.is_cuda
                                 and S <= FUSED_MAX_Q and D in (64, 128, 256)
                                 and q.dtype in (torch.float16, torch.bfloat16) and q.dtype == k.dtype == v.dtype)
     if not fused:

@@ -3,39 +3,51 @@
 #   bash scripts/gpu_check.sh                      # build + tests + quick bench
 #   bash scripts/gpu_check.sh --sanitize           # + compute-sanitizer (memcheck/racecheck/initcheck)
 #   bash scripts/gpu_check.sh --no-tests --bench "--suite all --plot \$OUT/sweep.png"
+#   bash scripts/gpu_check.sh --tests tests/test_attention.py --bench "--suite attn --quick" --ncu-decode
+#   (--tests: what pytest runs, default the whole suite; --ncu-decode: ncu of the decode
+#   kernels, bench/profile_decode.py, into $OUT/ncu_decode.txt)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-$(pwd)/gpu_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-run_tests=1; sanitize=0; bench_args="--quick"
+run_tests=1; sanitize=0; bench_args="--quick"; tests="tests"; ncu_decode=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --no-tests) run_tests=0 ;;
     --sanitize) sanitize=1 ;;
     --bench) bench_args=$2; shift ;;
+    --tests) tests=$2; shift ;;
+    --ncu-decode) ncu_decode=1 ;;
     *) echo "unknown option $1"; exit 2 ;;
   esac
   shift
 done
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 t0=$(date +%s)
 source scripts/setup.sh > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 set +e  # setup.sh sets -e; here every step runs and reports
 echo "build: $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/build.log"
 test_rc=0; san_rc=0
 if [[ $run_tests == 1 ]]; then
-  $PY -X faulthandler -m pytest -q tests -p no:cacheprovider > "$OUT/tests.log" 2>&1
+  xd=""; $PY -c "import xdist" 2>/dev/null && xd="-n 8"  # 16 cores there; CUDA tests share the GPU fine
+  $PY -X faulthandler -m pytest -q $tests $xd -p no:cacheprovider > "$OUT/tests.log" 2>&1
   test_rc=$?
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20; tail -1 "$OUT/tests.log"
   $PY bench/accuracy.py > "$OUT/accuracy.txt" 2>&1; cat "$OUT/accuracy.txt"
 fi
+if [[ $ncu_decode == 1 ]]; then
+  ncu --profile-from-start off -k regex:decode --section SpeedOfLight --section LaunchStats --section Occupancy \
+      --section WarpStateStats --section MemoryWorkloadAnalysis $PY bench/profile_decode.py > "$OUT/ncu_decode.txt" 2>&1
+  grep -E "decode_(mma_)?kernel|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Grid Size" "$OUT/ncu_decode.txt" | head -60
+fi
 if [[ $sanitize == 1 ]]; then
   bash scripts/sanitize.sh > "$OUT/sanitize.txt" 2>&1; san_rc=$?; cat "$OUT/sanitize.txt" | tail -12
 fi
-$PY bench/run.py $bench_args --json "$OUT/bench.json" --csv "$OUT/bench.csv" > "$OUT/bench.txt" 2>"$OUT/bench.err"
+$PY bench/run.py $bench_args --json "$OUT/bench.json" > "$OUT/bench.txt" 2>"$OUT/bench.err"
 bench_rc=$?
 echo "=== tests rc=$test_rc  sanitize rc=$san_rc  bench rc=$bench_rc ==="
 grep -v "^W1122\|recompile" "$OUT/bench.txt"
 [[ $bench_rc != 0 ]] && tail -20 "$OUT/bench.err"
+find "$OUT" -empty -delete  # at most 8 files come back from the GPU box
 exit $(( test_rc || bench_rc || san_rc ))

@@ -638,3 +638,51 @@ def test_reference_matches_sdpa():
 def test_exports():
     assert set(("append_kv", "attention_decode", "rope_attention")) <= set(rope_ext.__all__)
     assert "cpu" in DEVICES
+
+
+# ---------------------------------------------------------------------------- decode kernels on CUDA
+@cuda
+@pytest.mark.parametrize("impl", ["hybrid", "hybrid_simt"])
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("G,q_len,Hk", [(1, 1, 4), (4, 1, 2), (8, 1, 1), (4, 3, 2), (8, 2, 1), (1, 16, 2), (4, 16, 1),
+                                        (8, 16, 1)])
+def test_decode_kernel_matrix_cuda(impl, D, G, q_len, Hk):
+    """Each CUDA decode kernel against the float64 truth: head dims 64/128/256, GQA
+    groups 1/4/8 (Hk 1 too), q_len 1..16 (variant 5: up to 8 rows, 9..16 rows, several
+    16-row groups), contiguous and paged caches with block sizes 1, 16 and 64, random
+    lengths (not multiples of the 16-key tile) in fp16 and bf16."""
+    for paged, bs in ((False, 16), (True, 1), (True, 16), (True, 64)):
+        dtype = torch.float16 if bs == 16 else torch.bfloat16
+        o, lse, wo, wl, vs = fill_and_decode("cuda", dtype, paged=paged, G=G, q_len=q_len, Hk=Hk, D=D, cap=150,
+                                             block_size=bs, impl=impl)
+        assert_attn_close(o, lse, wo, wl, vs, f"{impl} D={D} G={G} q_len={q_len} paged={paged} block={bs}")
+
+
+@cuda
+@pytest.mark.parametrize("num_splits", [1, 3, 5, 19, 40, 1024])
+def test_tensor_core_splits_cuda(num_splits):
+    """Variant 5 with forced split counts: splits round up to whole 16-key tiles, so high
+    counts leave splits with no key at all (lse -inf partials) that the combine ignores;
+    lengths 1 and a few keys sit inside one tile."""
+    for B, cap in ((3, 300), (4, 17)):
+        o, lse, wo, wl, vs = fill_and_decode("cuda", torch.bfloat16, paged=True, G=4, q_len=1, B=B, cap=cap, D=128,
+                                             num_splits=num_splits, impl="hybrid")
+        assert_attn_close(o, lse, wo, wl, vs, f"num_splits={num_splits} cap={cap}")
+
+
+@cuda
+def test_tensor_core_short_and_empty_cuda():
+    """Variant 5 with sequence lengths 0 and 1 in one batch (zeros and lse -inf for the
+    empty one), against the hybrid_simt kernel and the float64 truth."""
+    dt = torch.bfloat16
+    B, Hk, G, D = 3, 2, 4, 128
+    kc, vc, _ = new_cache(B, 64, Hk, D, dt, "cuda", paged=False)
+    kc[:, :1] = randn((B, 1, Hk, D), dt, "cuda")
+    vc[:, :1] = randn((B, 1, Hk, D), dt, "cuda")
+    q = randn((B, 1, Hk * G, D), dt, "cuda")
+    lens = torch.tensor([0, 1, 1], dtype=torch.int32, device="cuda")
+    o, lse = rope_ext.attention_decode(q, kc, vc, lens, return_lse=True, impl="hybrid")
+    assert (o[0] == 0).all() and (lse[0] == float("-inf")).all()
+    qr = ref.rope_float64(q, (lens[:, None].long() - 1).clamp_min(0))
+    wo, wl = ref.attention_float64(qr, kc.nan_to_num(), vc.nan_to_num(), lens)
+    assert_attn_close(o, lse, wo, wl, 8.0, "lengths 0 and 1")

@@ -1,5 +1,5 @@
-// CUDA dispatch of the attention family: launchers for csrc/cuda/attention_variants.cuh,
-// the decode selector (auto -> hybrid) and the split heuristic. Every launch runs on the
+// CUDA dispatch of the attention family: launchers for csrc/cuda/attention_variants.cuh
+// (variants 1-4) and decode_mma.cuh (variant 5), and the split heuristic. Every launch runs on the
 // current stream of the tensors' device under a device guard, followed by a launch check.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -10,6 +10,7 @@
 #include "launch_utils.h"
 #include "../attention.h"
 #include "attention_variants.cuh"
+#include "decode_mma.h"
 
 namespace rope_ext {
 namespace {
@@ -78,12 +79,15 @@ void append_typed(const AppendParams& p, int device, cudaStream_t stream) {
   }
 }
 
-// ---------------------------------------------------------------------------- 2-4. decode
-// Rows per CTA (template kRows): G * q_len rows are cut into groups of this many.
+// ---------------------------------------------------------------------------- 2-5. decode
+// Variant 2/3 (attention_variants.cuh): rows per CTA (template kRows), G * q_len rows are
+// cut into groups of this many. Variant 5 (decode_mma.cuh) always takes 16 (the MMA's M).
 constexpr int kRowChoices[] = {1, 4, 8};
 // The smallest key range worth a split of its own: below it the split's fixed cost
 // (Q load + rotation, the merge, a combine row) outweighs the parallelism gained.
+// Variant 5: one 16-key tile per warp.
 constexpr int64_t kMinKeysPerSplit = 128;
+constexpr int64_t kMinKeysPerSplitMma = cuda::mma_decode::kWarps * cuda::mma_decode::kTileKeys;
 constexpr int kMaxSplits = 256;
 
 template <typename T, int D, int kRows, bool kFull>
@@ -96,7 +100,7 @@ void launch_decode_kernel(const DecodeParams& p, cudaStream_t stream) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// Calls f.template operator()<T, D, kRows, kFull>() for the decode kernel instance that
+// Calls f.template operator()<T, D, kRows, kFull>() for the variant 2/3 instance that
 // serves (dtype, head dim, rows per CTA, variant): the one place that lists them.
 template <typename F>
 void visit_decode(at::ScalarType dtype, int D, int rows, bool full, F&& f) {
@@ -120,19 +124,47 @@ void visit_decode(at::ScalarType dtype, int D, int rows, bool full, F&& f) {
   });
 }
 
-// Resident CTAs per SM of a decode kernel instance (asked once per instance).
+// Variant 5's instances live in one file per (dtype, head dim) (decode_mma_<dtype>_hd<D>.cu,
+// compiled in parallel); f.template operator()<T, D>() is called for the one that serves.
+template <typename F>
+void visit_decode_mma(at::ScalarType dtype, int D, F&& f) {
+  dispatch_half_types(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    switch (D) {
+      case 64: f.template operator()<T, 64>(); break;
+      case 128: f.template operator()<T, 128>(); break;
+      default: f.template operator()<T, 256>(); break;
+    }
+  });
+}
+
+// Resident CTAs per SM of a variant 2/3 instance on a device (asked once per pair: two
+// different GPUs in one process get their own answers).
 template <typename K>
-int resident_ctas(K kernel, size_t smem) {
-  struct Entry { const void* k; int n; };
-  static thread_local Entry cache[16] = {};
-  static thread_local int next = 0;
-  for (const Entry& e : cache)
-    if (e.k == reinterpret_cast<const void*>(kernel)) return e.n;
-  int n = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, cuda::kDecodeThreads, smem));
-  n = std::max(1, n);
-  cache[next++ % 16] = Entry{reinterpret_cast<const void*>(kernel), n};
-  return n;
+int resident_ctas(K kernel, int threads, size_t smem, int device) {
+  return cuda_launch::resident_ctas(reinterpret_cast<const void*>(kernel), threads, smem, device);
+}
+
+// The number of key splits (flash-decoding) for `ctas` CTAs per split, `slots` resident
+// CTA slots (SMs x CTAs per SM), from shapes only. flash-attention's rule: no split when
+// the grid already fills 80% of the slots; else the smallest count whose wave efficiency
+// (busy fraction of the slots over the waves) is within 85% of the best count's, no split
+// shorter than `min_keys` keys of the longest possible sequence. (Variant 2's first rule
+// was "within 0.05 of the best" in absolute terms: at B = 1, ctx 512 every count idled
+// > 90% of the GPU, so all were "within 0.05", and it took one split: 8 CTAs, 38 us.)
+int choose_splits(int64_t ctas, double slots, int64_t max_keys, int64_t min_keys) {
+  ctas = std::max<int64_t>(1, ctas);
+  if (ctas >= 0.8 * slots) return 1;
+  const int64_t hi = std::max<int64_t>(1, std::min<int64_t>(ceil_div(max_keys, min_keys), kMaxSplits));
+  auto efficiency = [&](int64_t s) {
+    const double waves = static_cast<double>(ctas * s) / slots;
+    return waves / std::max(1.0, std::ceil(waves));
+  };
+  double best = 0;
+  for (int64_t s = 1; s <= hi; ++s) best = std::max(best, efficiency(s));
+  for (int64_t s = 1; s <= hi; ++s)
+    if (efficiency(s) >= 0.85 * best) return static_cast<int>(s);
+  return 1;
 }
 
 }  // namespace
@@ -145,42 +177,31 @@ void append_kv_cuda(const AppendParams& p, at::ScalarType dtype, c10::Device dev
   else append_typed<c10::BFloat16>(p, device.index(), stream);
 }
 
-int decode_rows_per_cta(int64_t rows) {
+int decode_rows_per_cta(int64_t rows, DecodeImpl impl) {
+  if (impl == DecodeImpl::kHybrid) return cuda::mma_decode::kRows;
   for (int k : kRowChoices)
     if (rows <= k) return k;
   return kRowChoices[sizeof(kRowChoices) / sizeof(int) - 1];
 }
 
-// The number of key splits (flash-decoding), from shapes only: the count never depends
-// on tensor values, so a captured CUDA graph stays valid for any cache_seqlens. CTAs =
-// B * Hk * row_groups * splits; with one CTA per kv head B = 1 and a long context would
-// leave most SMs idle, so the keys are split, but no split gets fewer than
-// kMinKeysPerSplit keys of the longest possible sequence (max_keys: the capacity, or
-// the caller's max_seqlen hint). Among those counts: the smallest one whose grid fills
-// the resident CTA slots (SMs x CTAs per SM) in whole waves within 5% of the best
-// (equal-length sequences make every CTA take the same time, so a last partial wave
-// idles most of the GPU: B = 64, Hk = 8 on 132 SMs x 3 gives 1.29 waves unsplit, 3.88
-// with 3 splits).
 int decode_num_splits(const DecodeParams& p, int64_t max_keys, c10::Device device, at::ScalarType dtype,
-                      bool full_fusion) {
+                      DecodeImpl impl) {
   const c10::cuda::CUDAGuard guard(device);  // the occupancy query reads the current device
+  const int dev = device.index();
   int occ = 1;
-  visit_decode(dtype, p.rope.D, p.rows_per_group, full_fusion, [&]<typename T, int D, int kRows, bool kFull>() {
-    occ = resident_ctas(cuda::decode_kernel<T, D, kRows, kFull>, cuda::decode_smem_bytes<D, kRows>());
-  });
-  const double cap = static_cast<double>(sm_count(device.index())) * occ;
-  const int64_t ctas = std::max<int64_t>(1, p.B * p.cache.Hk * p.row_groups);
-  const int64_t by_len = std::max<int64_t>(1, std::min<int64_t>(ceil_div(max_keys, kMinKeysPerSplit), kMaxSplits));
-  const int64_t hi = std::min<int64_t>(by_len, 4 * std::max<int64_t>(1, ceil_div(static_cast<int64_t>(cap), ctas)));
-  auto efficiency = [&](int64_t s) {  // busy fraction of the resident slots over the waves
-    const double waves = static_cast<double>(ctas * s) / cap;
-    return waves / std::max(1.0, std::ceil(waves));
-  };
-  double best = 0;
-  for (int64_t s = 1; s <= hi; ++s) best = std::max(best, efficiency(s));
-  for (int64_t s = 1; s <= hi; ++s)
-    if (efficiency(s) >= best - 0.05) return static_cast<int>(s);
-  return 1;
+  int64_t min_keys = kMinKeysPerSplit;
+  if (impl == DecodeImpl::kHybrid) {
+    visit_decode_mma(dtype, p.rope.D, [&]<typename T, int D>() { occ = decode_mma_ctas_per_sm<T, D>(p.G * p.q_len, dev); });
+    min_keys = kMinKeysPerSplitMma;
+  } else {
+    visit_decode(dtype, p.rope.D, p.rows_per_group, impl == DecodeImpl::kFullFusion,
+                 [&]<typename T, int D, int kRows, bool kFull>() {
+      occ = resident_ctas(cuda::decode_kernel<T, D, kRows, kFull>, cuda::kDecodeThreads,
+                          cuda::decode_smem_bytes<D, kRows>(), dev);
+    });
+  }
+  const double slots = static_cast<double>(sm_count(dev)) * occ;
+  return choose_splits(p.B * p.cache.Hk * p.row_groups, slots, max_keys, min_keys);
 }
 
 bool decode_cache_aligned(const KVCacheView& c, int64_t elem_size, std::string* why) {
@@ -197,22 +218,25 @@ bool decode_cache_aligned(const KVCacheView& c, int64_t elem_size, std::string* 
   return true;
 }
 
-void attention_decode_cuda(const DecodeParams& p, at::ScalarType dtype, c10::Device device, bool full_fusion) {
+void attention_decode_cuda(const DecodeParams& p, at::ScalarType dtype, c10::Device device, DecodeImpl impl) {
   TORCH_CHECK_VALUE(p.B <= 65535 && p.cache.Hk <= 65535, "rope_ext: attention_decode supports B <= 65535 and Hk <= 65535");
-  // 32-bit key indices with headroom: the kernel rounds a split up by num_splits - 1 (<= 1023)
-  // and its key loop steps up to 64 keys past the last one; either would overflow an int
-  // just below 2^31 (the loop would then never end).
+  // 32-bit key indices with headroom: the kernels round a split up (by num_splits - 1 <=
+  // 1023, variant 5 then to whole 16-key tiles) and variant 2's key loop steps up to 64
+  // keys past the last one; either would overflow an int just below 2^31.
   TORCH_CHECK_VALUE(p.cache.capacity <= (int64_t(1) << 31) - 4096, "rope_ext: attention_decode indexes keys in 32 bits: the "
                     "cache capacity (slots per sequence) must be at most 2^31 - 4096");
   TORCH_CHECK_VALUE(static_cast<int64_t>(p.num_splits) * p.row_groups < (int64_t(1) << 31),
                     "rope_ext: attention_decode: too many splits x row groups");
   const c10::cuda::CUDAGuard guard(device);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
-  // Variant 2 (hybrid) unless the caller asked for 3 (full fusion): see the header of
-  // attention_variants.cuh for why auto never picks the full fusion.
-  visit_decode(dtype, p.rope.D, p.rows_per_group, full_fusion, [&]<typename T, int D, int kRows, bool kFull>() {
-    launch_decode_kernel<T, D, kRows, kFull>(p, stream);
-  });
+  const dim3 grid(static_cast<unsigned>(p.num_splits * p.row_groups), static_cast<unsigned>(p.cache.Hk),
+                  static_cast<unsigned>(p.B));
+  if (impl == DecodeImpl::kHybrid) {
+    visit_decode_mma(dtype, p.rope.D, [&]<typename T, int D>() { launch_decode_mma<T, D>(p, grid, stream, device.index()); });
+  } else {
+    visit_decode(dtype, p.rope.D, p.rows_per_group, impl == DecodeImpl::kFullFusion,
+                 [&]<typename T, int D, int kRows, bool kFull>() { launch_decode_kernel<T, D, kRows, kFull>(p, stream); });
+  }
   dispatch_half_types(dtype, [&](auto tag) {
     using T = decltype(tag);
     if (p.num_splits > 1) {

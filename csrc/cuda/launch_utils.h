@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 
 namespace rope_ext {
@@ -21,6 +22,21 @@ inline int sm_count(int device) {
   int n = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
   if (device >= 0 && device < 64) cached[device].store(n, std::memory_order_relaxed);
+  return n;
+}
+
+// Resident CTAs per SM of a kernel on a device (one query per (kernel, device): two
+// different GPUs in one process get their own answers). The caller sets the device.
+inline int resident_ctas(const void* kernel, int threads, size_t smem, int device) {
+  struct Entry { const void* k; int device; int n; };
+  static thread_local Entry cache[64] = {};
+  static thread_local int next = 0;
+  for (const Entry& e : cache)
+    if (e.k == kernel && e.device == device) return e.n;
+  int n = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
+  n = n > 0 ? n : 1;
+  cache[next++ % 64] = Entry{kernel, device, n};
   return n;
 }
 

@@ -1,0 +1,392 @@
+// Variant 5 of the attention family: decode attention on the tensor cores, Q-RoPE on
+// load, K/V streamed through per-warp cp.async pipelines. ATen-free (helpers, then the
+// kernel); the launchers are in decode_mma_launch.cuh, instantiated in instances/. The other variants (1-4) are in
+// attention_variants.cuh, whose header lists what each taught.
+//
+// Why this design (issue 18; H100 numbers in bench/NOTES.md and docs/attention.md):
+//   - Variant 2 spends ~60 warp instructions per (key, kv head): 16 lanes split the head
+//     dim, so every row's dot product ends in a 4-step shuffle reduction, and P.V is a
+//     scalar FMA per feature. At B = 64, ctx 32768 that is ~1e9 warp instructions, about
+//     the kernel's whole time budget at the copy bandwidth, so it stalled at 86-88%.
+//     Here the G * q_len query rows of one kv head (padded to 16) are the M side of
+//     mma.m16n8k16: per 16 keys and D = 128, 16 MMAs for Q.K^T, 16 for P.V, 8 + 8
+//     ldmatrix: ~9 warp instructions per key instead of 60. The padding rows cost MMA
+//     throughput only, of which decode has plenty.
+//   - Variant 2 kept 4 keys in flight per key slot through registers, and at B = 1 a
+//     ctx-512 call took ~38 us (ncu: one split, 8 busy SMs, one DRAM round trip per
+//     few keys). Here each warp owns a private kStages-deep ring of 16-key K and V tiles
+//     in shared memory filled by cp.async (zero-fill past the end): 2 tiles in flight per
+//     warp, 8 per CTA (64 KB at D = 128), no CTA barrier in the key loop, and the first
+//     tiles are issued before Q is even loaded.
+//   - Paged caches: the two lanes that copy a key row compute its slot (block table
+//     read) one tile ahead, so the page size drops out of the loop's critical path.
+//   - Shared-memory tiles are XOR-swizzled by 16-byte chunk (chunk ^ key % 8), so the
+//     8 rows an ldmatrix reads fall in 8 different bank groups.
+//   - P is rounded to the cache dtype for the P.V MMA (as flash-attention does); scores,
+//     the softmax state and O stay fp32. Q is rotated in fp32 and rounded once to the
+//     cache dtype (the separate path's rope output is rounded the same way).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <type_traits>
+
+#include "../attention_math.h"
+#include "decode_mma.h"
+
+namespace rope_ext {
+namespace cuda {
+namespace mma_decode {
+
+template <int D>
+constexpr int stages() { return D >= 256 ? 2 : 3; }
+
+// Shared memory: the warps' tile rings | Q [16][D] in T | the Q sin/cos table
+// [16 tokens][D/2] x 2 floats | the warps' tile-validity masks. The end-of-loop merge
+// reuses the rings ([kWarps][16][D] floats + m, l).
+template <int D>
+constexpr size_t ring_bytes() { return size_t(kWarps) * stages<D>() * 2 * kTileKeys * D * 2; }
+template <int D>
+constexpr size_t smem_bytes() {
+  return ring_bytes<D>() + size_t(kRows) * D * 2 + size_t(kRows) * D * 4 + kWarps * stages<D>() * 4;
+}
+static_assert(size_t(kWarps) * kRows * 64 * 4 + 2 * kWarps * kRows * 4 <= ring_bytes<64>(), "merge fits in the rings");
+
+// ---------------------------------------------------------------- PTX helpers
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global -> shared copy; src_bytes 0 zero-fills (a key past the end, or a slot
+// that does not exist: never read).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// c += a (16x16, row) * b (16x8, col), fp32 accumulators.
+template <typename T>
+__device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same<T, c10::Half>::value) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two floats -> one register of two T (the lower index in the low half), rounded.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  uint32_t u;
+  if constexpr (std::is_same<T, c10::Half>::value) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    u = *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    u = *reinterpret_cast<const uint32_t*>(&h);
+  }
+  return u;
+}
+
+// Element offset of (row, feature chunk c) in a swizzled [rows][D] tile of 8-element chunks.
+template <int D>
+__device__ __forceinline__ int swz(int row, int c) { return row * D + ((c ^ (row & 7)) << 3); }
+
+// ---------------------------------------------------------------- the kernel
+// Grid (num_splits * row_groups, Hk, B) as variant 2 (attention_params.h); a CTA takes
+// up to 16 query rows (row r = j * G + g) of one kv head and one split of the keys, cut
+// into 16-key tiles dealt round-robin to its 4 warps. kUpper: rows 8..15 exist (more
+// than 8 rows per kv head); without them the upper half of each MMA is padding, whose
+// softmax and rescale are skipped.
+template <typename T, int D, bool kUpper>
+__global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_constant__ DecodeParams p) {
+  constexpr int NS = stages<D>();
+  constexpr int CH = D / 8;                    // 16-byte chunks per row
+  constexpr int TILE = kTileKeys * D;          // elements of one K (or V) tile
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float ninf = -INFINITY;
+  const RopeParams& r = p.rope;
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* ring = reinterpret_cast<T*>(smem_raw);
+  T* q_s = ring + ring_bytes<D>() / sizeof(T);
+  float* tab_s = reinterpret_cast<float*>(q_s + kRows * D);  // [16][D/2] cos, then [16][D/2] sin
+  uint32_t* mask_s = reinterpret_cast<uint32_t*>(tab_s + kRows * D);
+
+  const int split = blockIdx.x % p.num_splits, rg = blockIdx.x / p.num_splits;
+  const int hk = blockIdx.y;
+  const int64_t b = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int G = static_cast<int>(p.G);
+  const int row0 = rg * kRows;
+  const int nrows = min(kRows, static_cast<int>(p.G * p.q_len) - row0);
+  const int64_t seqlen = cache_len(p.cache, b);
+
+  // Keys: rows see [0, lim(row)), nondecreasing in the row's token; this split takes
+  // [kbeg, kend) of [0, n_keys), in whole tiles (so tiles align with 16-slot pages).
+  const int n_keys = static_cast<int>(max(int64_t(0), decode_key_limit(p, seqlen, (row0 + nrows - 1) / G)));
+  const int per_split = ((n_keys + p.num_splits - 1) / p.num_splits + kTileKeys - 1) / kTileKeys * kTileKeys;
+  const int kbeg = min(n_keys, split * per_split);
+  const int kend = min(n_keys, kbeg + per_split);
+  const int n_tiles = (kend - kbeg + kTileKeys - 1) / kTileKeys;
+  const int my_tiles = warp < n_tiles ? (n_tiles - warp + kWarps - 1) / kWarps : 0;
+
+  // ---- the warp's tile ring: lanes 2k, 2k+1 copy key k of a tile (alternate chunks).
+  T* my_ring = ring + warp * NS * 2 * TILE;
+  const T* kc = static_cast<const T*>(p.cache.k) + hk * p.cache.k_stride[2];
+  const T* vc = static_cast<const T*>(p.cache.v) + hk * p.cache.v_stride[2];
+  const int krow = lane >> 1;
+  struct Slot { int64_t ko, vo; bool ok; };
+  auto slot_of = [&](int t) {  // the lane's key of the warp's t-th tile
+    Slot s{0, 0, false};
+    const int key = kbeg + (warp + t * kWarps) * kTileKeys + krow;
+    if (t < my_tiles && key < kend) s.ok = cache_slot(p.cache, b, key, &s.ko, &s.vo);
+    return s;
+  };
+  auto issue = [&](int t, const Slot& s) {
+    T* kd = my_ring + (t % NS) * 2 * TILE;
+    T* vd = kd + TILE;
+    const T* ks = s.ok ? kc + s.ko : kc;
+    const T* vs = s.ok ? vc + s.vo : vc;
+#pragma unroll
+    for (int c2 = 0; c2 < CH / 2; ++c2) {
+      const int c = 2 * c2 + (lane & 1);
+      cp_async16(kd + swz<D>(krow, c), ks + c * 8, s.ok);
+      cp_async16(vd + swz<D>(krow, c), vs + c * 8, s.ok);
+    }
+    const uint32_t m = __ballot_sync(0xffffffffu, s.ok);  // key k valid <=> bit 2k
+    if (lane == 0) mask_s[warp * NS + t % NS] = m;
+  };
+  Slot next = slot_of(0);
+#pragma unroll
+  for (int t = 0; t < NS - 1; ++t) {
+    if (t < my_tiles) issue(t, next);
+    cp_async_commit();
+    next = slot_of(t + 1);
+  }
+
+  // ---- Q: sin/cos per (token, pair) once, rotate in fp32, round to T, into q_s.
+  const int half = r.R / 2;
+  const int j0 = row0 / G, ntok = (row0 + nrows - 1) / G - j0 + 1;
+  for (int e = tid; e < ntok * half; e += kThreads) {
+    const int jj = e / half, i = e - jj * half, j = j0 + jj;
+    float sn, cs;
+    pair_sincos(r, attn_position(r, b, j, b, seqlen - p.q_len + j), i, inv_freq_of(r, i), &sn, &cs);
+    tab_s[jj * (D / 2) + i] = cs;
+    tab_s[(kRows + jj) * (D / 2) + i] = sn;
+  }
+  __syncthreads();
+  // Unit u of a row: pair u (u < R/2), else the two tail features R + 2 (u - R/2) + {0, 1}.
+  const T* qg = static_cast<const T*>(p.q);
+  for (int e = tid; e < kRows * (D / 2); e += kThreads) {
+    const int rr = e / (D / 2), u = e - rr * (D / 2);
+    int d0, d1;
+    if (u < half) pair_dims(r, u, &d0, &d1);
+    else d1 = (d0 = r.R + 2 * (u - half)) + 1;
+    float x0 = 0.f, x1 = 0.f;
+    if (rr < nrows) {
+      const int row = row0 + rr, j = row / G, hq = hk * G + (row - j * G);
+      const T* qr = qg + b * p.q_stride[0] + j * p.q_stride[1] + hq * p.q_stride[2];
+      x0 = static_cast<float>(qr[d0 * p.q_stride[3]]);
+      x1 = static_cast<float>(qr[d1 * p.q_stride[3]]);
+      if (u < half) {
+        const int jj = j - j0;
+        const float cs = tab_s[jj * (D / 2) + u], sn = tab_s[(kRows + jj) * (D / 2) + u];
+        const float y0 = x0 * cs - x1 * sn, y1 = x1 * cs + x0 * sn;
+        x0 = y0;
+        x1 = y1;
+      }
+    }
+    q_s[swz<D>(rr, d0 >> 3) + (d0 & 7)] = static_cast<T>(x0);
+    q_s[swz<D>(rr, d1 >> 3) + (d1 & 7)] = static_cast<T>(x1);
+  }
+  __syncthreads();
+
+  // ---- this lane's rows (MMA accumulator layout): r_lo = lane / 4, r_hi = r_lo + 8.
+  const int r_lo = lane >> 2, r_hi = r_lo + 8;
+  auto row_limit = [&](int rr) {
+    if (rr >= nrows) return 0;
+    return static_cast<int>(max(int64_t(0), decode_key_limit(p, seqlen, (row0 + rr) / G)));
+  };
+  const int lim_lo = row_limit(r_lo), lim_hi = kUpper ? row_limit(r_hi) : 0;
+  const float qscale = p.softmax_scale * kLog2e;  // scores in log2 units: exp2 below
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m_lo = ninf, m_hi = ninf, l_lo = 0.f, l_hi = 0.f;  // l: this lane's partial row sums
+
+  // ldmatrix row addresses: lane l feeds row l % 8 of matrix l / 8.
+  const int mi = lane >> 3, mr = lane & 7;
+  for (int t = 0; t < my_tiles; ++t) {
+    if (t + NS - 1 < my_tiles) issue(t + NS - 1, next);
+    cp_async_commit();
+    next = slot_of(t + NS);
+    cp_async_wait<NS - 1>();
+    __syncwarp();
+    const T* Ks = my_ring + (t % NS) * 2 * TILE;
+    const T* Vs = Ks + TILE;
+    const uint32_t vmask = mask_s[warp * NS + t % NS];
+    const int key0 = kbeg + (warp + t * kWarps) * kTileKeys;
+
+    // S = Q K^T: [16 rows] x [16 keys] as two n-tiles of 8 keys.
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[4], kb[4];
+      ldmatrix_x4(a, q_s + swz<D>((mi & 1) * 8 + mr, 2 * kk + (mi >> 1)));    // rows 0-7/8-15 x k lo/hi
+      ldmatrix_x4(kb, Ks + swz<D>((mi >> 1) * 8 + mr, 2 * kk + (mi & 1)));  // keys 0-7/8-15 x k lo/hi
+      mma16816<T>(s[0], a, kb[0], kb[1]);
+      mma16816<T>(s[1], a, kb[2], kb[3]);
+    }
+    // Mask (key past the row's limit, or a slot that does not exist), scale, online softmax.
+    float mx_lo = ninf, mx_hi = ninf;
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int kl = n * 8 + (lane & 3) * 2 + e, key = key0 + kl;
+        const bool ok = (vmask >> (2 * kl)) & 1u;
+        s[n][e] = (ok && key < lim_lo) ? s[n][e] * qscale : ninf;
+        mx_lo = fmaxf(mx_lo, s[n][e]);
+        if (kUpper) {
+          s[n][2 + e] = (ok && key < lim_hi) ? s[n][2 + e] * qscale : ninf;
+          mx_hi = fmaxf(mx_hi, s[n][2 + e]);
+        }
+      }
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
+      if (kUpper) mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
+    }
+    // New max; a row that has seen no key yet keeps m = -inf and p = 0.
+    const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
+    const float sub_lo = mn_lo == ninf ? 0.f : mn_lo, sub_hi = mn_hi == ninf ? 0.f : mn_hi;
+    // alpha = 1 when the max did not move (also a row still at -inf), 0 when m was -inf.
+    const float al_lo = mn_lo == m_lo ? 1.f : exp2f(m_lo - sub_lo);
+    const float al_hi = (!kUpper || mn_hi == m_hi) ? 1.f : exp2f(m_hi - sub_hi);
+    m_lo = mn_lo;
+    m_hi = mn_hi;
+    uint32_t pa[4];
+    {
+      const float p00 = exp2f(s[0][0] - sub_lo), p01 = exp2f(s[0][1] - sub_lo);
+      const float p10 = exp2f(s[1][0] - sub_lo), p11 = exp2f(s[1][1] - sub_lo);
+      l_lo = l_lo * al_lo + (p00 + p01 + p10 + p11);
+      pa[0] = pack2<T>(p00, p01);
+      pa[2] = pack2<T>(p10, p11);
+      if (kUpper) {
+        const float q00 = exp2f(s[0][2] - sub_hi), q01 = exp2f(s[0][3] - sub_hi);
+        const float q10 = exp2f(s[1][2] - sub_hi), q11 = exp2f(s[1][3] - sub_hi);
+        l_hi = l_hi * al_hi + (q00 + q01 + q10 + q11);
+        pa[1] = pack2<T>(q00, q01);
+        pa[3] = pack2<T>(q10, q11);
+      } else {
+        pa[1] = pa[3] = 0u;
+      }
+    }
+    // Rescale O only when some row's max moved (rare after the first tiles).
+    if (!__all_sync(0xffffffffu, al_lo == 1.f && al_hi == 1.f)) {
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        o[n][0] *= al_lo;
+        o[n][1] *= al_lo;
+        if (kUpper) {
+          o[n][2] *= al_hi;
+          o[n][3] *= al_hi;
+        }
+      }
+    }
+    // O += P V: V^T fragments by ldmatrix.trans, two 8-feature n-tiles per load.
+#pragma unroll
+    for (int dn = 0; dn < D / 16; ++dn) {
+      uint32_t vb[4];
+      ldmatrix_x4_trans(vb, Vs + swz<D>((mi & 1) * 8 + mr, 2 * dn + (mi >> 1)));  // keys lo/hi x d lo/hi
+      mma16816<T>(o[2 * dn], pa, vb[0], vb[1]);
+      mma16816<T>(o[2 * dn + 1], pa, vb[2], vb[3]);
+    }
+    __syncwarp();  // the tile is consumed before the ring slot is refilled
+  }
+  cp_async_wait<0>();
+
+  // ---- merge the 4 warps' states (rows < nrows) in shared memory, then write.
+#pragma unroll
+  for (int off = 1; off <= 2; off <<= 1) {
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
+    if (kUpper) l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
+  }
+  __syncthreads();  // every warp is done with its ring
+  float* os = reinterpret_cast<float*>(smem_raw);  // [kWarps][16][D]
+  float* ms = os + kWarps * kRows * D;             // [kWarps][16]
+  float* ls = ms + kWarps * kRows;
+  auto put = [&](int rr, int cbase, float m, float l) {
+    if (rr >= nrows) return;
+    float* dst = os + (warp * kRows + rr) * D + (lane & 3) * 2;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      dst[n * 8] = o[n][cbase];
+      dst[n * 8 + 1] = o[n][cbase + 1];
+    }
+    if ((lane & 3) == 0) {
+      ms[warp * kRows + rr] = m;
+      ls[warp * kRows + rr] = l;
+    }
+  };
+  put(r_lo, 0, m_lo, l_lo);
+  if (kUpper) put(r_hi, 2, m_hi, l_hi);
+  __syncthreads();
+  constexpr float kLn2 = 0.6931471805599453f;
+  for (int e = tid; e < nrows * D; e += kThreads) {
+    const int rr = e / D, d = e - rr * D;
+    float M = ninf;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, ms[w * kRows + rr]);
+    float acc = 0.f, lsum = 0.f;
+    if (M != ninf) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float wt = exp2f(ms[w * kRows + rr] - M);
+        lsum = fmaf(ls[w * kRows + rr], wt, lsum);
+        acc = fmaf(os[(w * kRows + rr) * D + d], wt, acc);
+      }
+      acc /= lsum;
+    }
+    const int row = row0 + rr, j = row / G, hq = hk * G + (row - j * G);
+    const float lse2 = M == ninf ? ninf : M + log2f(lsum);
+    if (p.num_splits == 1) {
+      static_cast<T*>(p.o)[((b * p.q_len + j) * p.Hq + hq) * D + d] = static_cast<T>(acc);
+      if (d == 0) p.lse[(b * p.q_len + j) * p.Hq + hq] = lse2 * kLn2;
+    } else {
+      const int64_t w = ((b * p.Hq + hq) * p.q_len + j) * p.num_splits + split;
+      p.ws_o[w * D + d] = acc;
+      if (d == 0) p.ws_lse[w] = lse2;
+    }
+  }
+}
+
+}  // namespace mma_decode
+}  // namespace cuda
+}  // namespace rope_ext

@@ -1,0 +1,29 @@
+// Variant 5 of attention_decode (tensor cores; the kernel is decode_mma.cuh): its shape
+// constants and the launchers the dispatch (attention_dispatch.cu) calls. The launchers
+// are instantiated once per (dtype, head dim) in csrc/cuda/instances/ so that the
+// instances compile in parallel.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "../attention_params.h"
+
+namespace rope_ext {
+namespace cuda {
+namespace mma_decode {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kTileKeys = 16;  // keys per warp tile: one k-step of the P.V MMA
+constexpr int kRows = 16;      // query rows per CTA: the MMA's M
+
+}  // namespace mma_decode
+}  // namespace cuda
+
+// rows: query rows per kv head (G * q_len), which picks the instance with or without
+// the MMA's upper 8 rows.
+template <typename T, int D>
+void launch_decode_mma(const DecodeParams& p, dim3 grid, cudaStream_t stream, int device);
+template <typename T, int D>
+int decode_mma_ctas_per_sm(int64_t rows, int device);
+
+}  // namespace rope_ext
