@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "launch_utils.h"
 #include "../attention.h"
@@ -52,15 +53,17 @@ bool append_vector_ok(const AppendParams& p, int64_t elem_size) {
 template <typename T, bool kInterleaved, bool kVec>
 void launch_append(const AppendParams& p, int device, cudaStream_t stream) {
   const int half = p.rope.R / 2;
-  // Tokens per block: ~8 chunks per thread, at least 2 blocks per SM where the token
-  // count allows, and a sin/cos table that fits in 32 KB.
+  // Tokens per block: the block's threads own kAppendItems items each (every item of a
+  // token stays in one block), at least 2 blocks per SM where the token count allows,
+  // and a sin/cos table that fits in 32 KB.
   constexpr int V = kVec ? 16 / static_cast<int>(sizeof(T)) : (kInterleaved ? 2 : 1);
-  const int64_t chunks_per_token =
-      (p.Hq + 2 * p.cache.Hk) * std::max<int64_t>(1, p.rope.D / V);
-  int64_t tpb = std::max<int64_t>(1, 8 * cuda::kAppendThreads / chunks_per_token);
+  const int64_t n_rot = p.rope.interleaved ? p.rope.R / V : p.rope.R / 2 / V;
+  const int64_t per_token = p.cache.Hk * ((p.rotate_k ? n_rot + (p.rope.D - p.rope.R) / V : p.rope.D / V) + p.rope.D / V) +
+                            p.Hq * n_rot;
+  const int64_t cap = int64_t(cuda::kAppendThreads) * cuda::kAppendItems;  // items a block holds at once
+  int64_t tpb = std::max<int64_t>(1, cap / std::max<int64_t>(1, per_token));
   tpb = std::min<int64_t>(tpb, std::max<int64_t>(1, p.num_tokens / (2 * sm_count(device))));
   tpb = std::min<int64_t>(tpb, std::max<int64_t>(1, 32 * 1024 / (8 * std::max(1, half))));
-  tpb = std::min<int64_t>(tpb, 64);
   const size_t smem = tpb * sizeof(cuda::AppendSlot) + 2 * sizeof(float) * tpb * half;
   const int64_t blocks = ceil_div(p.num_tokens, tpb);
   TORCH_CHECK_VALUE(blocks < (int64_t(1) << 31), "rope_ext: append_kv: too many tokens for one launch");
@@ -167,6 +170,35 @@ int choose_splits(int64_t ctas, double slots, int64_t max_keys, int64_t min_keys
   return 1;
 }
 
+// Variant 4: merges the splits. With PDL (sm_90+) it is launched while the decode kernel
+// still runs (that kernel triggers at its start) and waits for it on the device
+// (griddepcontrol.wait): the launch gap leaves the critical path.
+void launch_combine(const DecodeParams& p, at::ScalarType dtype, int device, cudaStream_t stream) {
+  static std::atomic<int> major_cache[64] = {};
+  int major = device >= 0 && device < 64 ? major_cache[device].load(std::memory_order_relaxed) : 0;
+  if (!major) {
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    if (device >= 0 && device < 64) major_cache[device].store(major, std::memory_order_relaxed);
+  }
+  constexpr int rows_per_block = cuda::kCombineThreads / 32;
+  const int64_t rows = p.B * p.q_len * p.Hq;
+  dispatch_half_types(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(ceil_div(rows, rows_per_block)));
+    cfg.blockDim = dim3(cuda::kCombineThreads);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = major >= 9 ? 1 : 0;
+    C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, cuda::decode_combine_kernel<T>, p, static_cast<int>(p.rope.D)));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
 }  // namespace
 
 void append_kv_cuda(const AppendParams& p, at::ScalarType dtype, c10::Device device) {
@@ -237,16 +269,7 @@ void attention_decode_cuda(const DecodeParams& p, at::ScalarType dtype, c10::Dev
     visit_decode(dtype, p.rope.D, p.rows_per_group, impl == DecodeImpl::kFullFusion,
                  [&]<typename T, int D, int kRows, bool kFull>() { launch_decode_kernel<T, D, kRows, kFull>(p, stream); });
   }
-  dispatch_half_types(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    if (p.num_splits > 1) {
-      constexpr int rows_per_block = cuda::kCombineThreads / 32;
-      const int64_t rows = p.B * p.q_len * p.Hq;
-      cuda::decode_combine_kernel<T><<<static_cast<unsigned>(ceil_div(rows, rows_per_block)), cuda::kCombineThreads, 0,
-                                       stream>>>(p, p.rope.D);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    }
-  });
+  if (p.num_splits > 1) launch_combine(p, dtype, device.index(), stream);
 }
 
 }  // namespace rope_ext

@@ -18,8 +18,15 @@
 //     in shared memory filled by cp.async (zero-fill past the end): 2 tiles in flight per
 //     warp, 8 per CTA (64 KB at D = 128), no CTA barrier in the key loop, and the first
 //     tiles are issued before Q is even loaded.
-//   - Paged caches: the two lanes that copy a key row compute its slot (block table
-//     read) one tile ahead, so the page size drops out of the loop's critical path.
+//   - Each cp.async instruction of a warp copies whole key rows (2 rows of 256 B at
+//     D = 128). The first version had lanes 2k, 2k+1 copy alternate 32-byte pieces of
+//     key k: 16 rows per instruction, 4x the L2 requests; ncu at B = 64 showed the L2 as
+//     busy as DRAM (83%/83%) at 2.80 TB/s.
+//   - Paged caches: a tile's slots are looked up one tile ahead (one block-table read
+//     per tile when block_size is a multiple of 16), so the page size stays off the
+//     loop's critical path.
+//   - Split-KV partials are merged by the combine kernel (variant 4), launched as a
+//     programmatic dependent of this one (PDL): its launch overlaps this kernel.
 //   - Shared-memory tiles are XOR-swizzled by 16-byte chunk (chunk ^ key % 8), so the
 //     8 rows an ldmatrix reads fall in 8 different bank groups.
 //   - P is rounded to the cache dtype for the P.V MMA (as flash-attention does); scores,
@@ -131,6 +138,9 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   const float ninf = -INFINITY;
   const RopeParams& r = p.rope;
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);  // the combine may launch (it waits for us)
+#endif
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* ring = reinterpret_cast<T*>(smem_raw);
   T* q_s = ring + ring_bytes<D>() / sizeof(T);
@@ -155,30 +165,68 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   const int n_tiles = (kend - kbeg + kTileKeys - 1) / kTileKeys;
   const int my_tiles = warp < n_tiles ? (n_tiles - warp + kWarps - 1) / kWarps : 0;
 
-  // ---- the warp's tile ring: lanes 2k, 2k+1 copy key k of a tile (alternate chunks).
+  // ---- the warp's tile ring. A warp instruction copies whole rows (coalesced: RPI
+  // consecutive keys of 256 B at D = 128); the slot of a tile's keys is looked up one
+  // tile ahead (`next`), so a block-table read never waits in front of a copy.
+  // Slot modes: 0 contiguous (key -> row arithmetic); 1 paged, block_size a multiple of
+  // the tile (a tile sits in one block: one block-table read per tile); 2 paged, small
+  // blocks (lane k < 16 looks up key k, the copying lanes take it by shuffle).
+  constexpr int LPR = CH < 32 ? CH : 32;  // lanes per row
+  constexpr int RPI = 32 / LPR;           // rows per warp instruction
+  constexpr int NI = kTileKeys / RPI;     // instructions per tile (each of K and V)
   T* my_ring = ring + warp * NS * 2 * TILE;
   const T* kc = static_cast<const T*>(p.cache.k) + hk * p.cache.k_stride[2];
   const T* vc = static_cast<const T*>(p.cache.v) + hk * p.cache.v_stride[2];
-  const int krow = lane >> 1;
+  const KVCacheView& cv = p.cache;
+  const int mode = !cv.paged ? 0 : (cv.block_size % kTileKeys == 0 ? 1 : 2);
+  const int lc = lane % LPR, lr = lane / LPR;  // this lane's chunk, and row within an instruction
   struct Slot { int64_t ko, vo; bool ok; };
-  auto slot_of = [&](int t) {  // the lane's key of the warp's t-th tile
+  auto tile_key0 = [&](int t) { return kbeg + (warp + t * kWarps) * kTileKeys; };
+  auto slot_of = [&](int t) {
     Slot s{0, 0, false};
-    const int key = kbeg + (warp + t * kWarps) * kTileKeys + krow;
-    if (t < my_tiles && key < kend) s.ok = cache_slot(p.cache, b, key, &s.ko, &s.vo);
+    if (t >= my_tiles || mode == 0) return s;
+    const int key0 = tile_key0(t);
+    if (mode == 1) {  // row offset of key k: ko + k * stride
+      const int64_t n = div_small(key0, cv.block_size);
+      const int64_t blk = load_index(cv.block_table, b * cv.bt_stride_b + n * cv.block_table.stride);
+      s.ok = blk >= 0 && blk < cv.num_blocks;
+      s.ko = blk * cv.k_stride[0] - n * cv.block_size * cv.k_stride[1];
+      s.vo = blk * cv.v_stride[0] - n * cv.block_size * cv.v_stride[1];
+    } else {
+      const int key = key0 + (lane & (kTileKeys - 1));
+      if (key < kend) s.ok = cache_slot(cv, b, key, &s.ko, &s.vo);
+    }
     return s;
   };
   auto issue = [&](int t, const Slot& s) {
     T* kd = my_ring + (t % NS) * 2 * TILE;
     T* vd = kd + TILE;
-    const T* ks = s.ok ? kc + s.ko : kc;
-    const T* vs = s.ok ? vc + s.vo : vc;
+    const int key0 = tile_key0(t);
 #pragma unroll
-    for (int c2 = 0; c2 < CH / 2; ++c2) {
-      const int c = 2 * c2 + (lane & 1);
-      cp_async16(kd + swz<D>(krow, c), ks + c * 8, s.ok);
-      cp_async16(vd + swz<D>(krow, c), vs + c * 8, s.ok);
+    for (int i = 0; i < NI; ++i) {
+      const int ki = i * RPI + lr, key = key0 + ki;
+      bool ok;
+      int64_t ko, vo;
+      if (mode == 2) {
+        ok = __shfl_sync(0xffffffffu, static_cast<int>(s.ok), ki) != 0;
+        ko = __shfl_sync(0xffffffffu, s.ko, ki);
+        vo = __shfl_sync(0xffffffffu, s.vo, ki);
+      } else {
+        ok = key < kend && (mode == 0 || s.ok);
+        ko = (mode == 0 ? b * cv.k_stride[0] : s.ko) + static_cast<int64_t>(key) * cv.k_stride[1];
+        vo = (mode == 0 ? b * cv.v_stride[0] : s.vo) + static_cast<int64_t>(key) * cv.v_stride[1];
+      }
+      cp_async16(kd + swz<D>(ki, lc), ok ? kc + ko + lc * 8 : kc, ok);
+      cp_async16(vd + swz<D>(ki, lc), ok ? vc + vo + lc * 8 : vc, ok);
     }
-    const uint32_t m = __ballot_sync(0xffffffffu, s.ok);  // key k valid <=> bit 2k
+    // Bit k: key k of the tile exists (read by the masking below).
+    uint32_t m;
+    if (mode == 2) {
+      m = __ballot_sync(0xffffffffu, s.ok) & 0xffffu;
+    } else {
+      const int n = min(kTileKeys, max(0, kend - key0));
+      m = (mode == 1 && !s.ok) ? 0u : (n >= kTileKeys ? 0xffffu : (1u << n) - 1u);
+    }
     if (lane == 0) mask_s[warp * NS + t % NS] = m;
   };
   Slot next = slot_of(0);
@@ -202,7 +250,9 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   __syncthreads();
   // Unit u of a row: pair u (u < R/2), else the two tail features R + 2 (u - R/2) + {0, 1}.
   const T* qg = static_cast<const T*>(p.q);
-  for (int e = tid; e < kRows * (D / 2); e += kThreads) {
+#pragma unroll  // a compile-time trip count: every q load issues before the first use
+  for (int it = 0; it < kRows * (D / 2) / kThreads; ++it) {
+    const int e = tid + it * kThreads;
     const int rr = e / (D / 2), u = e - rr * (D / 2);
     int d0, d1;
     if (u < half) pair_dims(r, u, &d0, &d1);
@@ -270,7 +320,7 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int kl = n * 8 + (lane & 3) * 2 + e, key = key0 + kl;
-        const bool ok = (vmask >> (2 * kl)) & 1u;
+        const bool ok = (vmask >> kl) & 1u;
         s[n][e] = (ok && key < lim_lo) ? s[n][e] * qscale : ninf;
         mx_lo = fmaxf(mx_lo, s[n][e]);
         if (kUpper) {
