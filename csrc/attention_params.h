@@ -41,7 +41,6 @@ struct KVCacheView {
 //            input row (0, t); in_stride[.][0] is then 0
 // rope.positions (if given) are indexed like the input rows: [B, T] / [T] / [Ttot].
 struct AppendParams {
-  RopeParams rope;
   KVCacheView cache;
   const void* k = nullptr;
   const void* v = nullptr;
@@ -55,6 +54,9 @@ struct AppendParams {
   int64_t num_tokens = 0;              // B * T, or Ttot
   bool varlen = false;                 // rope.cu_seqlens / rope.num_seqs then hold the sequences
   bool rotate_k = true;                // false: k is written as given (the full-fusion cache)
+  // Last: the kernels read the fields above in dependent steps, and with the ~1 KB
+  // RopeParams (its frequency table) first they straddled more constant-cache lines.
+  RopeParams rope;
 };
 
 // attention_decode: q [B, q_len, Hq, D] (un-rotated) against the cache. Query token j of
@@ -67,7 +69,6 @@ struct AppendParams {
 // head times q_len form G * q_len rows (row r = j * G + g), cut into row groups; each
 // CTA runs one row group over one split of the keys.
 struct DecodeParams {
-  RopeParams rope;
   KVCacheView cache;
   const void* q = nullptr;
   int64_t q_stride[4] = {0, 0, 0, 0};  // b, j, head, feature
@@ -81,6 +82,18 @@ struct DecodeParams {
   int32_t num_splits = 1;
   float softmax_scale = 1.f;
   bool causal = true;
+  RopeParams rope;  // last, as in AppendParams
+};
+
+// The combine kernel's own (small) params: one constant-cache line instead of the
+// decode params' ~1.2 KB (issue 18: at B = 1 its cold misses were most of its time).
+struct CombineParams {
+  void* o = nullptr;
+  float* lse = nullptr;
+  const float* ws_o = nullptr;
+  const float* ws_lse = nullptr;
+  int64_t B = 0, q_len = 0, Hq = 0;
+  int32_t num_splits = 1, D = 0;
 };
 
 }  // namespace rope_ext

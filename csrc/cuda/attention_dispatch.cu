@@ -194,7 +194,17 @@ void launch_combine(const DecodeParams& p, at::ScalarType dtype, int device, cud
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = major >= 9 ? 1 : 0;
-    C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, cuda::decode_combine_kernel<T>, p, static_cast<int>(p.rope.D)));
+    CombineParams c;
+    c.o = p.o;
+    c.lse = p.lse;
+    c.ws_o = p.ws_o;
+    c.ws_lse = p.ws_lse;
+    c.B = p.B;
+    c.q_len = p.q_len;
+    c.Hq = p.Hq;
+    c.num_splits = p.num_splits;
+    c.D = p.rope.D;
+    C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, cuda::decode_combine_kernel<T>, c));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }

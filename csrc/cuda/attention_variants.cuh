@@ -89,7 +89,7 @@ __device__ __forceinline__ void store_chunk(T* p, int64_t sd, const VecT& v) {
 constexpr int kAppendItems = 4;
 
 template <typename T, bool kInterleaved, bool kVec>
-__global__ void __launch_bounds__(kAppendThreads) append_kv_kernel(const __grid_constant__ AppendParams p,
+__global__ void __launch_bounds__(kAppendThreads, 3) append_kv_kernel(const __grid_constant__ AppendParams p,
                                                                    int tokens_per_block) {
   // V elements per chunk: 16 bytes; scalar path: one pair (GPT-J) or one element (neox).
   constexpr int V = kVec ? 16 / static_cast<int>(sizeof(T)) : (kInterleaved ? 2 : 1);
@@ -497,24 +497,25 @@ constexpr int kCombineThreads = 128;  // 4 warps, one output row each
 // read, one L2 round trip per split and feature group.) Launched as a programmatic
 // dependent of the decode kernel where the GPU has PDL: it waits for it here.
 template <typename T>
-__global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const __grid_constant__ DecodeParams p,
-                                                                         int D) {
+__global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const __grid_constant__ CombineParams p) {
+  // Everything before the wait (params, indices) overlaps the decode kernel under PDL.
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kCombineThreads / 32) + warp;  // (b, j, hq), output order
+  const int D = p.D, ns = p.num_splits;
+  const bool live = row < p.B * p.q_len * p.Hq;
+  const int64_t hq = row % p.Hq, j = (row / p.Hq) % p.q_len, b = row / (p.Hq * p.q_len);
+  const int64_t w0 = ((b * p.Hq + hq) * p.q_len + j) * ns;
+  const float* lse = p.ws_lse + w0;
+  T* o = static_cast<T*>(p.o) + row * D;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kCombineThreads / 32) + warp;  // (b, j, hq), output order
-  if (row >= p.B * p.q_len * p.Hq) return;
-  const int64_t hq = row % p.Hq, j = (row / p.Hq) % p.q_len, b = row / (p.Hq * p.q_len);
-  const int ns = p.num_splits;
-  const int64_t w0 = ((b * p.Hq + hq) * p.q_len + j) * ns;
-  const float* lse = p.ws_lse + w0;
+  if (!live) return;
   const float ninf = -INFINITY;
   float M = ninf;
   for (int s = lane; s < ns; s += 32) M = fmaxf(M, lse[s]);
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
-  T* o = static_cast<T*>(p.o) + row * D;
   if (M == ninf) {  // no key in any split
     for (int d = lane; d < D; d += 32) o[d] = static_cast<T>(0.f);
     if (lane == 0) p.lse[row] = ninf;

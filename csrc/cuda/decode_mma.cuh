@@ -136,7 +136,6 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   constexpr int TILE = kTileKeys * D;          // elements of one K (or V) tile
   constexpr float kLog2e = 1.4426950408889634f;
   const float ninf = -INFINITY;
-  const RopeParams& r = p.rope;
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::);  // the combine may launch (it waits for us)
@@ -155,6 +154,32 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   const int row0 = rg * kRows;
   const int nrows = min(kRows, static_cast<int>(p.G * p.q_len) - row0);
   const int64_t seqlen = cache_len(p.cache, b);
+
+  // Q first: its loads depend on nothing, so they overlap the seqlen -> key range ->
+  // K/V chain below (they were a DRAM round trip of their own after the sin/cos phase).
+  // Unit u of a row: pair u (u < R/2), else the two tail features R + 2 (u - R/2) + {0, 1}.
+  const RopeParams& r = p.rope;
+  const int half = r.R / 2;
+  auto q_unit_dims = [&](int u, int* d0, int* d1) {
+    if (u < half) pair_dims(r, u, d0, d1);
+    else *d1 = (*d0 = r.R + 2 * (u - half)) + 1;
+  };
+  constexpr int kQUnits = kRows * (D / 2) / kThreads;
+  float qx[kQUnits][2];
+#pragma unroll
+  for (int it = 0; it < kQUnits; ++it) {
+    const int e = tid + it * kThreads;
+    const int rr = e / (D / 2), u = e - rr * (D / 2);
+    qx[it][0] = qx[it][1] = 0.f;
+    if (rr < nrows) {
+      int d0, d1;
+      q_unit_dims(u, &d0, &d1);
+      const int row = row0 + rr, j = row / G, hq = hk * G + (row - j * G);
+      const T* qr = static_cast<const T*>(p.q) + b * p.q_stride[0] + j * p.q_stride[1] + hq * p.q_stride[2];
+      qx[it][0] = static_cast<float>(qr[d0 * p.q_stride[3]]);
+      qx[it][1] = static_cast<float>(qr[d1 * p.q_stride[3]]);
+    }
+  }
 
   // Keys: rows see [0, lim(row)), nondecreasing in the row's token; this split takes
   // [kbeg, kend) of [0, n_keys), in whole tiles (so tiles align with 16-slot pages).
@@ -238,7 +263,6 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   }
 
   // ---- Q: sin/cos per (token, pair) once, rotate in fp32, round to T, into q_s.
-  const int half = r.R / 2;
   const int j0 = row0 / G, ntok = (row0 + nrows - 1) / G - j0 + 1;
   for (int e = tid; e < ntok * half; e += kThreads) {
     const int jj = e / half, i = e - jj * half, j = j0 + jj;
@@ -248,28 +272,20 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
     tab_s[(kRows + jj) * (D / 2) + i] = sn;
   }
   __syncthreads();
-  // Unit u of a row: pair u (u < R/2), else the two tail features R + 2 (u - R/2) + {0, 1}.
-  const T* qg = static_cast<const T*>(p.q);
-#pragma unroll  // a compile-time trip count: every q load issues before the first use
-  for (int it = 0; it < kRows * (D / 2) / kThreads; ++it) {
+  // Rotate the Q values loaded at the start (qx), round to T, store swizzled.
+#pragma unroll
+  for (int it = 0; it < kQUnits; ++it) {
     const int e = tid + it * kThreads;
     const int rr = e / (D / 2), u = e - rr * (D / 2);
     int d0, d1;
-    if (u < half) pair_dims(r, u, &d0, &d1);
-    else d1 = (d0 = r.R + 2 * (u - half)) + 1;
-    float x0 = 0.f, x1 = 0.f;
-    if (rr < nrows) {
-      const int row = row0 + rr, j = row / G, hq = hk * G + (row - j * G);
-      const T* qr = qg + b * p.q_stride[0] + j * p.q_stride[1] + hq * p.q_stride[2];
-      x0 = static_cast<float>(qr[d0 * p.q_stride[3]]);
-      x1 = static_cast<float>(qr[d1 * p.q_stride[3]]);
-      if (u < half) {
-        const int jj = j - j0;
-        const float cs = tab_s[jj * (D / 2) + u], sn = tab_s[(kRows + jj) * (D / 2) + u];
-        const float y0 = x0 * cs - x1 * sn, y1 = x1 * cs + x0 * sn;
-        x0 = y0;
-        x1 = y1;
-      }
+    q_unit_dims(u, &d0, &d1);
+    float x0 = qx[it][0], x1 = qx[it][1];
+    if (rr < nrows && u < half) {
+      const int jj = (row0 + rr) / G - j0;
+      const float cs = tab_s[jj * (D / 2) + u], sn = tab_s[(kRows + jj) * (D / 2) + u];
+      const float y0 = x0 * cs - x1 * sn, y1 = x1 * cs + x0 * sn;
+      x0 = y0;
+      x1 = y1;
     }
     q_s[swz<D>(rr, d0 >> 3) + (d0 & 7)] = static_cast<T>(x0);
     q_s[swz<D>(rr, d1 >> 3) + (d1 & 7)] = static_cast<T>(x1);
