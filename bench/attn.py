@@ -181,6 +181,10 @@ def decode_suite(timer, bw, quick=False):
 
             fns = [("rope_ext hybrid", dec("hybrid")), ("rope_ext hybrid_simt", dec("hybrid_simt")),
                    ("rope_ext full fusion", dec("full_fusion"))]
+            if CUDA and B <= 8 and ctx <= 2048:  # the split / no-split crossover (attention_dispatch.cu)
+                for ns in (1, 8):
+                    fns.append((f"rope_ext hybrid, {ns} split{'s' if ns > 1 else ''}",
+                                lambda ns=ns: rope_ext.attention_decode(q, kc, vc, lens, block_table=bt, num_splits=ns)))
             if not paged:
                 fns += [("separate", lambda: _separate_attn(q, kc, vc, ctx))]
                 if CUDA:

@@ -91,6 +91,11 @@ constexpr int kRowChoices[] = {1, 4, 8};
 // Variant 5: one 16-key tile per warp.
 constexpr int64_t kMinKeysPerSplit = 128;
 constexpr int64_t kMinKeysPerSplitMma = cuda::mma_decode::kWarps * cuda::mma_decode::kTileKeys;
+// Variant 5 does not split up to this many 16-key tiles per warp (1024 keys): at B = 1,
+// ctx 512, 7 splits + the combine took 15-16 us in a CUDA graph (run 3), where each
+// kernel of a chain costs ~4 us of cold start (instruction and parameter fetch after the
+// L2 flush) before any work; unsplit, a warp streams its 8-16 tiles 2 at a time.
+constexpr int64_t kUnsplitTilesPerWarp = 16;
 constexpr int kMaxSplits = 256;
 
 template <typename T, int D, int kRows, bool kFull>
@@ -233,6 +238,7 @@ int decode_num_splits(const DecodeParams& p, int64_t max_keys, c10::Device devic
   int occ = 1;
   int64_t min_keys = kMinKeysPerSplit;
   if (impl == DecodeImpl::kHybrid) {
+    if (ceil_div(max_keys, kMinKeysPerSplitMma) <= kUnsplitTilesPerWarp) return 1;
     visit_decode_mma(dtype, p.rope.D, [&]<typename T, int D>() { occ = decode_mma_ctas_per_sm<T, D>(p.G * p.q_len, dev); });
     min_keys = kMinKeysPerSplitMma;
   } else {
