@@ -143,7 +143,7 @@ def path_turns(pos, f, red, corrected=True):
     d = (q - (r - f1)).astype(F32)
     small = (np.abs(pos) < 2**24) & (np.abs(p) < 2**22)
     # fallback: the double reduction, in turns, rounded to fp32 + remainder
-    t = red / (2 * math.pi)
+    t = red * INV2PI_D  # the kernel's fma(-k, 2 pi lo, r) * (1 / 2 pi)
     rb = t.astype(F32)
     db = (t - rb.astype(F64)).astype(F32)
     r, d = np.where(small, r, rb), np.where(small, d, db)
