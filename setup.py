@@ -4,6 +4,9 @@ CUDA code is compiled when nvcc is found (CUDA_HOME or PATH), whether or not a G
 present: CI has nvcc but no GPU, and compiling the kernels there is a real check.
 Set TORCH_CUDA_ARCH_LIST (e.g. "9.0" for H100, "8.0;9.0") to choose the GPUs; the
 build never hard-codes -arch. ROPE_EXT_REQUIRE_CUDA=1 turns a missing nvcc into an error.
+ROPE_EXT_ANGLE picks the kernels' angle reduction (csrc/rope_math.h, angle_sincos):
+double (default), sincospif, turns or fixed; one build each (scripts/gpu_latency.sh
+builds two side by side to compare them on one GPU).
 """
 import glob
 import os
@@ -35,6 +38,13 @@ def find_nvcc():
     return cuda_home is not None
 
 
+# GPU angle paths (rope_math.h): the default is the one measured on the H100 so far.
+ANGLE_FLAGS = {"double": [], "sincospif": ["-DROPE_EXT_SINCOSPIF=1"], "turns": ["-DROPE_EXT_ANGLE_TURNS=1"],
+               "fixed": ["-DROPE_EXT_ANGLE_FIXED=1"]}
+angle = os.environ.get("ROPE_EXT_ANGLE", "") or "double"
+if angle not in ANGLE_FLAGS:
+    raise SystemExit(f"ROPE_EXT_ANGLE={angle!r}: expected one of {', '.join(ANGLE_FLAGS)}")
+
 with_cuda = find_nvcc() and os.environ.get("ROPE_EXT_NO_CUDA", "0") != "1"
 if os.environ.get("ROPE_EXT_REQUIRE_CUDA", "0") == "1" and not with_cuda:
     raise SystemExit("ROPE_EXT_REQUIRE_CUDA=1 but nvcc was not found (set CUDA_HOME)")
@@ -44,12 +54,14 @@ sources = ["csrc/registration.cpp", "csrc/rope_ops.cpp", "csrc/cpu/rope_cpu.cpp"
 cxx_flags = ["-O3"]  # the C++ standard comes from torch (C++17 or C++20 by version)
 define_macros = []
 if with_cuda:
-    sources += ["csrc/cuda/rope_dispatch.cu", "csrc/cuda/norm_rope_dispatch.cu", "csrc/cuda/attention_dispatch.cu"]
-    # One kernel instance per file (dtype x head dim), so that they compile in parallel.
-    sources += sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "csrc/cuda/instances/*.cu")))
+    # First: the longest compiles start first under ninja's parallel jobs. One decode
+    # kernel instance per file (dtype x head dim), so that they compile in parallel.
+    sources = (["csrc/cuda/attention_dispatch.cu", "csrc/cuda/rope_dispatch.cu", "csrc/cuda/norm_rope_dispatch.cu"]
+               + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "csrc/cuda/instances/*.cu")))
+               + sources)
     define_macros.append(("ROPE_EXT_WITH_CUDA", None))
     # No --use_fast_math: it would turn sincosf into __sinf/__cosf (wrong at long positions).
-    nvcc_flags = ["-O3", "-lineinfo", "--expt-relaxed-constexpr", "-DROPE_EXT_WITH_CUDA"]
+    nvcc_flags = ["-O3", "-lineinfo", "--expt-relaxed-constexpr", "-DROPE_EXT_WITH_CUDA"] + ANGLE_FLAGS[angle]
     Ext = cpp_extension.CUDAExtension
     extra = {"cxx": cxx_flags, "nvcc": nvcc_flags}
 else:

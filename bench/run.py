@@ -379,11 +379,12 @@ class Peers:
     so the time is comparable (the second half is rotated with the first half's
     positions). Reasons for n/a are kept and printed once (report())."""
 
-    def __init__(self):
+    def __init__(self, load=True):
         self.mods, self.why = {}, {}
-        for name, load in (("Liger", import_liger), ("FlashInfer", lambda: __import__("flashinfer"))):
+        loaders = (("Liger", import_liger), ("FlashInfer", lambda: __import__("flashinfer"))) if load else ()
+        for name, imp in loaders:
             try:
-                self.mods[name] = load()
+                self.mods[name] = imp()
             except Exception as e:
                 self.why[name] = "not importable: " + first_line(e)
 
@@ -436,6 +437,7 @@ class Peers:
 
 
 # ----------------------------------------------------------------------------- latency suite
+ROPE_ONLY = False  # --rope-only: rope_ext's columns and the copy, no torch.compile or peers
 LAT_COLS = [("rope_ext auto", "auto"), ("rope_ext flat", "flat"), ("rope_ext fp32x4_tile", "tile"),
             ("torch.compile", "compile"), ("Liger", "Liger"), ("FlashInfer", "FlashInf"),
             ("same-size copy", "copy")]
@@ -456,10 +458,11 @@ def latency_x_workload(layout, dtype, S, peers):
     comp = torch.compile(ref.apply_cos_sin, dynamic=False)
     fns = {f"rope_ext {i}": (lambda i=i: rope_ext.apply_rope(x, layout=layout, impl=i, **kw))
            for i in ("auto", "flat", "fp32x4_tile")}
-    fns["torch.compile"] = lambda: comp(x, c4, s4)
-    pos = torch.arange(S, device=DEV)
-    cache = ref.cos_sin_table(D, 10000.0, S, DEV)[:S].contiguous()
-    fns.update(peers.x_fns(x.view(S, H, D), cos, sin, pos, cache))
+    if not ROPE_ONLY:
+        fns["torch.compile"] = lambda: comp(x, c4, s4)
+        pos = torch.arange(S, device=DEV)
+        cache = ref.cos_sin_table(D, 10000.0, S, DEV)[:S].contiguous()
+        fns.update(peers.x_fns(x.view(S, H, D), cos, sin, pos, cache))
     fns["same-size copy"] = same_size_copy(x.numel(), dtype)
     name = "bf16" if dtype == torch.bfloat16 else "fp32"
     return f"{layout} {name} {list(shape)}", x.numel() * x.element_size(), fns
@@ -475,12 +478,13 @@ def latency_sbhd_workload(name, shape, peers):
     comp = torch.compile(ref.apply_cos_sin, dynamic=False)
     fns = {f"rope_ext {i}": (lambda i=i: rope_ext.apply_rope(x, layout="sbhd", impl=i))
            for i in ("auto", "flat", "fp32x4_tile")}
-    fns["torch.compile"] = lambda: comp(x, c4, s4)
-    # Peers see sbhd memory as S * B tokens, each with its own cos/sin row (gathered once).
-    tok_cos, tok_sin = cos.repeat_interleave(B, 0), sin.repeat_interleave(B, 0)
-    pos = torch.arange(S, device=DEV).repeat_interleave(B)
-    cache = ref.cos_sin_table(D, 10000.0, S, DEV)[:S].contiguous()
-    fns.update(peers.x_fns(x.view(S * B, H, D), tok_cos, tok_sin, pos, cache))
+    if not ROPE_ONLY:
+        fns["torch.compile"] = lambda: comp(x, c4, s4)
+        # Peers see sbhd memory as S * B tokens, each with its own cos/sin row (gathered once).
+        tok_cos, tok_sin = cos.repeat_interleave(B, 0), sin.repeat_interleave(B, 0)
+        pos = torch.arange(S, device=DEV).repeat_interleave(B)
+        cache = ref.cos_sin_table(D, 10000.0, S, DEV)[:S].contiguous()
+        fns.update(peers.x_fns(x.view(S * B, H, D), tok_cos, tok_sin, pos, cache))
     fns["same-size copy"] = same_size_copy(x.numel(), x.dtype)
     return f"{name} sbhd bf16 {list(shape)} fwd", x.numel() * 2, fns
 
@@ -492,11 +496,12 @@ def latency_qk_workload(T, peers):
     q = torch.randn(T, 32, 128, device=DEV).bfloat16()
     k = torch.randn(T, 8, 128, device=DEV).bfloat16()
     pos = torch.randint(0, 131072, (T,), device=DEV)
-    comp = qk_cache_compiled()
     fns = {f"rope_ext {i}": (lambda i=i: rope_ext.apply_rope_qk(q, k, pos, layout="thd", impl=i, inplace=True))
            for i in ("auto", "flat", "fp32x4_tile")}
-    fns["torch.compile"] = lambda: comp(q, k, pos, cache)
-    fns.update(peers.qk_fns(q, k, pos, cache))
+    if not ROPE_ONLY:
+        comp = qk_cache_compiled()
+        fns["torch.compile"] = lambda: comp(q, k, pos, cache)
+        fns.update(peers.qk_fns(q, k, pos, cache))
     fns["same-size copy"] = same_size_copy(q.numel() + k.numel(), q.dtype)
     label = "W5" if T == 16 else "W4"
     return f"{label} q[{T},32,128]+k[{T},8,128] thd", (q.numel() + k.numel()) * 2, fns
@@ -659,12 +664,17 @@ def main():
                          "tensors and decode vs peers (--quick: bshd bf16 and W2-W5 only); sweep: 64 KB..--max-bytes")
     ap.add_argument("--graph-reps", type=int, default=200, help="CUDA-graph replays per latency point")
     ap.add_argument("--attn-reps", type=int, default=50, help="CUDA-graph replays per attn suite row")
+    ap.add_argument("--rope-only", action="store_true",
+                    help="latency suite: rope_ext and the same-size copy only (no torch.compile, no peers): "
+                         "a second build compared with a first run's peers (scripts/gpu_latency.sh)")
     ap.add_argument("--max-bytes", type=float, default=4 * 2**30, help="largest x in the size sweep")
     ap.add_argument("--plot", help="PNG of the size sweep (GB/s against size)")
     ap.add_argument("--plot-attn", help="PNG of the attn suite: decode time against context length")
     ap.add_argument("--json")
     ap.add_argument("--csv")
     args = ap.parse_args()
+    global ROPE_ONLY
+    ROPE_ONLY = args.rope_only
     torch.manual_seed(0)
     timer = Timer(args.reps)
     if CUDA:
@@ -681,7 +691,7 @@ def main():
     print(f"device: {dev_name}; torch {torch.__version__}; copy bandwidth {bw:.0f} GB/s (read + write; "
           f"y.copy_(x) of {'1 GiB' if CUDA else '64 MiB'}: the reference of '% copy')")
     results = []
-    peers = Peers() if args.suite in ("llm", "latency", "sweep", "all") else None
+    peers = Peers(load=not args.rope_only) if args.suite in ("llm", "latency", "sweep", "all") else None
     if args.suite in ("latency", "all"):
         results += latency_suite(peers, args.graph_reps, quick=args.quick)
     if args.suite in ("llm", "all") and CUDA:

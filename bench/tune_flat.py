@@ -1,6 +1,10 @@
-"""auto's size limit for variant 5 (flat) and flat's rows per thread, on issue 11's shapes.
+"""Variant 5 (flat) against the tiles, and flat's rows per thread, on issue 11's shapes.
 
-    python bench/tune_flat.py            # then: export ROPE_EXT_FLAT_MAX_BYTES=<the suggested limit>
+    python bench/tune_flat.py
+
+Issue 19: flat measured level with the tiles or slower everywhere on the H100, and auto
+no longer takes it (rope_dispatch.cu), so the "limit" table below is what auto WOULD
+gain with such a limit; ROPE_EXT_FLAT_MAX_BYTES no longer changes anything.
 
 Each cell: one call in a CUDA graph, L2 flushed before each replay, median (bench/run.py's
 graph_us). Rows: flat at its default rows per thread (launch_flat: about one wave of
@@ -68,7 +72,8 @@ def main():
         scored.append((gm, max(r), lim))
         print(f"  {lim:>12} ({lim / 2**20:8.2f} MB){gm:>8.3f}{max(r):>8.3f}")
     gm, worst, lim = min(scored)
-    print(f"suggested: export ROPE_EXT_FLAT_MAX_BYTES={lim}   (geometric mean {gm:.3f}, worst {worst:.3f})")
+    print(f"best limit: {lim} bytes (geometric mean {gm:.3f}, worst {worst:.3f}); auto ignores it "
+          "(issue 19): a limit above 0 here would argue for bringing flat back")
     faster = [(lab, n) for lab in t if lab.startswith("flat rows/thr") and lab != "flat rows/thr auto"
               for (n, _, _), v, f in zip(ws, t[lab], flat) if v < 0.95 * f]
     if faster:

@@ -104,30 +104,116 @@ ROPE_HD float inv_freq_of(const RopeParams& p, int i) {
 
 // sin/cos of the angle pos * f, accurate at any position.
 // The fp32 product pos * f is off by up to ulp(pos * f) (~1 rad at pos = 2^24), and
-// fast-math __sinf/__cosf lose accuracy on large arguments. So: the product in double
-// (exact for |pos| < 2^29), reduced exactly, then an accurate (non-fast-math) sin/cos
-// of the reduced fp32 argument. Angle error ~1e-7 rad, flat in pos.
-// (Measured on the H100: __sincosf on the reduced angle, abs error <= 2^-21.4 there,
-// made fp32 2-3e-7 * max|x| and bf16 up to 1.85 ulp on small outputs, and did not
-// speed up the bf16 W1 workload; so the accurate one stays.)
-// On the GPU the angle is reduced in half-turns, t = a / pi in [-1, 1], for
-// sincospif (1 ulp, CUDA's documented bound; sincosf's is 2): sincospif has no
-// Payne-Hanek slow path, which sincosf inlines for every call site although |r| <= pi
-// never takes it (issue 11: the flat kernel's eight inlined sincosf were most of
-// its ~6000 instructions, a lot of cold instruction fetch for a 5 us kernel). Its
-// argument error: t's double rounding, ~|t| * 2^-53, then one fp32 rounding of r.
-// Against 200-bit truth (CPU emulation, review of issue 11): max angle error 9.5e-8
-// rad below position 2^24 (sincosf path: 1.2e-7), 1.7e-7 up to 2^29, 1.1e-6 up to
-// 2^31 (sincosf: 5.7e-7) -- so not flat in the position beyond 2^24. Opt-in
-// (-DROPE_EXT_SINCOSPIF=1) until it has run the tests and the accuracy bench on a GPU:
-// the sincosf path is the one measured on the H100 (docs/h100_accuracy.txt).
+// fast-math __sinf/__cosf lose accuracy on large arguments. So the angle is reduced
+// exactly (or nearly) to one turn first, then an accurate (non-fast-math) sin/cos.
+// The GPU path is chosen at compile time (setup.py's ROPE_EXT_ANGLE, one build each,
+// so that one GPU run can compare them: scripts/gpu_latency.sh); the CPU always takes
+// the default. Errors below: bench/angle_emulation.py (CPU emulation, exact truth; the
+// table is in bench/NOTES.md, issue 19); "angle error" is that of the argument the
+// sin/cos routine evaluates (with the correction term where there is one).
+//   double (default): the product in double (exact for |pos| < 2^29), reduced with a
+//     double-double 2 pi, rounded to fp32 radians, sincosf. Angle error <= 1.2e-7 rad
+//     below 2^29 (the one fp32 rounding), 2.4e-7 to 2^31.
+//     (Measured on the H100: __sincosf on the reduced angle, abs error <= 2^-21.4 there,
+//     made fp32 2-3e-7 * max|x| and bf16 up to 1.85 ulp on small outputs, and did not
+//     speed up the bf16 W1 workload; so the accurate one stays.) sincosf inlines its
+//     Payne-Hanek slow path (~100 instructions, a 32-byte stack frame) at every call
+//     site although |r| <= pi never takes it: cold code for a ~5 us kernel (issue 11).
+//   sincospif (-DROPE_EXT_SINCOSPIF, issue 11): a / pi in double reduced to half-turns,
+//     sincospif (1 ulp, CUDA's documented bound; sincosf's is 2; no slow path).
+//     9.5e-8 rad below 2^24, 1.7e-7 to 2^29, 4.1e-7 to 2^31.
+//   turns (-DROPE_EXT_ANGLE_TURNS, issue 19): no FP64 below |pos| 2^24. f in turns as an
+//     fp32 pair hi + lo (f / 2 pi split in fp32 from f: no table, any frequency source),
+//     p = pos hi, e = fma(pos, hi, -p) (exact), r = (p - rint(p)) + fma(pos, lo, e), and
+//     that last sum's rounding d (Fast2Sum) added after sincospif(2 r) as a first-order
+//     correction (without it r's fp32 rounding, up to 2^-25 turn when |r| passes 1/2,
+//     reaches 2.4e-7 rad: worse than double). fp32 pos is exact only below 2^24, so
+//     larger |pos| (and |pos hi| >= 2^22 turns, i.e. f > ~1.5 rad at 2^24) take the
+//     double reduction, in turns, then the same sincospif. Angle error 5.8e-8 rad below
+//     2^24 (fma(pos, lo, e)'s rounding), 1.2e-7 to 2^31 (the double product past 2^29).
+//   fixed (-DROPE_EXT_ANGLE_FIXED, issue 19): no FP64, no branch on pos: f in turns as a
+//     64-bit fixed-point fraction T (f's 24-bit significand times round(2^64 / 2 pi),
+//     shifted), the turn count pos * T mod 2^64 an exact integer product for any int64
+//     pos; its top 24 bits (exact in fp32) go to sincospif, the next 32 to the
+//     correction. Angle error ~1e-9 rad at 2^31 (T's error, < 2 units of 2^-64 turn
+//     for |f| < 2, times pos), far below the fp32 result's rounding at any position.
+#if defined(__CUDA_ARCH__) && (defined(ROPE_EXT_ANGLE_TURNS) || defined(ROPE_EXT_ANGLE_FIXED))
+// sin/cos of pi * h (h in half-turns, exact) + 2 pi d (d in turns, |d| < ~2^-24):
+// sincospif, then the first-order correction (its square, < 1e-13, is dropped).
+__device__ __forceinline__ void sincos_halfturns(float h, float d, float* s, float* c) {
+  float s0, c0;
+  ::sincospif(h, &s0, &c0);
+  const float a = __fmul_rn(d, 6.28318548f);
+  *s = __fmaf_rn(a, c0, s0);
+  *c = __fmaf_rn(-a, s0, c0);
+}
+#endif
+#if defined(__CUDA_ARCH__) && defined(ROPE_EXT_ANGLE_TURNS)
+// The angle in turns, r + d (|r| <= ~0.5). The _rn intrinsics keep the compiler from
+// contracting a product into a later add, which the exactness arguments rely on.
+__device__ __forceinline__ void reduce_turns(int64_t pos, float f, float* r, float* d) {
+  // f / 2 pi = hi + lo (about 2^-48 relative): 1 / 2 pi as two floats, the exact
+  // product error of the first, then hi + lo renormalised (|lo| <= ulp(hi) / 2).
+  const float h0 = __fmul_rn(f, 0x1.45f306p-3f);
+  const float l0 = __fmaf_rn(f, 0x1.b93910p-28f, __fmaf_rn(f, 0x1.45f306p-3f, -h0));
+  const float hi = __fadd_rn(h0, l0), lo = __fsub_rn(l0, __fsub_rn(hi, h0));
+  const float x = static_cast<float>(static_cast<int32_t>(pos));  // exact when |pos| < 2^24
+  const float p = __fmul_rn(x, hi);
+  if (static_cast<uint64_t>(pos + (int64_t(1) << 24)) < (uint64_t(1) << 25) && fabsf(p) < 0x1p22f) {
+    const float e = __fmaf_rn(x, hi, -p);     // exact: the product's rounding error
+    const float f1 = __fsub_rn(p, rintf(p));  // exact: a multiple of ulp(p)
+    const float q = __fmaf_rn(x, lo, e);      // |q| < 2 ulp(p)
+    *r = __fadd_rn(f1, q);
+    *d = __fsub_rn(q, __fsub_rn(*r, f1));     // Fast2Sum (f1 = 0 or |f1| >= ulp(p))
+  } else {
+    const double a = static_cast<double>(pos) * static_cast<double>(f);
+    const double k = ::rint(a * 0.15915494309189535);
+    double t = ::fma(-k, 6.283185307179586, a);
+    t = ::fma(-k, 2.4492935982947064e-16, t) * 0.15915494309189535;
+    *r = static_cast<float>(t);
+    *d = static_cast<float>(t - static_cast<double>(*r));
+  }
+}
+#endif
+#if defined(__CUDA_ARCH__) && defined(ROPE_EXT_ANGLE_FIXED)
+// f / 2 pi as a 64-bit fraction of a turn (mod 1): f = m 2^-sh with m its 24-bit
+// significand, T = m * round(2^64 / 2 pi) >> sh. Error < f / 2 + 1 units of 2^-64
+// turn (< 2 for every RoPE frequency); NaN/inf give NaN (angle_sincos).
+__device__ __forceinline__ uint64_t turns_fixed(float f) {
+  constexpr uint64_t kK = 0x28be60db9391054aull;  // round(2^64 / 2 pi), 62 bits
+  const uint32_t bits = __float_as_uint(f);
+  const uint32_t ex = (bits >> 23) & 0xffu;
+  const uint64_t m = ex ? ((bits & 0x7fffffu) | 0x800000u) : (bits & 0x7fffffu);  // f = m 2^-sh
+  const int sh = 150 - static_cast<int>(ex ? ex : 1);
+  const uint64_t lo = m * kK, hi = __umul64hi(m, kK);  // m * kK: 86 bits, hi < 2^22
+  uint64_t t;
+  if (sh >= 128) t = 0;
+  else if (sh >= 64) t = hi >> (sh - 64);
+  else if (sh > 0) t = (lo >> sh) | (hi << (64 - sh));
+  else t = lo << (-sh < 63 ? -sh : 63);  // f >= 2^23 rad per position: defined, not accurate
+  return (bits >> 31) ? 0 - t : t;
+}
+#endif
+
 ROPE_HD void angle_sincos(int64_t pos, float f, float* s, float* c) {
+#if defined(__CUDA_ARCH__) && defined(ROPE_EXT_ANGLE_TURNS)
+  float r, d;
+  reduce_turns(pos, f, &r, &d);
+  sincos_halfturns(2.f * r, d, s, c);
+#elif defined(__CUDA_ARCH__) && defined(ROPE_EXT_ANGLE_FIXED)
+  // pos * T mod 2^64: the angle in turns, [-1/2, 1/2) as a signed 64-bit fraction.
+  const int64_t x = static_cast<int64_t>(static_cast<uint64_t>(pos) * turns_fixed(f));
+  const float h = static_cast<float>(static_cast<int32_t>(x >> 40)) * 0x1p-23f;  // top 24 bits, half-turns, exact
+  const float d = static_cast<float>(static_cast<uint32_t>(x >> 8)) * 0x1p-56f;   // bits 8..39, turns in [0, 2^-24)
+  sincos_halfturns(h, d, s, c);
+  if (!(fabsf(f) <= 3.402823466e38f)) *s = *c = f - f;  // NaN/inf frequency: NaN, as the other paths
+#elif defined(__CUDA_ARCH__) && defined(ROPE_EXT_SINCOSPIF)
   const double a = static_cast<double>(pos) * static_cast<double>(f);
-#if defined(__CUDA_ARCH__) && defined(ROPE_EXT_SINCOSPIF)
   const double t = a * 0.3183098861837907;          // 1 / pi
   const double r = ::fma(-2.0, ::rint(t * 0.5), t);  // exact: t - 2k, in [-1, 1]
   ::sincospif(static_cast<float>(r), s, c);
 #else
+  const double a = static_cast<double>(pos) * static_cast<double>(f);
   const double k = ::rint(a * 0.15915494309189535);  // 1 / (2 pi)
   double r = ::fma(-k, 6.283185307179586, a);         // 2 pi, high part
   r = ::fma(-k, 2.4492935982947064e-16, r);           // 2 pi, low part
@@ -145,19 +231,23 @@ ROPE_HD void angle_sincos(int64_t pos, float f, float* s, float* c) {
 // A cache position outside [0, cache_rows) gives NaN (visible) instead of a read
 // out of bounds; the host rejects such positions where it can check them for free.
 ROPE_HD void pair_sincos(const RopeParams& p, int64_t pos, int i, float f, float* s, float* c) {
+  // Into locals, written once: s and c may point into the same shared table, so a
+  // scale applied through the pointers made the compiler store, reload and store again
+  // (STS, LDS, STS in variant 4's table fill: a shared-memory round trip on the chain).
+  float sv, cv;
   if (p.freq == FreqSource::kCosSinCache) {
     if (pos < 0 || pos >= p.cache_rows) {
       *s = *c = std::numeric_limits<float>::quiet_NaN();
       return;
     }
     const int64_t row = pos * p.cache_stride_row;
-    *c = load_float(p.cache, p.cache_dtype, row + i * p.cache_stride_col);
-    *s = load_float(p.cache, p.cache_dtype, row + (i + p.R / 2) * p.cache_stride_col);
+    cv = load_float(p.cache, p.cache_dtype, row + i * p.cache_stride_col);
+    sv = load_float(p.cache, p.cache_dtype, row + (i + p.R / 2) * p.cache_stride_col);
   } else {
-    angle_sincos(pos, f, s, c);
+    angle_sincos(pos, f, &sv, &cv);
   }
-  *s *= p.sign * p.scale;
-  *c *= p.scale;
+  *s = sv * (p.sign * p.scale);
+  *c = cv * p.scale;
 }
 
 // Feature indices of pair i: neox (i, i + R/2), GPT-J (2i, 2i + 1).

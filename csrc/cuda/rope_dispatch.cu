@@ -1,8 +1,8 @@
 // CUDA dispatch: picks a variant from csrc/cuda/rope_variants.cuh, sizes the grid and
-// launches on the current stream of x's device. auto: flat (variant 5) for x (q + k)
-// of at most ROPE_EXT_FLAT_MAX_BYTES bytes (default 0 until measured, read once; see
-// flat_max_bytes_from_env), fp32x4_tile (variant 4) above, fp32 (variant 2) when the
-// 16-byte path does not apply.
+// launches on the current stream of x's device. auto: fp32x4_tile (variant 4), fp32
+// (variant 2) when the 16-byte path does not apply. flat (variant 5) runs only when
+// asked for by name: on the H100 it measured level with the tiles or slower at every
+// size (issue 19), so auto no longer considers it.
 // (No ATen/cuda/CUDAContext.h: it pulls in cuSPARSE/cuBLAS headers that a bare CUDA
 // toolkit may lack; the stream and the SM count come from c10 and the runtime.)
 #include <ATen/Dispatch.h>
@@ -28,12 +28,10 @@ std::atomic<int> g_tile_rows_per_thread{0};  // 0: the default below (tuning hoo
 std::atomic<int> g_flat_rows_per_thread{0};  // 0: the default in launch_flat (tuning hook)
 std::atomic<int64_t> g_flat_max_bytes{-1};   // < 0: the environment or the default below
 
-// auto picks variant 5 (flat) for x (q + k together) of at most this many bytes, and
-// variant 4 (tiles) above. Read once from ROPE_EXT_FLAT_MAX_BYTES (a byte count,
-// e.g. 8388608 or 8e6). Default 0 (auto never picks flat): variant 5 has not run on a
-// GPU yet (the session that wrote it had no device left), so auto keeps the tile kernel
-// measured on the H100 until bench/tune_flat.py has timed both and the CUDA tests of
-// flat have passed there; then set the default to the limit it prints (guess: 8 MiB).
+// auto used to pick variant 5 (flat) for x of at most this many bytes. Issue 19: flat
+// measured level with the tiles or slower everywhere on the H100, so auto no longer
+// reads the limit; ROPE_EXT_FLAT_MAX_BYTES / set_flat_max_bytes are still parsed and
+// reported (the binding and its tests live outside the rope files) but change nothing.
 constexpr int64_t kFlatMaxBytesDefault = 0;
 int64_t flat_max_bytes_from_env() {
   static const int64_t v = [] {
@@ -207,15 +205,8 @@ void run_cuda(const RopeParams& p, Impl impl, at::ScalarType dtype, c10::Device 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "rope_ext_cuda", [&] {
     Impl chosen = impl;
-    if (impl == Impl::kAuto) {
-      // Small tensors are latency: the barrier-free flat kernel; large ones stream
-      // through the tiles. The limit counts the bytes of x read (q + k).
-      int64_t bytes = 0;
-      for (int t = 0; t < p.num_tensors; ++t) bytes += p.B * p.S * p.t[t].H * p.D * int64_t(sizeof(scalar_t));
-      chosen = !vector_eligible(p, sizeof(scalar_t), nullptr) ? Impl::kFp32
-               : bytes <= flat_max_bytes()                      ? Impl::kFlat
-                                                                : Impl::kFp32x4Tile;
-    }
+    if (impl == Impl::kAuto)  // the tiles at every size (flat lost on the H100: issue 19)
+      chosen = vector_eligible(p, sizeof(scalar_t), nullptr) ? Impl::kFp32x4Tile : Impl::kFp32;
     launch<scalar_t>(p, chosen, device.index(), stream);
   });
 }

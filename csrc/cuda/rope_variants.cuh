@@ -16,12 +16,20 @@
 //              one short tile of consecutive rows and exits: its first loads go out,
 //              then the block fills a shared cos/sin table for the tile's token groups
 //              (one barrier), then rotates and stores. Same eligibility as 3.
-//   5. flat    (auto picks it up to ROPE_EXT_FLAT_MAX_BYTES of x, rope_dispatch.cu;
-//              default 0 until it has run on a GPU)
-//              for small tensors: no shared memory, no barrier; a thread owns one
-//              16-byte chunk of a few rows (heads) of one token group, computes that
-//              chunk's sin/cos once while its loads are in flight, and reuses them for
-//              its rows. Grid sized to fill the GPU at decode sizes. Same eligibility.
+//   5. flat    (impl="flat" only; auto never picks it) for small tensors: no shared
+//              memory, no barrier; a thread owns one 16-byte chunk of a few rows (heads)
+//              of one token group, computes that chunk's sin/cos once while its loads
+//              are in flight, and reuses them for its rows. Grid sized to fill the GPU
+//              at decode sizes. Same eligibility.
+//              Measured on the H100 (issue 19, latency suite: CUDA graph, cold L2):
+//              level with variant 4 or slower at every size, small tensors and W5
+//              included, so it left auto's candidates (it was behind an opt-in limit,
+//              ROPE_EXT_FLAT_MAX_BYTES, default 0). Kept as an explicit impl: it is
+//              tested, the bench still times it, and it is the barrier-free reference
+//              a specialised small-tensor kernel would be compared with. What it
+//              says: the barrier and the shared table alone were not what kept variant
+//              4 behind the peers at small sizes (bench/NOTES.md, issue 19, for what
+//              the static resources point at instead).
 //
 // What was learned on the H100 (bench/NOTES.md has the numbers and the method):
 //   - Variant 3's x loads must be uint4: a struct copy of Vec<bf16, 8> compiled to
