@@ -21,6 +21,7 @@ Rows per point (µs; GB/s and % of copy count the KV bytes read: B * ctx * Hk * 
 Append: append_kv of T = 16 (16 sequences x 1 token) and T = 8192 (one sequence) tokens,
 with and without q; GB/s count k, v (and q) read + written, against the separate path
 (apply_rope_qk + cache writes).
+Prefill: rope_attention fused vs separate, B in {1, 8}, S in {1, 4, 16, 64}.
 Timing (CUDA): each call captured alone in a CUDA graph, the L2 flushed before every
 replay, the median (bench/run.py's graph_us); % copy against a 1 GiB copy timed the same
 way in the same run. CPU: tiny shapes, wall clock.
@@ -260,12 +261,34 @@ def append_suite(timer, bw, quick=False):
     return results
 
 
+def prefill_suite(timer, bw, quick=False):
+    """rope_attention (issue 18, deliverable 4): the fused path (decode kernel over k, v as
+    the cache) against the separate path (apply_rope_qk + SDPA) for short prefills, to set
+    where rope_attention(impl="auto") takes the fused one (rope_ext.attention.FUSED_MAX_Q)."""
+    results = []
+    Hq, Hk, D = (32, 8, 128) if CUDA else (8, 2, 64)
+    dt = torch.bfloat16 if CUDA else torch.float32
+    for B in ((1, 8) if CUDA else (1,)):
+        for S in ((1, 4, 16, 64) if CUDA else (4,)):
+            q = torch.randn(B, S, Hq, D, device=DEV, dtype=dt)
+            k = torch.randn(B, S, Hk, D, device=DEV, dtype=dt)
+            v = torch.randn(B, S, Hk, D, device=DEV, dtype=dt)
+            nbytes = 2 * (q.numel() + k.numel() + v.numel()) * q.element_size()
+            fns = [(f"rope_attention {impl}", lambda impl=impl: rope_ext.rope_attention(q, k, v, impl=impl))
+                   for impl in ("fused", "separate")]
+            rows = _rows(fns, nbytes, timer, bw, base="rope_attention separate")
+            title = f"prefill rope_attention B={B} S={S} Hq={Hq} Hk={Hk} D={D} {str(dt)[6:]}"
+            _print(title, rows, "x separate")
+            results.append(dict(workload=title, kind="prefill", B=B, S=S, rows=rows))
+    return results
+
+
 def attn_suite(timer, bw, quick=False):
     """Issue 9's attention suite; `timer` and `bw` are bench/run.py's Timer and the copy
     bandwidth it measured. Returns run.py-style results: dicts with 'workload' and 'rows'."""
     print("\nattention suite: decode (Q-RoPE fused) and append_kv (K-RoPE at cache write)"
           + ("" if CUDA else " [CPU: tiny shapes, wall clock]"))
-    return decode_suite(timer, bw, quick) + append_suite(timer, bw, quick)
+    return decode_suite(timer, bw, quick) + append_suite(timer, bw, quick) + prefill_suite(timer, bw, quick)
 
 
 def plot_attn(results, path):
