@@ -337,7 +337,9 @@ void append_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cac
     const at::Tensor last = at::where(lens > 0, sl + lens - 1, at::full_like(sl, std::numeric_limits<int64_t>::min() / 4));
     check_position_values(p.rope, positions, offsets, offset, last);
   }
-  if (p.num_tokens == 0 || Hk == 0 || D == 0) return;
+  // Nothing to write or rotate only without tokens, or without heads in both k and q
+  // (Hk == 0 still rotates q; the kernels take either count as 0).
+  if (p.num_tokens == 0 || (Hk == 0 && p.Hq == 0)) return;
   if (k.is_cuda()) {
 #ifdef ROPE_EXT_WITH_CUDA
     append_kv_cuda(p, k.scalar_type(), k.device());

@@ -286,11 +286,17 @@ namespace {
 
 void run(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs, const Options& o, bool inplace) {
   Impl impl;
-  const RopeParams p = make_params(ins, outs, o, inplace, &impl);
+  RopeParams p = make_params(ins, outs, o, inplace, &impl);
   if (!inplace)
     for (const auto& t : outs) maybe_poison(t);
-  for (const auto& t : ins)
-    if (t.numel() == 0) return;
+  // Nothing to do only when every input is empty: q with 0 heads still leaves k to
+  // rotate (and the other way round). The empty one is dropped from the params, so
+  // the backends only ever see tensors with rows.
+  bool all_empty = true;
+  for (const auto& t : ins) all_empty = all_empty && t.numel() == 0;
+  if (all_empty) return;
+  int kept[kMaxTensors];
+  drop_empty_tensors(p, kept);
   if (ins[0].is_cuda()) {
 #ifdef ROPE_EXT_WITH_CUDA
     run_cuda(p, impl, ins[0].scalar_type(), ins[0].device());
@@ -456,6 +462,17 @@ void fill_frequencies(RopeParams& p, const at::Tensor& x, const std::optional<at
   }
 }
 
+int drop_empty_tensors(RopeParams& p, int kept[kMaxTensors]) {
+  int n = 0;
+  for (int t = 0; t < p.num_tensors; ++t) {
+    if (p.t[t].H == 0) continue;
+    if (n != t) p.t[n] = p.t[t];
+    kept[n++] = t;
+  }
+  p.num_tensors = n;
+  return n;
+}
+
 std::atomic<bool>& device_value_checks() {
   static std::atomic<bool> on{false};
   return on;
@@ -479,6 +496,7 @@ bool vector_eligible(const RopeParams& p, int64_t elem_size, std::string* why) {
   const int64_t sizes[3] = {p.B, p.S, 0};
   for (int t = 0; t < p.num_tensors; ++t) {
     const TensorView& v = p.t[t];
+    if (v.H == 0) continue;  // no rows: nothing is read or written (run() drops it)
     const int64_t dims[3] = {sizes[0], sizes[1], v.H};
     if (v.in_stride[3] != 1 || v.out_stride[3] != 1) return fail("the feature (last) stride is not 1");
     if (reinterpret_cast<uintptr_t>(v.in) % 16 || reinterpret_cast<uintptr_t>(v.out) % 16)

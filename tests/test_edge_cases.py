@@ -1,0 +1,127 @@
+"""Edge cases of every op (issue 17): empty inputs and 0-head tensors next to a non-empty
+one, in place on separate non-dense buffers, module dtype casts, the reference table
+handed to callers, decode queries outside the cache, and the errors a new user meets.
+Values against the float64 truth (rope_ext.reference); outputs are NaN-poisoned
+(conftest), in-place results are checked value by value."""
+import pytest
+import torch
+
+import rope_ext
+from rope_ext import reference as ref
+from conftest import assert_close_f64, randn
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}
+
+
+# ---------------------------------------------------------------------------- empty / 0-head: rope
+@pytest.mark.parametrize("inplace", [False, True], ids=["out", "inplace"])
+@pytest.mark.parametrize("empty", ["q", "k"])
+def test_rope_qk_one_tensor_with_zero_heads(device, empty, inplace):
+    """q (or k) with 0 heads: the other one is still rotated (it was left uninitialised,
+    or unrotated in place)."""
+    B, S, D = 1, 4, 8
+    q = randn((B, S, 0 if empty == "q" else 3, D), torch.float32, device)
+    k = randn((B, S, 0 if empty == "k" else 2, D), torch.float32, device)
+    pos = torch.tensor([3, 0, 7, 1000], device=device)
+    wq, wk = ref.rope_float64(q, pos), ref.rope_float64(k, pos)
+    qo, ko = rope_ext.apply_rope_qk(q, k, pos, inplace=inplace)
+    assert qo.shape == q.shape and ko.shape == k.shape
+    assert_close_f64(qo, wq, 2.0 * 8, "q")
+    assert_close_f64(ko, wk, 2.0 * 8, "k")
+    # The dispatcher path (autograd) and its backward.
+    if not inplace:
+        ql, kl = q.detach().requires_grad_(), k.detach().requires_grad_()
+        a, b = rope_ext.apply_rope_qk(ql, kl, pos)
+        gq, gk = randn(a.shape, a.dtype, device), randn(b.shape, b.dtype, device)
+        (a * gq).sum().add((b * gk).sum()).backward()
+        assert_close_f64(ql.grad, ref.rope_float64(gq, pos, inverse=True), 16.0, "dq")
+        assert_close_f64(kl.grad, ref.rope_float64(gk, pos, inverse=True), 16.0, "dk")
+        qo2, ko2 = torch.ops.rope_ext.rope_qk(q, k, pos, None, None, None, None, 0, 10000.0, -1, False, False,
+                                              "auto", 1.0, 1, 0, [], False)
+        assert_close_f64(ko2, wk, 16.0, "k via the op")
+        assert_close_f64(qo2, wq, 16.0, "q via the op")
+
+
+@pytest.mark.parametrize("shape", [(0, 4, 2, 8), (2, 0, 2, 8), (2, 4, 0, 8)], ids=["B0", "S0", "H0"])
+def test_rope_empty_input(device, shape):
+    x = randn(shape, torch.float32, device)
+    assert rope_ext.apply_rope(x).shape == shape
+    assert rope_ext.apply_rope(x, inplace=True) is x
+    q, k = rope_ext.apply_rope_qk(x, x.clone())
+    assert q.shape == shape and k.shape == shape
+
+
+# ---------------------------------------------------------------------------- empty / 0-head: norm + rope
+@pytest.mark.parametrize("empty", ["q", "k"])
+def test_norm_rope_qk_one_tensor_with_zero_heads(device, empty):
+    """rms_norm_rope_qk with 0 heads in one tensor: the other's output, its dx and its
+    weight grad are those of the float64 truth (k was uninitialised, dk unwritten, dw 0)."""
+    B, S, D = 2, 5, 16
+    q = randn((B, S, 0 if empty == "q" else 3, D), torch.float32, device).requires_grad_()
+    k = randn((B, S, 0 if empty == "k" else 2, D), torch.float32, device).requires_grad_()
+    wq, wk = (randn((D,), torch.float32, device).requires_grad_() for _ in range(2))
+    pos = torch.randint(0, 500, (B, S), device=device)
+    qo, ko = rope_ext.rms_norm_rope_qk(q, k, wq, wk, pos)
+    gq, gk = randn(qo.shape, qo.dtype, device), randn(ko.shape, ko.dtype, device)
+    ((qo * gq).sum() + (ko * gk).sum()).backward()
+    q64, k64, wq64, wk64 = (t.detach().double().requires_grad_() for t in (q, k, wq, wk))
+    rq = ref.rms_norm_rope_float64(q64, wq64, pos)
+    rk = ref.rms_norm_rope_float64(k64, wk64, pos)
+    ((rq * gq.double()).sum() + (rk * gk.double()).sum()).backward()
+    assert_close_f64(qo, rq.detach(), 8.0, "q out")
+    assert_close_f64(ko, rk.detach(), 8.0, "k out")
+    assert_close_f64(q.grad, q64.grad, 64.0, "dq")
+    assert_close_f64(k.grad, k64.grad, 64.0, "dk")
+    assert_close_f64(wq.grad, wq64.grad, 64.0 * B * S, "dq_weight")
+    assert_close_f64(wk.grad, wk64.grad, 64.0 * B * S, "dk_weight")
+
+
+def test_norm_rope_empty_input(device):
+    x = randn((2, 0, 3, 16), torch.float32, device).requires_grad_()
+    w = randn((16,), torch.float32, device).requires_grad_()
+    y = rope_ext.rms_norm_rope(x, w)
+    assert y.shape == x.shape
+    y.sum().backward()
+    assert torch.equal(w.grad, torch.zeros_like(w)) and x.grad.shape == x.shape
+
+
+# ---------------------------------------------------------------------------- empty / 0-head: attention
+def test_append_kv_zero_kv_heads_still_rotates_q(device):
+    """Hk = 0 with q given: q is rotated in place at the new tokens' cache indices (append_kv
+    returned before rotating it)."""
+    B, T, Hq, D = 2, 3, 4, 64
+    q = randn((B, T, Hq, D), torch.float32, device)
+    q0 = q.clone()
+    k = randn((B, T, 0, D), torch.float32, device)
+    kc = torch.zeros((B, 16, 0, D), device=device)
+    sl = torch.tensor([2, 9], dtype=torch.int32, device=device)
+    rope_ext.append_kv(k, k.clone(), kc, kc.clone(), sl, q=q)
+    pos = sl[:, None].long() + torch.arange(T, device=device)
+    assert_close_f64(q, ref.rope_float64(q0, pos), 8.0, "q in place")
+
+
+def test_append_kv_no_tokens_writes_nothing(device):
+    kc = torch.full((2, 8, 2, 64), float("nan"), device=device)
+    vc = kc.clone()
+    q = randn((2, 0, 4, 64), torch.float32, device)
+    k = randn((2, 0, 2, 64), torch.float32, device)
+    rope_ext.append_kv(k, k.clone(), kc, vc, torch.tensor([1, 3], dtype=torch.int32, device=device), q=q)
+    assert torch.isnan(kc).all() and torch.isnan(vc).all()
+
+
+@pytest.mark.parametrize("shape", [(0, 1, 4, 64), (2, 0, 4, 64), (2, 1, 0, 64)], ids=["B0", "q_len0", "Hq0"])
+def test_attention_decode_empty(device, shape):
+    B = shape[0]
+    kc = randn((B, 8, 2, 64), torch.float16, device)
+    q = randn(shape, torch.float16, device)
+    sl = torch.full((B,), 4, dtype=torch.int32, device=device)
+    o, lse = rope_ext.attention_decode(q, kc, kc.clone(), sl, return_lse=True)
+    assert o.shape == shape and lse.shape == shape[:3]
+
+
+def test_attention_decode_zero_kv_heads_is_refused(device):
+    kc = torch.zeros((2, 8, 0, 64), dtype=torch.float16, device=device)
+    q = randn((2, 1, 4, 64), torch.float16, device)
+    with pytest.raises(ValueError, match="kv heads Hk = 0"):
+        rope_ext.attention_decode(q, kc, kc.clone(), torch.tensor([1, 2], dtype=torch.int32, device=device))
