@@ -110,10 +110,12 @@ bool non_overlapping(at::IntArrayRef sizes, at::IntArrayRef strides) {
 // fused qkv projection): then the union of both head ranges must itself be a
 // non-overlapping view.
 bool disjoint_heads(const at::Tensor& q, const at::Tensor& k) {
+  // Separate storages never share an element. (get_overlap_status answers TooHard, not
+  // No, for any view that is not dense, e.g. head slices of two different buffers.)
+  if (!q.is_alias_of(k)) return true;
   const auto status = at::get_overlap_status(q, k);
   if (status == at::MemOverlapStatus::No) return true;
   if (status == at::MemOverlapStatus::Full || q.strides() != k.strides() || q.stride(2) == 0) return false;
-  if (!q.is_alias_of(k)) return false;
   const int64_t delta = k.storage_offset() - q.storage_offset(), sh = q.stride(2);
   if (delta % sh) return false;
   const int64_t j = delta / sh, Hq = q.size(2), Hk = k.size(2);

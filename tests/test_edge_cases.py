@@ -125,3 +125,29 @@ def test_attention_decode_zero_kv_heads_is_refused(device):
     q = randn((2, 1, 4, 64), torch.float16, device)
     with pytest.raises(ValueError, match="kv heads Hk = 0"):
         rope_ext.attention_decode(q, kc, kc.clone(), torch.tensor([1, 2], dtype=torch.int32, device=device))
+
+
+# ---------------------------------------------------------------------------- in place on separate buffers
+@pytest.mark.parametrize("layout", ["bshd", "thd"])
+def test_inplace_separate_non_dense_buffers(device, layout):
+    """q and k are head slices of two DIFFERENT buffers (neither view dense): they cannot
+    share memory, so in place is accepted; the heads outside the slices stay bit-identical."""
+    lead = (2, 5) if layout == "bshd" else (7,)
+    A, Bf = randn((*lead, 8, 32), torch.bfloat16, device), randn((*lead, 4, 32), torch.bfloat16, device)
+    A0, B0 = A.clone(), Bf.clone()
+    q, k = A[..., :4, :], Bf[..., :2, :]
+    assert not q.is_contiguous() and not k.is_contiguous()
+    pos = torch.randint(0, 1000, lead, device=device) if layout == "bshd" else torch.randint(0, 1000, lead, device=device)
+    kw = dict(layout=layout)
+    rope_ext.apply_rope_qk(q, k, pos, inplace=True, **kw)
+    assert_close_f64(A[..., :4, :], ref.rope_float64(A0[..., :4, :], pos, **kw), 8.0, "q in place")
+    assert_close_f64(Bf[..., :2, :], ref.rope_float64(B0[..., :2, :], pos, **kw), 8.0, "k in place")
+    assert torch.equal(A[..., 4:, :], A0[..., 4:, :]) and torch.equal(Bf[..., 2:, :], B0[..., 2:, :])
+
+
+def test_inplace_same_buffer_overlap_still_refused(device):
+    A = randn((2, 5, 8, 32), torch.float32, device)
+    before = A.clone()
+    with pytest.raises(ValueError, match="must not share memory"):
+        rope_ext.apply_rope_qk(A[:, :, :4], A[:, :, 2:6], inplace=True)
+    assert torch.equal(A, before)
