@@ -151,3 +151,36 @@ def test_inplace_same_buffer_overlap_still_refused(device):
     with pytest.raises(ValueError, match="must not share memory"):
         rope_ext.apply_rope_qk(A[:, :, :4], A[:, :, 2:6], inplace=True)
     assert torch.equal(A, before)
+
+
+# ---------------------------------------------------------------------------- module dtype casts
+@pytest.mark.parametrize("cast", ["half", "bf16", "double"])
+@pytest.mark.parametrize("max_position", [None, 4096])
+@pytest.mark.parametrize("scaling", [None, YARN], ids=["default", "yarn"])
+def test_rotary_embedding_dtype_cast_keeps_float32_frequencies(device, cast, max_position, scaling):
+    """module.half() / .to(bf16) / .double() keep inv_freq and the cos/sin cache float32:
+    the next call works (it raised for scaled frequencies) and is as accurate as before
+    (an fp16 cache gave 2e-3 errors)."""
+    m = rope_ext.RotaryEmbedding(64, scaling=scaling, max_position=max_position).to(device)
+    f0 = m.inv_freq.clone()
+    c0 = None if m.cos_sin_cache is None else m.cos_sin_cache.clone()
+    dt = {"half": torch.float16, "bf16": torch.bfloat16, "double": torch.float64}[cast]
+    m = m.half() if cast == "half" else m.to(dt) if cast == "bf16" else m.double()
+    assert m.inv_freq.dtype == torch.float32 and torch.equal(m.inv_freq, f0)
+    if c0 is not None:
+        assert m.cos_sin_cache.dtype == torch.float32 and torch.equal(m.cos_sin_cache, c0)
+    q, k = randn((2, 16, 4, 64), dt, device), randn((2, 16, 2, 64), dt, device)
+    pos = torch.randint(0, 4096, (2, 16), device=device)
+    qo, ko = m(q, k, pos)
+    assert qo.dtype == dt and ko.dtype == dt
+    kw = dict(inv_freq=m.inv_freq, attention_factor=m.attention_factor)
+    assert_close_f64(qo, ref.rope_float64(q, pos, **kw), 8.0, "q")
+    assert_close_f64(ko, ref.rope_float64(k, pos, **kw), 8.0, "k")
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "longrope"])
+def test_rotary_embedding_refuses_length_dependent_scaling(kind):
+    sc = {"rope_type": kind, "factor": 2.0, "max_position_embeddings": 256, "original_max_position_embeddings": 128,
+          "long_factor": [1.0] * 32, "short_factor": [1.0] * 32}
+    with pytest.raises(ValueError, match=f"'{kind}'.*sequence length"):
+        rope_ext.RotaryEmbedding(64, scaling=sc)
