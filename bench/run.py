@@ -237,7 +237,7 @@ def llm_suite(timer, bw, peers=None):
     table("W3 fp32 [128*8192, 128] one head forward", 2 * x.numel() * 4, fns, want, outs, dtype=torch.float32)
     del x
     # W4 / W5: q + k thd, random int64 positions < 131072, one launch, in place.
-    cache = ref.cos_sin_table(128, 10000.0, 131072, DEV)[:131072].contiguous()
+    cache = ref.cos_sin_table(128, 10000.0, 131072, DEV)
     for T in (8192, 16):
         q = torch.randn(T, 32, 128, device=DEV).bfloat16()
         k = torch.randn(T, 8, 128, device=DEV).bfloat16()
@@ -458,7 +458,7 @@ def latency_x_workload(layout, dtype, S, peers):
            for i in ("auto", "flat", "fp32x4_tile")}
     fns["torch.compile"] = lambda: comp(x, c4, s4)
     pos = torch.arange(S, device=DEV)
-    cache = ref.cos_sin_table(D, 10000.0, S, DEV)[:S].contiguous()
+    cache = ref.cos_sin_table(D, 10000.0, S, DEV)
     fns.update(peers.x_fns(x.view(S, H, D), cos, sin, pos, cache))
     fns["same-size copy"] = same_size_copy(x.numel(), dtype)
     name = "bf16" if dtype == torch.bfloat16 else "fp32"
@@ -479,7 +479,7 @@ def latency_sbhd_workload(name, shape, peers):
     # Peers see sbhd memory as S * B tokens, each with its own cos/sin row (gathered once).
     tok_cos, tok_sin = cos.repeat_interleave(B, 0), sin.repeat_interleave(B, 0)
     pos = torch.arange(S, device=DEV).repeat_interleave(B)
-    cache = ref.cos_sin_table(D, 10000.0, S, DEV)[:S].contiguous()
+    cache = ref.cos_sin_table(D, 10000.0, S, DEV)
     fns.update(peers.x_fns(x.view(S * B, H, D), tok_cos, tok_sin, pos, cache))
     fns["same-size copy"] = same_size_copy(x.numel(), x.dtype)
     return f"{name} sbhd bf16 {list(shape)} fwd", x.numel() * 2, fns
@@ -488,7 +488,7 @@ def latency_sbhd_workload(name, shape, peers):
 def latency_qk_workload(T, peers):
     """W4 (T = 8192) / W5 (T = 16): q [T, 32, 128] + k [T, 8, 128] bf16 thd, random
     int64 positions < 131072, in place, one launch."""
-    cache = ref.cos_sin_table(128, 10000.0, 131072, DEV)[:131072].contiguous()
+    cache = ref.cos_sin_table(128, 10000.0, 131072, DEV)
     q = torch.randn(T, 32, 128, device=DEV).bfloat16()
     k = torch.randn(T, 8, 128, device=DEV).bfloat16()
     pos = torch.randint(0, 131072, (T,), device=DEV)
@@ -586,7 +586,7 @@ def sweep_suite(timer, bw, max_bytes, peers):
         comp = torch.compile(ref.apply_cos_sin, dynamic=False)
         moved = 2 * x.numel() * esz
         fns = {"torch.compile": lambda: comp(x, c3, s3)}
-        cache = ref.cos_sin_table(128, 10000.0, S, DEV)[:S].contiguous()
+        cache = ref.cos_sin_table(128, 10000.0, S, DEV)
         fns.update(peers.x_fns(x.view(S, 32, 128), cos, sin, torch.arange(S, device=DEV), cache, backward=inv))
         fns["same-size copy"] = same_size_copy(x.numel(), dt)
         us_r = timer(lambda: bshd_call(x, "auto", inv))

@@ -184,3 +184,21 @@ def test_rotary_embedding_refuses_length_dependent_scaling(kind):
           "long_factor": [1.0] * 32, "short_factor": [1.0] * 32}
     with pytest.raises(ValueError, match=f"'{kind}'.*sequence length"):
         rope_ext.RotaryEmbedding(64, scaling=sc)
+
+
+# ---------------------------------------------------------------------------- reference table
+def test_cos_sin_table_is_private_and_sized(device):
+    """cos_sin_table returns exactly max_position rows, and a caller's in-place edit
+    never reaches another caller (it handed out its shared cache)."""
+    a = ref.cos_sin_table(32, 1234.5, 100, device)
+    big = ref.cos_sin_table(32, 1234.5, 300, device)
+    small = ref.cos_sin_table(32, 1234.5, 10, device)
+    assert a.shape == (100, 32) and big.shape == (300, 32) and small.shape == (10, 32)
+    want = ref.cos_sin_table(32, 1234.5, 100, device).clone()
+    a.zero_()
+    small.fill_(7.0)
+    again = ref.cos_sin_table(32, 1234.5, 100, device)
+    assert torch.equal(again, want) and torch.equal(big[:100], want)
+    f = rope_ext.inv_freq(32, 1234.5).double()
+    ang = torch.arange(100, dtype=torch.float64)[:, None] * f
+    assert (again.double().cpu() - torch.cat([ang.cos(), ang.sin()], -1)).abs().max() < 1e-4

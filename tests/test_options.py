@@ -30,7 +30,7 @@ def options(device):
         "interleaved": ((B, S, H, D), dict(interleaved=True)),
         "interleaved_partial": ((B, S, H, D), dict(interleaved=True, rotary_dim=48)),
         "inv_freq_llama3": ((B, S, H, D), dict(inv_freq=rope_ext.inv_freq(D, 500000.0, llama3, device=device))),
-        "cache_fp32": ((B, S, H, D), dict(cos_sin_cache=ref.cos_sin_table(D, 10000.0, 64, device).clone(),
+        "cache_fp32": ((B, S, H, D), dict(cos_sin_cache=ref.cos_sin_table(D, 10000.0, 64, device),
                                           positions=torch.randint(0, 64, (B, S), device=device))),
         "cache_bf16_partial": ((B, S, H, D), dict(rotary_dim=32, offsets=3,
                                                   cos_sin_cache=ref.cos_sin_table(32, 500.0, 40, device).bfloat16())),
