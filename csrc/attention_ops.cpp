@@ -410,6 +410,12 @@ std::tuple<at::Tensor, at::Tensor> attention_decode(
     for (int64_t b = 0; b < B; ++b) {
       TORCH_CHECK_VALUE(s[b] >= 0 && s[b] <= cache.capacity, msg("rope_ext: cache_seqlens must be in [0, capacity = ",
                         cache.capacity, "], got ", s[b], " for sequence ", b, " (seqlens past capacity)"));
+      // Non-causal: a query token outside the cache would see every key at a negative
+      // position (attention_math.h, decode_key_limit, gives it none where unchecked).
+      TORCH_CHECK_VALUE(causal || s[b] == 0 || s[b] >= q_len, msg("rope_ext: attention_decode(causal=False) needs "
+                        "cache_seqlens >= q_len = ", q_len, " (or 0: an empty sequence): query token j sits at cache index "
+                        "cache_seqlens - q_len + j, so sequence ", b, " with cache_seqlens = ", s[b], " leaves its first ",
+                        q_len - s[b], " query tokens outside the cache (append them with append_kv first)"));
       check_blocks(cache, bt, b, 0, s[b]);
     }
     // Keys (full fusion) and queries take positions up to seqlen - 1 + offset.

@@ -125,7 +125,11 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, positions=None, bloc
     cache_seqlens: int32 [B], valid tokens per sequence INCLUDING the q tokens: query
        token j sits at cache index cache_seqlens[b] - q_len + j, and (causal=True) sees
        the keys up to and including it; causal=False: every key below cache_seqlens[b].
-       A sequence of length 0 gives zeros (lse = -inf).
+       A sequence of length 0 gives zeros (lse = -inf). A query token at a negative index
+       (q_len > cache_seqlens[b]: not in the cache) sees no key, causal or not: zeros,
+       lse = -inf, on the CPU and CUDA alike; with causal=False and 0 < cache_seqlens[b] <
+       q_len the call is refused (ValueError) where values are checked (CPU always, CUDA
+       under rope_ext.set_value_checks(True)).
     positions: rotary positions of the query tokens [B, q_len] or [q_len]; default the
        cache index (+ offsets: int or int tensor [B]).
     softmax_scale: default 1 / sqrt(D). return_lse: also return lse [B, q_len, Hq]

@@ -202,3 +202,44 @@ def test_cos_sin_table_is_private_and_sized(device):
     f = rope_ext.inv_freq(32, 1234.5).double()
     ang = torch.arange(100, dtype=torch.float64)[:, None] * f
     assert (again.double().cpu() - torch.cat([ang.cos(), ang.sin()], -1)).abs().max() < 1e-4
+
+
+# ---------------------------------------------------------------------------- decode queries outside the cache
+def _decode_case(device, causal):
+    B, Hk, G, D, q_len = 2, 2, 2, 64, 4
+    kc = randn((B, 16, Hk, D), torch.float16, device)
+    vc = randn((B, 16, Hk, D), torch.float16, device)
+    q = randn((B, q_len, Hk * G, D), torch.float16, device)
+    sl = torch.tensor([2, 9], dtype=torch.int32, device=device)  # sequence 0 holds 2 < q_len tokens
+    cache = ref.cos_sin_table(D, 10000.0, 64, device)
+    return (q, kc, vc, sl), dict(causal=causal, cos_sin_cache=cache, return_lse=True)
+
+
+def test_decode_non_causal_query_outside_cache_is_refused_on_cpu():
+    """Non-causal decode with 0 < cache_seqlens < q_len: the first query tokens would sit at
+    negative cache indices (negative positions: NaN from a cos_sin_cache on the GPU, 0 on
+    the CPU). The CPU always checks values: a ValueError naming cache_seqlens."""
+    args, kw = _decode_case("cpu", causal=False)
+    with pytest.raises(ValueError, match=r"cache_seqlens.*q_len"):
+        rope_ext.attention_decode(*args, **kw)
+    # Causal: such rows see no key (documented): zeros and lse = -inf, the rest is attention.
+    o, lse = rope_ext.attention_decode(*args, **dict(kw, causal=True))
+    assert (o[0, :2] == 0).all() and (lse[0, :2] == float("-inf")).all() and torch.isfinite(o).all()
+
+
+@cuda
+def test_decode_non_causal_query_outside_cache_cuda():
+    """CUDA without value checks (no host sync): such a query attends to nothing (zeros,
+    lse = -inf), never NaN; with set_value_checks(True) the CPU's ValueError."""
+    args, kw = _decode_case("cuda", causal=False)
+    o, lse = rope_ext.attention_decode(*args, **kw)
+    torch.cuda.synchronize()
+    assert torch.isfinite(o).all()
+    assert (o[0, :2] == 0).all() and (lse[0, :2] == float("-inf")).all()
+    assert torch.isfinite(lse[0, 2:]).all() and torch.isfinite(lse[1]).all()
+    rope_ext.set_value_checks(True)
+    try:
+        with pytest.raises(ValueError, match=r"cache_seqlens.*q_len"):
+            rope_ext.attention_decode(*args, **kw)
+    finally:
+        rope_ext.set_value_checks(False)
