@@ -11,8 +11,8 @@
 namespace rope_ext {
 
 // attention_decode variants, in the order of csrc/cuda/attention_variants.cuh
-// (variant 1 is append_kv's kernel). "auto" picks hybrid (the reason is recorded in
-// attention_dispatch.cu, decode_impl_auto).
+// (variant 1 is append_kv's kernel). "auto" picks hybrid: the full fusion re-rotates
+// every cached key on every read (the header of csrc/cuda/attention_variants.cuh).
 enum class DecodeImpl : int { kHybrid = 0, kFullFusion = 1, kAuto = 2 };
 inline const std::vector<std::string>& decode_impl_names() {
   static const std::vector<std::string> names = {"hybrid", "full_fusion"};

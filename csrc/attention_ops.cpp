@@ -181,8 +181,8 @@ void fill_positions(RopeParams& r, const at::Tensor& pt, int64_t B, int64_t n, b
 }
 
 // Value checks of the rotary positions: explicit ones >= 0, and below the rows of a
-// cos_sin_cache; offsets >= 0. `hi_default`: the largest default position (cache index
-// + offset) or -1 when not known.
+// cos_sin_cache; offsets >= 0. `last_index`: per sequence, the largest cache index that
+// takes a default position, before offsets (a very negative entry: none in that sequence).
 void check_position_values(const RopeParams& r, const std::optional<at::Tensor>& positions,
                            const std::optional<at::Tensor>& offsets, int64_t offset, const at::Tensor& last_index) {
   int64_t lo = 0, hi = -1;

@@ -4,8 +4,9 @@
                       cache slots of the new tokens: one launch
     attention_decode  decode attention over the cache with Q-RoPE applied while Q is
                       loaded (K in the cache is already rotated); split-KV + combine
-    rope_attention    prefill: the fused decode kernel for small S without grad, else
-                      apply_rope_qk + torch's scaled_dot_product_attention
+    rope_attention    prefill: apply_rope_qk + torch's scaled_dot_product_attention;
+                      impl="fused" forces the decode kernel (auto takes it for small S
+                      without grad once CUDA_KERNELS_VERIFIED)
 
 Caches (vLLM / FlashInfer layouts), head dim contiguous:
     contiguous  k_cache, v_cache [B, max_len, Hk, D]
@@ -21,9 +22,11 @@ from .api import DEFAULT_BASE, _freq_args, _offsets_arg, apply_rope, apply_rope_
 
 #: attention_decode variants (csrc/cuda/attention_variants.cuh); impl="auto" picks "hybrid".
 DECODE_IMPLS = ("hybrid", "full_fusion")
-#: rope_attention paths; impl="auto" picks "fused" for small S without grad on CUDA.
+#: rope_attention paths; impl="auto" picks "separate" while CUDA_KERNELS_VERIFIED is False, then
+#: "fused" for S <= FUSED_MAX_Q without grad on CUDA.
 PREFILL_IMPLS = ("fused", "separate")
-#: Largest number of query tokens for which rope_attention(impl="auto") takes the fused kernel.
+#: Largest number of query tokens for which rope_attention(impl="auto") takes the fused kernel
+#: (once CUDA_KERNELS_VERIFIED).
 FUSED_MAX_Q = 16
 
 #: The CUDA kernels of this family compile (CI) and their CPU reference path passes its
@@ -191,10 +194,11 @@ def rope_attention(q, k, v, positions=None, *, causal=True, softmax_scale=None, 
     (Hq a multiple of Hk), all un-rotated; positions [B, S] or [S] (default 0..S-1).
     Returns [B, S, Hq, D] in q's dtype. causal: query i sees keys 0..i.
 
-    impl="auto": the fused decode kernel (Q-RoPE on load; attention_decode with k, v as
-    the cache) when S <= FUSED_MAX_Q (16), on CUDA, without grad; otherwise the separate
-    path: rope_ext.apply_rope_qk + torch.nn.functional.scaled_dot_product_attention (the
-    backend torch picks). impl="fused" / "separate" force one. AUTOGRAD goes through the
+    impl="auto": the separate path, rope_ext.apply_rope_qk +
+    torch.nn.functional.scaled_dot_product_attention (the backend torch picks), while
+    CUDA_KERNELS_VERIFIED is False (now); once it is True, the fused decode kernel (Q-RoPE
+    on load; attention_decode with k, v as the cache) when S <= FUSED_MAX_Q (16), on
+    CUDA, without grad. impl="fused" / "separate" force one. AUTOGRAD goes through the
     separate path only: with inputs that require grad, auto takes it and "fused" raises.
     The fused path rotates K inside the kernel when positions are the default (one
     launch: attention_decode's full-fusion variant), else rotates K with apply_rope first.
