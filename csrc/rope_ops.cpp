@@ -154,7 +154,7 @@ RopeParams make_params(const std::vector<at::Tensor>& ins, const std::vector<at:
   p.B = x.size(0);
   p.S = x.size(1);
   const int64_t D = x.size(3);
-  TORCH_CHECK_VALUE(D % 2 == 0, msg("rope_ext: the head dim D must be even, got D = ", D));
+  TORCH_CHECK_VALUE(D % 2 == 0 && D > 0, msg("rope_ext: the head dim D must be even and > 0, got D = ", D));
   // The kernels keep [R/2] frequencies, sins and cosines in shared memory (48 KB).
   TORCH_CHECK_VALUE(D <= 8192, msg("rope_ext: the head dim D must be at most 8192, got ", D));
   const int64_t R = o.rotary_dim < 0 ? D : o.rotary_dim;
@@ -265,8 +265,8 @@ RopeParams make_params(const std::vector<at::Tensor>& ins, const std::vector<at:
   if (inplace) {
     for (size_t i = 0; i < ins.size(); ++i)
       TORCH_CHECK_VALUE(non_overlapping(ins[i].sizes(), ins[i].strides()), msg("rope_ext: in-place needs ", names[i],
-                        " with non-overlapping memory (not an expand()ed view), got shape ", shape_str(ins[i]),
-                        " strides ", ins[i].strides()));
+                        " with non-overlapping memory (not an expand()ed view), got a view whose [B, S, H, D] form "
+                        "has shape ", shape_str(ins[i]), " and strides ", ins[i].strides()));
     if (ins.size() > 1)
       TORCH_CHECK_VALUE(disjoint_heads(ins[0], ins[1]),
                         "rope_ext: in-place q and k must not share memory (disjoint head slices of one buffer are fine)");
@@ -360,6 +360,19 @@ at::Tensor layout_view(const at::Tensor& x, int64_t layout, bool to_bshd) {
 // bumps the version counters as the ADInplaceOrView kernel below does for the ops.
 std::vector<at::Tensor> rope_direct(const std::vector<at::Tensor>& xs, int64_t layout, bool inplace, ROPE_ARGS) {
   TORCH_CHECK_VALUE(xs.size() == 1 || xs.size() == 2, "rope_ext: one or two tensors");
+  if (xs.size() == 2 && xs[0].dim() == xs[1].dim()) {
+    // Reported in the caller's layout (make_params sees the [B, S, H, D] views); the
+    // same check and message as rope_ext/api.py's _check_qk_shapes on the op path.
+    static const char* dims[4] = {"[B, S, H, D]", "[S, B, H, D]", "[B, H, S, D]", "[T, H, D]"};
+    static const char* names[4] = {"bshd", "sbhd", "bhsd", "thd"};
+    const int64_t h = (layout == 2 || layout == 3) ? 1 : 2;
+    bool ok = true;
+    for (int64_t d = 0; d < xs[0].dim(); ++d)
+      if (d != h && xs[0].size(d) != xs[1].size(d)) ok = false;
+    TORCH_CHECK_VALUE(ok || layout < 0 || layout > 3, msg("rope_ext: q and k must agree in every dimension but heads (layout '",
+                      names[layout < 0 || layout > 3 ? 0 : layout], "' ", dims[layout < 0 || layout > 3 ? 0 : layout],
+                      "), got q ", shape_str(xs[0]), " and k ", shape_str(xs[1])));
+  }
   std::vector<at::Tensor> x4;
   for (const auto& t : xs) x4.push_back(layout_view(t, layout, true));
   if (inplace) {

@@ -243,3 +243,32 @@ def test_decode_non_causal_query_outside_cache_cuda():
             rope_ext.attention_decode(*args, **kw)
     finally:
         rope_ext.set_value_checks(False)
+
+
+# ---------------------------------------------------------------------------- messages a new user meets
+def test_messages_name_what_the_user_passed(device):
+    with pytest.raises(ValueError, match="head_dim must be a positive even int, got 63"):
+        rope_ext.RotaryEmbedding(63)
+    with pytest.raises(ValueError, match=r"rotary_dim must be even and in \(0, head_dim = 64\], got 66"):
+        rope_ext.RotaryEmbedding(64, rotary_dim=66)
+    with pytest.raises(ValueError, match="head dim D must be even and > 0, got D = 0"):
+        rope_ext.apply_rope(torch.zeros(1, 2, 3, 0, device=device))
+    q, k = randn((7, 4, 32), torch.float32, device), randn((6, 2, 32), torch.float32, device)
+    want = r"agree in every dimension but heads \(layout 'thd' \[T, H, D\]\), got q \[7, 4, 32\] and k \[6, 2, 32\]"
+    with pytest.raises(ValueError, match=want):  # the eager path (C++ rope_direct)
+        rope_ext.apply_rope_qk(q, k, torch.arange(7, device=device), layout="thd")
+    with pytest.raises(ValueError, match=want):  # eager with autograd
+        rope_ext.apply_rope_qk(q.detach().requires_grad_(), k, torch.arange(7, device=device), layout="thd")
+
+    class Passthrough(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Passthrough(), pytest.raises(ValueError, match=want):  # the op path (a mode is active)
+        rope_ext.apply_rope_qk(q, k, torch.arange(7, device=device), layout="thd")
+    with pytest.raises(ValueError, match=want):
+        rope_ext.rms_norm_rope_qk(q, k, torch.ones(32, device=device), torch.ones(32, device=device),
+                                  torch.arange(7, device=device), layout="thd")
+    leaf = randn((1, 4, 2, 32), torch.float32, device).requires_grad_()
+    with pytest.raises(ValueError, match="leaf"):
+        rope_ext.apply_rope(leaf, inplace=True)

@@ -126,7 +126,7 @@ def test_inplace_autograd_nonleaf(device):
 
 def test_inplace_refuses_leaf_and_overlap(device):
     x = randn((B, S, H, D), torch.float32, device).requires_grad_()
-    with pytest.raises(RuntimeError, match="leaf"):
+    with pytest.raises(ValueError, match="leaf"):
         rope_ext.apply_rope(x, inplace=True)
     e = randn((1, S, H, D), torch.float32, device).expand(B, S, H, D)
     before = e.clone()
