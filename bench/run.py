@@ -14,7 +14,8 @@ enqueues it, so host overhead stays out of the device time; the median of --reps
 that must move: x read once and the output written once. "% copy" compares with a
 device-to-device copy measured in the same run the same way ("% ss copy": a copy of the
 workload's own bytes, `y.copy_(x)`, timed the same way in the same run). Without a GPU
-it runs a small CPU sweep (wall clock) and says so.
+it runs a small CPU sweep (wall clock) and says so; --suite llm, sweep and variants
+need a GPU and say so (exit status 1) instead of printing an empty table.
 
 Peers (--suite latency, llm's W5, sweep): torch.compile of the cached cos/sin formula
 always; Liger's Triton rope and FlashInfer's cos/sin-cache rope when importable
@@ -37,6 +38,8 @@ from rope_ext._ops import ops  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
+GPU_SUITES = ("llm", "sweep", "variants")   # time CUDA kernels only: refused without a GPU
+CPU_SUITES = ("seed", "latency", "attn")    # also run on the CPU (wall clock, small sizes)
 
 
 class Timer:
@@ -664,6 +667,12 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--csv")
     args = ap.parse_args()
+    if not CUDA and args.suite in GPU_SUITES:
+        sys.exit(f"bench/run.py: --suite {args.suite} needs a GPU (torch.cuda.is_available() is False here). "
+                 f"On the CPU these suites run: {', '.join(CPU_SUITES)} (a small wall-clock sweep; "
+                 f"--suite all skips {', '.join(GPU_SUITES)}).")
+    if not CUDA and args.suite == "all":
+        print(f"note: no GPU: --suite all runs {', '.join(CPU_SUITES)} only ({', '.join(GPU_SUITES)} need a GPU)")
     torch.manual_seed(0)
     timer = Timer(args.reps)
     if CUDA:
