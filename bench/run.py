@@ -14,7 +14,8 @@ enqueues it, so host overhead stays out of the device time; the median of --reps
 that must move: x read once and the output written once. "% copy" compares with a
 device-to-device copy measured in the same run the same way ("% ss copy": a copy of the
 workload's own bytes, `y.copy_(x)`, timed the same way in the same run). Without a GPU
-it runs a small CPU sweep (wall clock) and says so.
+it runs a small CPU sweep (wall clock) and says so; --suite llm, sweep and variants
+need a GPU and say so (exit status 1) instead of printing an empty table.
 
 Peers (--suite latency, llm's W5, sweep): torch.compile of the cached cos/sin formula
 always; Liger's Triton rope and FlashInfer's cos/sin-cache rope when importable
@@ -37,6 +38,8 @@ from rope_ext._ops import ops  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
+GPU_SUITES = ("llm", "sweep", "variants")   # time CUDA kernels only: refused without a GPU
+CPU_SUITES = ("seed", "latency", "attn")    # also run on the CPU (wall clock, small sizes)
 
 
 class Timer:
@@ -237,7 +240,7 @@ def llm_suite(timer, bw, peers=None):
     table("W3 fp32 [128*8192, 128] one head forward", 2 * x.numel() * 4, fns, want, outs, dtype=torch.float32)
     del x
     # W4 / W5: q + k thd, random int64 positions < 131072, one launch, in place.
-    cache = ref.cos_sin_table(128, 10000.0, 131072, DEV)[:131072].contiguous()
+    cache = ref.cos_sin_table(128, 10000.0, 131072, DEV)
     for T in (8192, 16):
         q = torch.randn(T, 32, 128, device=DEV).bfloat16()
         k = torch.randn(T, 8, 128, device=DEV).bfloat16()
@@ -461,7 +464,7 @@ def latency_x_workload(layout, dtype, S, peers):
     if not ROPE_ONLY:
         fns["torch.compile"] = lambda: comp(x, c4, s4)
         pos = torch.arange(S, device=DEV)
-        cache = ref.cos_sin_table(D, 10000.0, S, DEV)[:S].contiguous()
+        cache = ref.cos_sin_table(D, 10000.0, S, DEV)
         fns.update(peers.x_fns(x.view(S, H, D), cos, sin, pos, cache))
     fns["same-size copy"] = same_size_copy(x.numel(), dtype)
     name = "bf16" if dtype == torch.bfloat16 else "fp32"
@@ -483,7 +486,7 @@ def latency_sbhd_workload(name, shape, peers):
         # Peers see sbhd memory as S * B tokens, each with its own cos/sin row (gathered once).
         tok_cos, tok_sin = cos.repeat_interleave(B, 0), sin.repeat_interleave(B, 0)
         pos = torch.arange(S, device=DEV).repeat_interleave(B)
-        cache = ref.cos_sin_table(D, 10000.0, S, DEV)[:S].contiguous()
+        cache = ref.cos_sin_table(D, 10000.0, S, DEV)
         fns.update(peers.x_fns(x.view(S * B, H, D), tok_cos, tok_sin, pos, cache))
     fns["same-size copy"] = same_size_copy(x.numel(), x.dtype)
     return f"{name} sbhd bf16 {list(shape)} fwd", x.numel() * 2, fns
@@ -492,7 +495,7 @@ def latency_sbhd_workload(name, shape, peers):
 def latency_qk_workload(T, peers):
     """W4 (T = 8192) / W5 (T = 16): q [T, 32, 128] + k [T, 8, 128] bf16 thd, random
     int64 positions < 131072, in place, one launch."""
-    cache = ref.cos_sin_table(128, 10000.0, 131072, DEV)[:131072].contiguous()
+    cache = ref.cos_sin_table(128, 10000.0, 131072, DEV)
     q = torch.randn(T, 32, 128, device=DEV).bfloat16()
     k = torch.randn(T, 8, 128, device=DEV).bfloat16()
     pos = torch.randint(0, 131072, (T,), device=DEV)
@@ -591,7 +594,7 @@ def sweep_suite(timer, bw, max_bytes, peers):
         comp = torch.compile(ref.apply_cos_sin, dynamic=False)
         moved = 2 * x.numel() * esz
         fns = {"torch.compile": lambda: comp(x, c3, s3)}
-        cache = ref.cos_sin_table(128, 10000.0, S, DEV)[:S].contiguous()
+        cache = ref.cos_sin_table(128, 10000.0, S, DEV)
         fns.update(peers.x_fns(x.view(S, 32, 128), cos, sin, torch.arange(S, device=DEV), cache, backward=inv))
         fns["same-size copy"] = same_size_copy(x.numel(), dt)
         us_r = timer(lambda: bshd_call(x, "auto", inv))
@@ -675,6 +678,12 @@ def main():
     args = ap.parse_args()
     global ROPE_ONLY
     ROPE_ONLY = args.rope_only
+    if not CUDA and args.suite in GPU_SUITES:
+        sys.exit(f"bench/run.py: --suite {args.suite} needs a GPU (torch.cuda.is_available() is False here). "
+                 f"On the CPU these suites run: {', '.join(CPU_SUITES)} (a small wall-clock sweep; "
+                 f"--suite all skips {', '.join(GPU_SUITES)}).")
+    if not CUDA and args.suite == "all":
+        print(f"note: no GPU: --suite all runs {', '.join(CPU_SUITES)} only ({', '.join(GPU_SUITES)} need a GPU)")
     torch.manual_seed(0)
     timer = Timer(args.reps)
     if CUDA:

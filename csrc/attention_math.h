@@ -60,12 +60,18 @@ ROPE_HD AppendToken append_token(const AppendParams& p, int64_t t) {
 }
 
 // attention_decode: the number of keys row r (query token j) of sequence b may see.
-// seqlen is clamped to the capacity (a longer one never reads past the cache).
+// Query token j sits at cache index seqlen - q_len + j. When that is negative (q_len >
+// seqlen: the token is not in the cache, and its default rotary position would be
+// negative) the query sees no key, causal or not: output zeros, lse = -inf, on the CPU
+// and the GPU alike. (The host refuses it for causal=False where it checks values; for
+// causal=True it is the causal rule itself.) seqlen is clamped to the capacity (a
+// longer one never reads past the cache).
 ROPE_HD int64_t decode_key_limit(const DecodeParams& p, int64_t seqlen, int64_t j) {
+  const int64_t idx = seqlen - p.q_len + j;
+  if (idx < 0) return 0;
   const int64_t n = seqlen < p.cache.capacity ? seqlen : p.cache.capacity;
   if (!p.causal) return n;
-  const int64_t lim = seqlen - p.q_len + j + 1;
-  return lim < n ? lim : n;
+  return idx + 1 < n ? idx + 1 : n;
 }
 
 }  // namespace rope_ext

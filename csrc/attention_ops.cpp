@@ -181,8 +181,8 @@ void fill_positions(RopeParams& r, const at::Tensor& pt, int64_t B, int64_t n, b
 }
 
 // Value checks of the rotary positions: explicit ones >= 0, and below the rows of a
-// cos_sin_cache; offsets >= 0. `hi_default`: the largest default position (cache index
-// + offset) or -1 when not known.
+// cos_sin_cache; offsets >= 0. `last_index`: per sequence, the largest cache index that
+// takes a default position, before offsets (a very negative entry: none in that sequence).
 void check_position_values(const RopeParams& r, const std::optional<at::Tensor>& positions,
                            const std::optional<at::Tensor>& offsets, int64_t offset, const at::Tensor& last_index) {
   int64_t lo = 0, hi = -1;
@@ -337,7 +337,9 @@ void append_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cac
     const at::Tensor last = at::where(lens > 0, sl + lens - 1, at::full_like(sl, std::numeric_limits<int64_t>::min() / 4));
     check_position_values(p.rope, positions, offsets, offset, last);
   }
-  if (p.num_tokens == 0 || Hk == 0 || D == 0) return;
+  // Nothing to write or rotate only without tokens, or without heads in both k and q
+  // (Hk == 0 still rotates q; the kernels take either count as 0).
+  if (p.num_tokens == 0 || (Hk == 0 && p.Hq == 0)) return;
   if (k.is_cuda()) {
 #ifdef ROPE_EXT_WITH_CUDA
     append_kv_cuda(p, k.scalar_type(), k.device());
@@ -409,6 +411,12 @@ std::tuple<at::Tensor, at::Tensor> attention_decode(
     for (int64_t b = 0; b < B; ++b) {
       TORCH_CHECK_VALUE(s[b] >= 0 && s[b] <= cache.capacity, msg("rope_ext: cache_seqlens must be in [0, capacity = ",
                         cache.capacity, "], got ", s[b], " for sequence ", b, " (seqlens past capacity)"));
+      // Non-causal: a query token outside the cache would see every key at a negative
+      // position (attention_math.h, decode_key_limit, gives it none where unchecked).
+      TORCH_CHECK_VALUE(causal || s[b] == 0 || s[b] >= q_len, msg("rope_ext: attention_decode(causal=False) needs "
+                        "cache_seqlens >= q_len = ", q_len, " (or 0: an empty sequence): query token j sits at cache index "
+                        "cache_seqlens - q_len + j, so sequence ", b, " with cache_seqlens = ", s[b], " leaves its first ",
+                        q_len - s[b], " query tokens outside the cache (append them with append_kv first)"));
       check_blocks(cache, bt, b, 0, s[b]);
     }
     // Keys (full fusion) and queries take positions up to seqlen - 1 + offset.

@@ -61,7 +61,8 @@ struct AppendParams {
 
 // attention_decode: q [B, q_len, Hq, D] (un-rotated) against the cache. Query token j of
 // sequence b sits at cache index seqlens[b] - q_len + j; with `causal` it sees keys
-// 0 .. that index, else every key below seqlens[b]. Q is rotated while it is loaded
+// 0 .. that index, else every key below seqlens[b]; at a negative index (not in the
+// cache) it sees no key either way (attention_math.h, decode_key_limit). Q is rotated while it is loaded
 // (position: rope.positions[b, j] if given, else its cache index + offsets); keys in
 // the cache are already rotated (hybrid), or rotated on every read at position
 // index + offsets (full fusion).

@@ -106,6 +106,26 @@ std::vector<at::Tensor> run_norm_rope(const std::vector<at::Tensor>* grads, cons
       np.x[i] = xs[i].data_ptr();
       for (int d = 0; d < 4; ++d) np.x_stride[i][d] = xs[i].stride(d);
     }
+  }
+  // Nothing to run only when every tensor is empty. A tensor with 0 heads next to a
+  // non-empty one is dropped from the params with its weight and saved x (its weight
+  // grad stays the zeros of its partial sums): the other one is still normalised and
+  // rotated, and its dx and weight grad written.
+  bool empty = true;
+  for (const auto& x : xs) empty = empty && x.numel() == 0;
+  int kept[kMaxTensors] = {0, 1};
+  if (!empty) {
+    const int left = drop_empty_tensors(np.rope, kept);
+    for (int j = 0; j < left; ++j) {
+      const int i = kept[j];
+      np.weight[j] = np.weight[i];
+      np.weight_stride[j] = np.weight_stride[i];
+      np.weight_dtype[j] = np.weight_dtype[i];
+      np.x[j] = np.x[i];
+      for (int d = 0; d < 4; ++d) np.x_stride[j][d] = np.x_stride[i][d];
+    }
+  }
+  if (bwd) {
     int64_t rows = 0;
     const at::ScalarType acc = xs[0].scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     if (on_cuda) {
@@ -116,10 +136,9 @@ std::vector<at::Tensor> run_norm_rope(const std::vector<at::Tensor>* grads, cons
       const int64_t groups = num_groups(np.rope), chunk = norm_rope_cpu_groups_per_chunk(np);
       rows = (groups + chunk - 1) / chunk;
     }
-    for (size_t i = 0; i < n; ++i) {
+    for (size_t i = 0; i < n; ++i)
       partial.push_back(at::zeros({std::max<int64_t>(rows, 1), D}, xs[0].options().dtype(acc)));
-      np.dweight_partial[i] = partial[i].data_ptr();
-    }
+    for (int j = 0; j < np.rope.num_tensors; ++j) np.dweight_partial[j] = partial[kept[j]].data_ptr();
   }
   if (nimpl == NormRopeImpl::kTile && on_cuda) {
 #ifdef ROPE_EXT_WITH_CUDA
@@ -129,8 +148,6 @@ std::vector<at::Tensor> run_norm_rope(const std::vector<at::Tensor>* grads, cons
 #endif
   }
   for (const auto& t : outs) maybe_poison(t);
-  bool empty = false;
-  for (const auto& x : xs) empty = empty || x.numel() == 0;
   if (!empty) {
     if (on_cuda) {
 #ifdef ROPE_EXT_WITH_CUDA

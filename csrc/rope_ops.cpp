@@ -110,10 +110,12 @@ bool non_overlapping(at::IntArrayRef sizes, at::IntArrayRef strides) {
 // fused qkv projection): then the union of both head ranges must itself be a
 // non-overlapping view.
 bool disjoint_heads(const at::Tensor& q, const at::Tensor& k) {
+  // Separate storages never share an element. (get_overlap_status answers TooHard, not
+  // No, for any view that is not dense, e.g. head slices of two different buffers.)
+  if (!q.is_alias_of(k)) return true;
   const auto status = at::get_overlap_status(q, k);
   if (status == at::MemOverlapStatus::No) return true;
   if (status == at::MemOverlapStatus::Full || q.strides() != k.strides() || q.stride(2) == 0) return false;
-  if (!q.is_alias_of(k)) return false;
   const int64_t delta = k.storage_offset() - q.storage_offset(), sh = q.stride(2);
   if (delta % sh) return false;
   const int64_t j = delta / sh, Hq = q.size(2), Hk = k.size(2);
@@ -152,7 +154,7 @@ RopeParams make_params(const std::vector<at::Tensor>& ins, const std::vector<at:
   p.B = x.size(0);
   p.S = x.size(1);
   const int64_t D = x.size(3);
-  TORCH_CHECK_VALUE(D % 2 == 0, msg("rope_ext: the head dim D must be even, got D = ", D));
+  TORCH_CHECK_VALUE(D % 2 == 0 && D > 0, msg("rope_ext: the head dim D must be even and > 0, got D = ", D));
   // The kernels keep [R/2] frequencies, sins and cosines in shared memory (48 KB).
   TORCH_CHECK_VALUE(D <= 8192, msg("rope_ext: the head dim D must be at most 8192, got ", D));
   const int64_t R = o.rotary_dim < 0 ? D : o.rotary_dim;
@@ -263,8 +265,8 @@ RopeParams make_params(const std::vector<at::Tensor>& ins, const std::vector<at:
   if (inplace) {
     for (size_t i = 0; i < ins.size(); ++i)
       TORCH_CHECK_VALUE(non_overlapping(ins[i].sizes(), ins[i].strides()), msg("rope_ext: in-place needs ", names[i],
-                        " with non-overlapping memory (not an expand()ed view), got shape ", shape_str(ins[i]),
-                        " strides ", ins[i].strides()));
+                        " with non-overlapping memory (not an expand()ed view), got a view whose [B, S, H, D] form "
+                        "has shape ", shape_str(ins[i]), " and strides ", ins[i].strides()));
     if (ins.size() > 1)
       TORCH_CHECK_VALUE(disjoint_heads(ins[0], ins[1]),
                         "rope_ext: in-place q and k must not share memory (disjoint head slices of one buffer are fine)");
@@ -286,11 +288,17 @@ namespace {
 
 void run(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs, const Options& o, bool inplace) {
   Impl impl;
-  const RopeParams p = make_params(ins, outs, o, inplace, &impl);
+  RopeParams p = make_params(ins, outs, o, inplace, &impl);
   if (!inplace)
     for (const auto& t : outs) maybe_poison(t);
-  for (const auto& t : ins)
-    if (t.numel() == 0) return;
+  // Nothing to do only when every input is empty: q with 0 heads still leaves k to
+  // rotate (and the other way round). The empty one is dropped from the params, so
+  // the backends only ever see tensors with rows.
+  bool all_empty = true;
+  for (const auto& t : ins) all_empty = all_empty && t.numel() == 0;
+  if (all_empty) return;
+  int kept[kMaxTensors];
+  drop_empty_tensors(p, kept);
   if (ins[0].is_cuda()) {
 #ifdef ROPE_EXT_WITH_CUDA
     run_cuda(p, impl, ins[0].scalar_type(), ins[0].device());
@@ -352,6 +360,19 @@ at::Tensor layout_view(const at::Tensor& x, int64_t layout, bool to_bshd) {
 // bumps the version counters as the ADInplaceOrView kernel below does for the ops.
 std::vector<at::Tensor> rope_direct(const std::vector<at::Tensor>& xs, int64_t layout, bool inplace, ROPE_ARGS) {
   TORCH_CHECK_VALUE(xs.size() == 1 || xs.size() == 2, "rope_ext: one or two tensors");
+  if (xs.size() == 2 && xs[0].dim() == xs[1].dim()) {
+    // Reported in the caller's layout (make_params sees the [B, S, H, D] views); the
+    // same check and message as rope_ext/api.py's _check_qk_shapes on the op path.
+    static const char* dims[4] = {"[B, S, H, D]", "[S, B, H, D]", "[B, H, S, D]", "[T, H, D]"};
+    static const char* names[4] = {"bshd", "sbhd", "bhsd", "thd"};
+    const int64_t h = (layout == 2 || layout == 3) ? 1 : 2;
+    bool ok = true;
+    for (int64_t d = 0; d < xs[0].dim(); ++d)
+      if (d != h && xs[0].size(d) != xs[1].size(d)) ok = false;
+    TORCH_CHECK_VALUE(ok || layout < 0 || layout > 3, msg("rope_ext: q and k must agree in every dimension but heads (layout '",
+                      names[layout < 0 || layout > 3 ? 0 : layout], "' ", dims[layout < 0 || layout > 3 ? 0 : layout],
+                      "), got q ", shape_str(xs[0]), " and k ", shape_str(xs[1])));
+  }
   std::vector<at::Tensor> x4;
   for (const auto& t : xs) x4.push_back(layout_view(t, layout, true));
   if (inplace) {
@@ -456,6 +477,17 @@ void fill_frequencies(RopeParams& p, const at::Tensor& x, const std::optional<at
   }
 }
 
+int drop_empty_tensors(RopeParams& p, int kept[kMaxTensors]) {
+  int n = 0;
+  for (int t = 0; t < p.num_tensors; ++t) {
+    if (p.t[t].H == 0) continue;
+    if (n != t) p.t[n] = p.t[t];
+    kept[n++] = t;
+  }
+  p.num_tensors = n;
+  return n;
+}
+
 std::atomic<bool>& device_value_checks() {
   static std::atomic<bool> on{false};
   return on;
@@ -479,6 +511,7 @@ bool vector_eligible(const RopeParams& p, int64_t elem_size, std::string* why) {
   const int64_t sizes[3] = {p.B, p.S, 0};
   for (int t = 0; t < p.num_tensors; ++t) {
     const TensorView& v = p.t[t];
+    if (v.H == 0) continue;  // no rows: nothing is read or written (run() drops it)
     const int64_t dims[3] = {sizes[0], sizes[1], v.H};
     if (v.in_stride[3] != 1 || v.out_stride[3] != 1) return fail("the feature (last) stride is not 1");
     if (reinterpret_cast<uintptr_t>(v.in) % 16 || reinterpret_cast<uintptr_t>(v.out) % 16)

@@ -38,6 +38,12 @@ struct Options {
 RopeParams make_params(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs,
                        const Options& o, bool inplace, Impl* impl_out);
 
+// Drops the tensors with 0 heads from p (q and k share B, S and D, so an empty tensor
+// next to a non-empty one has no heads), so that the kernels and their launchers only
+// see tensors with rows. kept[j]: the original index of the j-th tensor left. Returns
+// how many are left (0 only when every tensor was empty: callers return before).
+int drop_empty_tensors(RopeParams& p, int kept[kMaxTensors]);
+
 // HF's float32 default frequencies of `base` (cached; bit-identical to transformers).
 const std::vector<float>& hf_default_freqs(double base, int64_t R);
 

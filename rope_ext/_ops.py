@@ -1,6 +1,7 @@
 """torch.compile and autograd support for the C++ ops (torch.ops.rope_ext.*).
 
-The ops are defined in C++ (csrc/rope_ops.cpp, TORCH_LIBRARY) so that an eager call
+The ops are defined in C++ (schemas: csrc/registration.cpp, TORCH_LIBRARY; kernels
+registered next to their op code, e.g. csrc/rope_ops.cpp) so that an eager call
 costs one dispatcher hop; here they get their fake (meta) implementations and their
 backward: the rotation by -theta, i.e. the same op with `inverse` flipped. The backward
 needs only grad_out, never the saved input.
@@ -11,7 +12,7 @@ from . import _C  # noqa: F401  (loads the library: registers torch.ops.rope_ext
 
 ops = torch.ops.rope_ext
 
-# Op argument order after the tensors to rotate (see the schemas in csrc/rope_ops.cpp).
+# Op argument order after the tensors to rotate (see the schemas in csrc/registration.cpp).
 # positions, offsets, cu_seqlens, inv_freq, cos_sin_cache, offset, base, rotary_dim, interleaved, inverse, impl,
 # scale, cp_size, cp_rank, sections, sections_interleaved (csrc/registration.cpp, ROPE_SCHEMA_OPTS)
 _N_OPTS = 16

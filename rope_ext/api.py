@@ -36,6 +36,21 @@ def _to_bshd(x, layout, name):
     return x if perm is None else x.permute(perm)
 
 
+_HEADS = {"bshd": 2, "sbhd": 2, "bhsd": 1, "thd": 1}  # the head dimension of each layout
+
+
+def _check_qk_shapes(q, k, layout):
+    """q and k agree in every dimension but heads, reported in the caller's layout (the
+    C++ op sees the [B, S, H, D] views). rope_direct checks the same in C++."""
+    h = _HEADS.get(layout)
+    if h is None or not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)) or q.dim() != k.dim():
+        return
+    qs, ks = tuple(q.shape), tuple(k.shape)
+    if qs[:h] != ks[:h] or qs[h + 1:] != ks[h + 1:]:
+        raise ValueError(f"rope_ext: q and k must agree in every dimension but heads (layout {layout!r} "
+                         f"{_DIMS[layout]}), got q {list(qs)} and k {list(ks)}")
+
+
 def _from_bshd(y, layout):
     if layout == "thd":
         return y.squeeze(0)
@@ -141,7 +156,7 @@ def _op_options(layout, positions, offsets, base, impl, cu_seqlens, rotary_dim, 
 
 def _check_inplace(t, name):
     if t.is_leaf and t.requires_grad:
-        raise RuntimeError(
+        raise ValueError(
             f"rope_ext: inplace=True on {name}, a leaf tensor that requires grad, would overwrite a value "
             "autograd needs; use inplace=False or rotate a non-leaf (e.g. the output of a projection)"
         )
@@ -230,6 +245,8 @@ def _run(xs, layout, opts, inplace):
             _C.rope_direct(xs, code, True, *opts)
             return tuple(xs)
         return tuple(_C.rope_direct(xs, code, False, *opts))
+    if len(xs) == 2:
+        _check_qk_shapes(xs[0], xs[1], layout)
     x4 = [_to_bshd(x, layout, name) for x, name in zip(xs, ("x", "k") if len(xs) == 1 else ("q", "k"))]
     if not inplace:
         out = ops.rope(*x4, *opts) if len(x4) == 1 else ops.rope_qk(*x4, *opts)

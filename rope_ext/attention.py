@@ -4,8 +4,9 @@
                       cache slots of the new tokens: one launch
     attention_decode  decode attention over the cache with Q-RoPE applied while Q is
                       loaded (K in the cache is already rotated); split-KV + combine
-    rope_attention    prefill: the fused decode kernel for small S without grad, else
-                      apply_rope_qk + torch's scaled_dot_product_attention
+    rope_attention    prefill: apply_rope_qk + torch's scaled_dot_product_attention;
+                      impl="fused" forces the decode kernel (auto takes it only for
+                      S <= FUSED_MAX_Q without grad, where it measured faster)
 
 Caches (vLLM / FlashInfer layouts), head dim contiguous:
     contiguous  k_cache, v_cache [B, max_len, Hk, D]
@@ -23,17 +24,13 @@ from .api import DEFAULT_BASE, _freq_args, _offsets_arg, apply_rope, apply_rope_
 #: "hybrid_simt" = variant 2 and "full_fusion" = variant 3 (attention_variants.cuh, kept
 #: as measured comparisons); impl="auto" picks "hybrid".
 DECODE_IMPLS = ("hybrid", "hybrid_simt", "full_fusion")
-#: rope_attention paths; impl="auto" picks "fused" for small S without grad on CUDA.
+#: rope_attention paths; impl="auto" picks "fused" only where it measured faster (FUSED_MAX_Q).
 PREFILL_IMPLS = ("fused", "separate")
-#: Largest number of query tokens for which rope_attention(impl="auto") takes the fused kernel.
-FUSED_MAX_Q = 16
-
-#: Whether rope_attention(impl="auto") takes the fused kernel for small S. Off, as
-#: measured on the H100 (bench/attn.py, docs/h100_attn.txt): on contiguous K/V the
-#: hybrid decode kernel is 0.80x (ctx 512) to 0.99x (ctx 2048) of rope + SDPA at B = 1,
-#: and torch.compile of that separate path is 1.43x; the fused kernel wins on paged
-#: caches (1.2-2.5x), which rope_attention does not take.
-AUTO_FUSED = False
+#: Largest number of query tokens for which rope_attention(impl="auto") takes the fused
+#: kernel (CUDA, fp16/bf16, no grad); 0: never. Set from the H100 prefill rows of
+#: bench/attn.py (`--suite attn`): PREFILL_MEASURED below.
+FUSED_MAX_Q = 0
+PREFILL_MEASURED = "pending"
 
 
 def _tensor_or_none(t, name):
@@ -115,7 +112,11 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, positions=None, bloc
     cache_seqlens: int32 [B], valid tokens per sequence INCLUDING the q tokens: query
        token j sits at cache index cache_seqlens[b] - q_len + j, and (causal=True) sees
        the keys up to and including it; causal=False: every key below cache_seqlens[b].
-       A sequence of length 0 gives zeros (lse = -inf).
+       A sequence of length 0 gives zeros (lse = -inf). A query token at a negative index
+       (q_len > cache_seqlens[b]: not in the cache) sees no key, causal or not: zeros,
+       lse = -inf, on the CPU and CUDA alike; with causal=False and 0 < cache_seqlens[b] <
+       q_len the call is refused (ValueError) where values are checked (CPU always, CUDA
+       under rope_ext.set_value_checks(True)).
     positions: rotary positions of the query tokens [B, q_len] or [q_len]; default the
        cache index (+ offsets: int or int tensor [B]).
     softmax_scale: default 1 / sqrt(D). return_lse: also return lse [B, q_len, Hq]
@@ -179,9 +180,10 @@ def rope_attention(q, k, v, positions=None, *, causal=True, softmax_scale=None, 
     Returns [B, S, Hq, D] in q's dtype. causal: query i sees keys 0..i.
 
     impl="auto": the fused decode kernel (Q-RoPE on load; attention_decode with k, v as
-    the cache) when S <= FUSED_MAX_Q (16), on CUDA, without grad; otherwise the separate
-    path: rope_ext.apply_rope_qk + torch.nn.functional.scaled_dot_product_attention (the
-    backend torch picks). impl="fused" / "separate" force one. AUTOGRAD goes through the
+    the cache) when S <= FUSED_MAX_Q on CUDA without grad (where it measured faster:
+    PREFILL_MEASURED), else the separate path, rope_ext.apply_rope_qk +
+    torch.nn.functional.scaled_dot_product_attention (the backend torch picks).
+    impl="fused" / "separate" force one. AUTOGRAD goes through the
     separate path only: with inputs that require grad, auto takes it and "fused" raises.
     The fused path rotates K inside the kernel when positions are the default (one
     launch: attention_decode's full-fusion variant), else rotates K with apply_rope first.
@@ -202,7 +204,7 @@ def rope_attention(q, k, v, positions=None, *, causal=True, softmax_scale=None, 
     if impl == "fused" and grad:
         raise RuntimeError("rope_ext: rope_attention(impl='fused') is not differentiable; use impl='separate' or 'auto'")
     B, S, Hq, D = q.shape
-    fused = impl == "fused" or (impl == "auto" and AUTO_FUSED and not grad and q.is_cuda
+    fused = impl == "fused" or (impl == "auto" and not grad and q.is_cuda
                                 and S <= FUSED_MAX_Q and D in (64, 128, 256)
                                 and q.dtype in (torch.float16, torch.bfloat16) and q.dtype == k.dtype == v.dtype)
     if not fused:

@@ -13,7 +13,8 @@ import torch
 
 from . import _C
 from ._ops import _IMPL, _grad_input, ops
-from .api import DEFAULT_BASE, _dispatch_modes, _from_bshd, _function_mode_on, _functorch_on, _op_options, _to_bshd
+from .api import (DEFAULT_BASE, _check_qk_shapes, _dispatch_modes, _from_bshd, _function_mode_on, _functorch_on,
+                  _op_options, _to_bshd)
 
 #: Variants of the fused norm + rope kernel; "auto" (the default) picks among them.
 NORM_ROPE_IMPLS = tuple(_C.norm_rope_impl_names())
@@ -34,6 +35,8 @@ def _num(v, name):
 def _run(xs, names, weights, wnames, positions, eps, weight_offset, layout, offsets, base, impl, cu_seqlens,
          rotary_dim, interleaved, inv_freq, cos_sin_cache, attention_factor, cp_size, cp_rank, cp_group, sections,
          sections_interleaved):
+    if len(xs) == 2:
+        _check_qk_shapes(xs[0], xs[1], layout)
     x4 = [_to_bshd(x, layout, n) for x, n in zip(xs, names)]
     ws = [_weight(w, n) for w, n in zip(weights, wnames)]
     opts = _op_options(layout, positions, offsets, base, impl, cu_seqlens, rotary_dim, interleaved, inv_freq,

@@ -133,7 +133,9 @@ def cos_sin_table(rotary_dim, base=10000.0, max_position=4096, device="cpu", inv
     """fp32 [max_position, R] table, cos in the first R/2 columns, sin in the rest (the
     vLLM / FlashInfer convention, also accepted by apply_rope as cos_sin_cache).
     Built from fp32 angles, as HF and vLLM do, with HF's float32 frequencies (computed
-    on the CPU, as HF does at init); cached and grown as needed."""
+    on the CPU, as HF does at init). Returns a new tensor of exactly max_position rows,
+    the caller's own (the table behind it is cached and grown as needed, never handed
+    out: an in-place op of one caller cannot reach another's table)."""
     key = (rotary_dim, float(base), str(device), None if inv_freq is None else tuple(inv_freq.tolist()))
     t = _TABLES.get(key)
     if t is None or t.shape[0] < max_position:
@@ -142,7 +144,7 @@ def cos_sin_table(rotary_dim, base=10000.0, max_position=4096, device="cpu", inv
         ang = torch.arange(n, device=device, dtype=torch.float32)[:, None] * f.to(device, torch.float32)
         t = torch.cat([ang.cos(), ang.sin()], dim=-1)
         _TABLES[key] = t
-    return t
+    return t[:max_position].clone()
 
 
 def _make(mode, doc):

@@ -25,6 +25,39 @@ REF_TOL = {torch.float32: 1e-3, torch.float64: 1e-3, torch.float16: 3e-3, torch.
 MANTISSA = {torch.float16: 10, torch.bfloat16: 7}
 
 
+def _impl_values(item):
+    """The values of the test's `impl` parametrization (None if it has none)."""
+    for m in item.iter_markers("parametrize"):
+        names = m.args[0]
+        names = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
+        if "impl" in names:
+            i = names.index("impl")
+            return [v if len(names) == 1 else v[i] for v in m.args[1]]
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """The CPU runs one path whatever rope variant `impl` names (csrc/cpu/rope_cpu.cpp; the
+    variants are CUDA kernel strategies), so an impl matrix runs once on the CPU: impl="auto"
+    (or, for a matrix of explicit variants only, its first one, whose host-side handling
+    -- eligibility checks, the gradient copy of rope_ext._ops._grad_input -- is what
+    differs by name). The full matrix runs on CUDA. The other CPU items are deselected."""
+    keep, drop = [], []
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        impl = params.get("impl")
+        if params.get("device") == "cpu" and impl in rope_ext.IMPLS:
+            values = _impl_values(item) or []
+            first = "auto" if "auto" in values else (values[0] if values else impl)
+            if impl != first:
+                drop.append(item)
+                continue
+        keep.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 @pytest.fixture(autouse=True)
 def poison_outputs():
     """Every output is filled with NaN before its kernel runs: unwritten elements fail."""

@@ -293,7 +293,8 @@ def test_append_kv_fused_projection_and_q(device, paged, dtype):
 
 
 def test_append_kv_batched_matches_varlen(device):
-    """The batched form [B, T, Hk, D] and the varlen form give the same cache."""
+    """The batched form [B, T, Hk, D] and the varlen form give the same cache: the float64
+    truth in the new slots, NaN (untouched) everywhere else."""
     B, T, Hk, D = 2, 5, 2, 64
     k, v = randn((B, T, Hk, D), torch.bfloat16, device), randn((B, T, Hk, D), torch.bfloat16, device)
     sl = torch.tensor([3, 11], dtype=torch.int32, device=device)
@@ -302,7 +303,15 @@ def test_append_kv_batched_matches_varlen(device):
     rope_ext.append_kv(k, v, a[0], a[1], sl, interleaved=True)
     cu = torch.tensor([0, T, 2 * T], dtype=torch.int32, device=device)
     rope_ext.append_kv(k.flatten(0, 1), v.flatten(0, 1), b[0], b[1], sl, cu_seqlens=cu, interleaved=True)
-    assert torch.equal(a[0].nan_to_num(), b[0].nan_to_num()) and torch.equal(a[1].nan_to_num(), b[1].nan_to_num())
+    pos = sl[:, None].long() + torch.arange(T, device=device)
+    want_k = ref.rope_float64(k, pos, interleaved=True)
+    for kc, vc, _ in (a, b):
+        for s in range(B):
+            new = slice(int(sl[s]), int(sl[s]) + T)
+            assert_close_f64(kc[s, new], want_k[s], 8.0, f"k of sequence {s}")
+            assert torch.equal(vc[s, new], v[s]), "v is copied exactly"
+            kc[s, new], vc[s, new] = float("nan"), float("nan")
+        assert torch.isnan(kc).all() and torch.isnan(vc).all(), "only the new slots are written"
 
 
 @pytest.mark.parametrize("rotary_dim,interleaved", [(64, False), (6, False), (10, True)])
@@ -338,9 +347,24 @@ def test_kv_halves_of_one_buffer(device):
     kc, vc = torch.zeros_like(kv[:, 0]), torch.zeros_like(kv[:, 1])
     rope_ext.append_kv(k, v, kc, vc, sl, block_table=bt)
     assert torch.equal(kv[:, 0], kc) and torch.equal(kv[:, 1], vc)
+    # The new slots hold the float64 truth (rotated k, exact v).
+    for s in range(B):
+        idx = int(sl[s]) + torch.arange(5)
+        blk, off = bt[s, (idx // bs).to(device)].long(), (idx % bs).to(device)
+        pos = (int(sl[s]) + torch.arange(5, device=device))[None]
+        assert_close_f64(kv[blk, 0, off], ref.rope_float64(k[s:s + 1], pos)[0], 8.0, f"k of sequence {s}")
+        assert torch.equal(kv[blk, 1, off], v[s]), "v is copied exactly"
     q = randn((B, 1, 4, D), torch.bfloat16, device)
-    assert torch.equal(rope_ext.attention_decode(q, kv[:, 0], kv[:, 1], sl + 5, block_table=bt),
-                       rope_ext.attention_decode(q, kc, vc, sl + 5, block_table=bt))
+    o = rope_ext.attention_decode(q, kv[:, 0], kv[:, 1], sl + 5, block_table=bt)
+    assert torch.equal(o, rope_ext.attention_decode(q, kc, vc, sl + 5, block_table=bt))
+    # Against the truth: the slots gathered into contiguous [B, L, Hk, D] caches.
+    L = int(sl.max()) + 5
+    slot = torch.arange(L)
+    rows = [kv[bt[s, (slot // bs).to(device)].long(), :, (slot % bs).to(device)] for s in range(B)]  # [L, 2, Hk, D]
+    kd, vd = torch.stack([r[:, 0] for r in rows]), torch.stack([r[:, 1] for r in rows])
+    qpos = (sl + 4).long()[:, None]
+    wo, _ = ref.attention_float64(ref.rope_float64(q, qpos), kd, vd, sl + 5)
+    assert (o.double().cpu() - wo.cpu()).abs().max().item() <= ATTN_TOL[torch.bfloat16] * v.abs().max().item()
 
 
 # ---------------------------------------------------------------------------- rope_attention (prefill)
@@ -637,7 +661,6 @@ def test_reference_matches_sdpa():
 
 def test_exports():
     assert set(("append_kv", "attention_decode", "rope_attention")) <= set(rope_ext.__all__)
-    assert "cpu" in DEVICES
 
 
 # ---------------------------------------------------------------------------- decode kernels on CUDA

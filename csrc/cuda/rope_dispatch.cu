@@ -45,18 +45,21 @@ int64_t flat_max_bytes_from_env() {
 }
 
 
-// Blocks of `kernel` resident per SM at this block size and shared memory; the
-// runtime's answer is cached (it is asked on every launch otherwise).
+// Blocks of `kernel` resident per SM of `device` at this block size and shared memory;
+// the runtime's answer is cached per (kernel, device, block size, shared memory): it is
+// asked on every launch otherwise, and two different GPUs in one process can differ.
+// The caller holds a device guard for `device` (the query reads the current device).
 template <typename K>
-int resident_blocks(K kernel, int threads, size_t smem) {
-  struct Entry { const void* k; int threads; size_t smem; int n; };
+int resident_blocks(K kernel, int threads, size_t smem, int device) {
+  struct Entry { const void* k; int device; int threads; size_t smem; int n; };
   static thread_local Entry cache[8] = {};
   static thread_local int next = 0;
   for (const Entry& e : cache)
-    if (e.k == reinterpret_cast<const void*>(kernel) && e.threads == threads && e.smem == smem) return e.n;
+    if (e.k == reinterpret_cast<const void*>(kernel) && e.device == device && e.threads == threads && e.smem == smem)
+      return e.n;
   int n = 0;
   C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
-  cache[next++ % 8] = Entry{reinterpret_cast<const void*>(kernel), threads, smem, std::max(1, n)};
+  cache[next++ % 8] = Entry{reinterpret_cast<const void*>(kernel), device, threads, smem, std::max(1, n)};
   return std::max(1, n);
 }
 
@@ -93,7 +96,7 @@ void launch_tile(const RopeParams& shared, int device, cudaStream_t stream) {
   const int64_t rows_g = rows_per_group(p);
   const int64_t total = num_groups(p) * rows_g;
   auto kernel = p.interleaved ? cuda::rope_tile_kernel<T, true> : cuda::rope_tile_kernel<T, false>;
-  const int64_t resident = sm_count(device) * resident_blocks(kernel, bx * by, 0);
+  const int64_t resident = sm_count(device) * resident_blocks(kernel, bx * by, 0, device);
   const int knob = g_tile_rows_per_thread.load(std::memory_order_relaxed);
   const int64_t rows_per_thread = knob > 0 ? knob : p.freq == FreqSource::kCosSinCache ? 4 : 2;
   int64_t tile = std::min<int64_t>(by * rows_per_thread, ceil_div(total, resident));
@@ -183,7 +186,7 @@ void launch(const RopeParams& p, Impl impl, int device, cudaStream_t stream) {
     // One wave of resident blocks, each walking several groups (the frequency table
     // and the block start are paid once per block, not once per token); gy blocks
     // share a group's rows.
-    const int64_t resident = sm_count(device) * resident_blocks(kernel, bx * by, smem);
+    const int64_t resident = sm_count(device) * resident_blocks(kernel, bx * by, smem, device);
     const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(groups, ceil_div(resident, gy)));
     kernel<<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), dim3(bx, by), smem, stream>>>(p);
   }

@@ -3,8 +3,9 @@
 // [R, D) when out of place. The backward is the same kernel with p.sign = -1.
 //
 //   1. naive   one thread per output element: reads its element and its partner,
-//              computes its own frequency (a double pow) and sin/cos. Cannot run in
-//              place (a thread would read a partner another thread already wrote).
+//              its own frequency (inv_freq_of: the params' table or inv_freq) and
+//              computes its own sin/cos. Cannot run in place (a thread would read a
+//              partner another thread already wrote).
 //   2. fp32    one thread per rotation pair (or tail element), scalar loads/stores,
 //              frequencies from a per-block shared-memory table.
 //   3. fp32x4  blocks walk token groups; each thread owns a 16-byte chunk (4 fp32 /
@@ -52,9 +53,9 @@
 //     over contiguous row tiles let the block scheduler overlap one block's sin/cos
 //     phase with others' DRAM traffic, where variant 3's resident blocks walking
 //     token groups left DRAM at 60-78% busy. W1 123 -> 93.8 us (95% of copy; see the
-//     batch-fold note in dispatch.cu), W2b 114 -> 72, W3 400 -> 378-388, W4 83 -> 63
+//     batch-fold note in rope_dispatch.cu), W2b 114 -> 72, W3 400 -> 378-388, W4 83 -> 63
 //     (bench/NOTES.md). Tile length and registers are tuned next to the kernel and in
-//     dispatch.cu.
+//     rope_dispatch.cu.
 //   - kBase frequencies come from the host in the params (RopeParams::base_freqs):
 //     HF's float32 table, bit-identical to what checkpoints were trained with (issue
 //     10); moving the pow to the host made no measurable change on W1 or W5 (the
@@ -113,8 +114,8 @@ __global__ void rope_naive_kernel(const __grid_constant__ RopeParams p) {
 }
 
 // ---------------------------------------------------------------- shared: frequency table
-// Frequencies for the block in shared memory: computed (double pow) or read once per
-// block instead of once per pair.
+// Frequencies for the block in shared memory: read once per block (inv_freq_of: the
+// params' table or the inv_freq tensor) instead of once per pair.
 __device__ __forceinline__ void fill_freq_table(const RopeParams& p, float* table) {
   const int nthreads = blockDim.x * blockDim.y;
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
@@ -151,7 +152,7 @@ __global__ void rope_fp32_kernel(const __grid_constant__ RopeParams p) {
 // ---------------------------------------------------------------- 3. fp32x4
 constexpr int kRowsInFlight = 4;  // rows loaded before the first use: hides DRAM latency
 constexpr int kMaxThreads = 256;  // per block
-constexpr int kRowsPerThread = 16;  // rows of a group per thread (launch shape, dispatch.cu)
+constexpr int kRowsPerThread = 16;  // rows of a group per thread (launch shape, rope_dispatch.cu)
 
 template <typename T, int N>
 struct alignas(16) Vec {
@@ -240,8 +241,9 @@ struct ChunkBatch {
   }
 };
 
-// minBlocks 3: caps registers at 80 (the bf16 neox kernel wanted 114 = 2 blocks/SM)
-// with no spills; 4 would cap at 64 and spill.
+// No minBlocks in the launch bound: the registers are the compiler's choice (the bf16
+// neox kernel takes ~114, 2 blocks/SM); a 3-blocks/SM bound spilled and ran slower
+// (the notes at the top of this file).
 template <typename T, bool kInterleaved>
 __global__ void __launch_bounds__(kMaxThreads) rope_fp32x4_kernel(const __grid_constant__ RopeParams p) {
   using Batch = ChunkBatch<T, kInterleaved>;
