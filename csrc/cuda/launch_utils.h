@@ -25,18 +25,20 @@ inline int sm_count(int device) {
   return n;
 }
 
-// Resident CTAs per SM of a kernel on a device (one query per (kernel, device): two
-// different GPUs in one process get their own answers). The caller sets the device.
+// Blocks of `kernel` resident per SM of `device` at this block size and shared memory.
+// The runtime's answer is cached per (kernel, device, block size, shared memory): it is
+// asked on every launch otherwise, and two different GPUs in one process can differ.
+// The caller holds a device guard for `device` (the query reads the current device).
 inline int resident_ctas(const void* kernel, int threads, size_t smem, int device) {
-  struct Entry { const void* k; int device; int n; };
+  struct Entry { const void* k; int device; int threads; size_t smem; int n; };
   static thread_local Entry cache[64] = {};
   static thread_local int next = 0;
   for (const Entry& e : cache)
-    if (e.k == kernel && e.device == device) return e.n;
+    if (e.k == kernel && e.device == device && e.threads == threads && e.smem == smem) return e.n;
   int n = 0;
   C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
   n = n > 0 ? n : 1;
-  cache[next++ % 64] = Entry{kernel, device, n};
+  cache[next++ % 64] = Entry{kernel, device, threads, smem, n};
   return n;
 }
 

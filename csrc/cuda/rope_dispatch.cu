@@ -45,22 +45,10 @@ int64_t flat_max_bytes_from_env() {
 }
 
 
-// Blocks of `kernel` resident per SM of `device` at this block size and shared memory;
-// the runtime's answer is cached per (kernel, device, block size, shared memory): it is
-// asked on every launch otherwise, and two different GPUs in one process can differ.
-// The caller holds a device guard for `device` (the query reads the current device).
+// Blocks of `kernel` resident per SM (launch_utils.h; cached per kernel, device and shape).
 template <typename K>
 int resident_blocks(K kernel, int threads, size_t smem, int device) {
-  struct Entry { const void* k; int device; int threads; size_t smem; int n; };
-  static thread_local Entry cache[8] = {};
-  static thread_local int next = 0;
-  for (const Entry& e : cache)
-    if (e.k == reinterpret_cast<const void*>(kernel) && e.device == device && e.threads == threads && e.smem == smem)
-      return e.n;
-  int n = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
-  cache[next++ % 8] = Entry{reinterpret_cast<const void*>(kernel), device, threads, smem, std::max(1, n)};
-  return std::max(1, n);
+  return cuda_launch::resident_ctas(reinterpret_cast<const void*>(kernel), threads, smem, device);
 }
 
 // Flat grid for the element/pair variants: enough blocks for several waves, the rest
