@@ -744,8 +744,7 @@ def main():
         title = f"bshd bf16 {list(bshd_shape)} {'backward' if inverse else 'forward'}"
         print_table(title, rows)
         results.append(dict(workload=title, rows=rows))
-    meta = dict(device=dev_name, torch=torch.__version__, copy_gbs=bw, reps=args.reps,
-                flat_max_bytes=rope_ext._C.flat_max_bytes() if hasattr(rope_ext._C, "flat_max_bytes") else None)
+    meta = dict(device=dev_name, torch=torch.__version__, copy_gbs=bw, reps=args.reps)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(meta=meta, results=results, sweep=sweep), f, indent=1)

@@ -50,8 +50,7 @@ def workloads():
 def main():
     ws = workloads()
     settings = [("flat", 0), ("flat", 1), ("flat", 2), ("flat", 4), ("flat", 8), ("flat", 16), ("fp32x4_tile", 0)]
-    print(f"{torch.cuda.get_device_name()}; auto's limit now {rope_ext._C.flat_max_bytes()} bytes; "
-          "us per call (CUDA graph, cold L2)")
+    print(f"{torch.cuda.get_device_name()}; us per call (CUDA graph, cold L2)")
     print(f"{'':<20}" + "".join(f"{n:>11}" for n, _, _ in ws))
     print(f"{'MB of x':<20}" + "".join(f"{b / 2**20:>11.2f}" for _, b, _ in ws))
     t = {}
@@ -63,7 +62,7 @@ def main():
     rope_ext._C.set_flat_rows_per_thread(0)
     flat, tile = t["flat rows/thr auto"], t["fp32x4_tile"]
     best = [min(a, b) for a, b in zip(flat, tile)]
-    print("\nauto's limit (ROPE_EXT_FLAT_MAX_BYTES): auto / min(flat, tile), geometric mean and worst")
+    print("\na size limit for flat (auto has none: issue 19): auto / min(flat, tile), geometric mean and worst")
     cands = sorted({0} | {b for _, b, _ in ws} | {2**k for k in range(18, 28)})
     scored = []
     for lim in cands:

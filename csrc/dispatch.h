@@ -28,12 +28,8 @@ void run_cpu(const RopeParams& p, Impl impl, at::ScalarType dtype);
 void run_cuda(const RopeParams& p, Impl impl, at::ScalarType dtype, c10::Device device);
 // Tuning hook for bench/tune_tile.py: rows per thread of variant 4's tiles (0 = default).
 void set_tile_rows_per_thread(int n);
-// Tuning hooks for bench/tune_flat.py: rows per thread of variant 5 (0 = default), and
-// auto's size limit for variant 5 in bytes of x (q + k) (< 0: ROPE_EXT_FLAT_MAX_BYTES
-// or the default; rope_dispatch.cu); flat_max_bytes() is the limit in force.
+// Tuning hook for bench/tune_flat.py: rows per thread of variant 5 (0 = default).
 void set_flat_rows_per_thread(int n);
-void set_flat_max_bytes(int64_t n);
-int64_t flat_max_bytes();
 #endif
 
 }  // namespace rope_ext

@@ -58,9 +58,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "tuning: rows per thread of variant 4's tiles (0 = default)");
   m.def("set_flat_rows_per_thread", &rope_ext::set_flat_rows_per_thread,
         "tuning: rows per thread of variant 5, flat (0 = default)");
-  m.def("set_flat_max_bytes", &rope_ext::set_flat_max_bytes,
-        "tuning: auto picks flat for x (q + k) of at most this many bytes (< 0: ROPE_EXT_FLAT_MAX_BYTES or the default)");
-  m.def("flat_max_bytes", &rope_ext::flat_max_bytes, "auto's size limit for flat in force (bytes of x, q + k)");
   m.attr("with_cuda") = true;
 #else
   m.attr("with_cuda") = false;

@@ -91,11 +91,16 @@ constexpr int kRowChoices[] = {1, 4, 8};
 // Variant 5: one 16-key tile per warp.
 constexpr int64_t kMinKeysPerSplit = 128;
 constexpr int64_t kMinKeysPerSplitMma = cuda::mma_decode::kWarps * cuda::mma_decode::kTileKeys;
-// Variant 5 does not split up to this many 16-key tiles per warp (1024 keys): at B = 1,
-// ctx 512, 7 splits + the combine took 15-16 us in a CUDA graph (run 3), where each
-// kernel of a chain costs ~4 us of cold start (instruction and parameter fetch after the
-// L2 flush) before any work; unsplit, a warp streams its 8-16 tiles 2 at a time.
-constexpr int64_t kUnsplitTilesPerWarp = 16;
+// Variant 5 at short contexts (measured, H100 run 4 of issue 18, B = 1, Hk = 8): 8
+// splits beat 1 and 7 at ctx 512 (14.3 us vs 18.8 / 15.7) and beat 1 and 28 at ctx
+// 2048 (18.0 vs 44.3 / 19.6); at B = 8, ctx 512, 1 split (19.6) and 4 (the efficiency
+// rule, 20.1) beat 8 (24.1). So while ~kShortCtas CTAs give splits of at most
+// kShortSplitKeys keys (the measured range), aim at ~kShortCtas CTAs; else the
+// efficiency rule. Either way splits are sized in whole 16-key tiles per warp (64
+// keys), so the 4 warps of a CTA finish together (7 splits of 74 keys left one warp
+// with 2 tiles and the others with 1).
+constexpr int64_t kShortCtas = 64;
+constexpr int64_t kShortSplitKeys = 256;
 constexpr int kMaxSplits = 256;
 
 template <typename T, int D, int kRows, bool kFull>
@@ -236,20 +241,26 @@ int decode_num_splits(const DecodeParams& p, int64_t max_keys, c10::Device devic
   const c10::cuda::CUDAGuard guard(device);  // the occupancy query reads the current device
   const int dev = device.index();
   int occ = 1;
-  int64_t min_keys = kMinKeysPerSplit;
   if (impl == DecodeImpl::kHybrid) {
-    if (ceil_div(max_keys, kMinKeysPerSplitMma) <= kUnsplitTilesPerWarp) return 1;
     visit_decode_mma(dtype, p.rope.D, [&]<typename T, int D>() { occ = decode_mma_ctas_per_sm<T, D>(p.G * p.q_len, dev); });
-    min_keys = kMinKeysPerSplitMma;
-  } else {
-    visit_decode(dtype, p.rope.D, p.rows_per_group, impl == DecodeImpl::kFullFusion,
-                 [&]<typename T, int D, int kRows, bool kFull>() {
-      occ = resident_ctas(cuda::decode_kernel<T, D, kRows, kFull>, cuda::kDecodeThreads,
-                          cuda::decode_smem_bytes<D, kRows>(), dev);
-    });
+    const int64_t ctas = std::max<int64_t>(1, p.B * p.cache.Hk * p.row_groups);
+    const double slots = static_cast<double>(sm_count(dev)) * occ;
+    const int64_t short_s = ceil_div(kShortCtas, ctas);
+    int64_t s = ceil_div(max_keys, short_s) <= kShortSplitKeys
+                    ? short_s : choose_splits(ctas, slots, max_keys, kMinKeysPerSplitMma);
+    if (s <= 1) return 1;
+    // Whole tiles per warp: t = the tiles per warp s splits would give (rounded down, at
+    // least 1), then the fewest splits with at most t.
+    const int64_t t = std::max<int64_t>(1, max_keys / (kMinKeysPerSplitMma * s));
+    return static_cast<int>(std::min<int64_t>(kMaxSplits, ceil_div(max_keys, kMinKeysPerSplitMma * t)));
   }
+  visit_decode(dtype, p.rope.D, p.rows_per_group, impl == DecodeImpl::kFullFusion,
+               [&]<typename T, int D, int kRows, bool kFull>() {
+    occ = resident_ctas(cuda::decode_kernel<T, D, kRows, kFull>, cuda::kDecodeThreads,
+                        cuda::decode_smem_bytes<D, kRows>(), dev);
+  });
   const double slots = static_cast<double>(sm_count(dev)) * occ;
-  return choose_splits(p.B * p.cache.Hk * p.row_groups, slots, max_keys, min_keys);
+  return choose_splits(p.B * p.cache.Hk * p.row_groups, slots, max_keys, kMinKeysPerSplit);
 }
 
 bool decode_cache_aligned(const KVCacheView& c, int64_t elem_size, std::string* why) {

@@ -26,24 +26,8 @@ using cuda_launch::sm_count;
 
 std::atomic<int> g_tile_rows_per_thread{0};  // 0: the default below (tuning hook)
 std::atomic<int> g_flat_rows_per_thread{0};  // 0: the default in launch_flat (tuning hook)
-std::atomic<int64_t> g_flat_max_bytes{-1};   // < 0: the environment or the default below
-
-// auto used to pick variant 5 (flat) for x of at most this many bytes. Issue 19: flat
-// measured level with the tiles or slower everywhere on the H100, so auto no longer
-// reads the limit; ROPE_EXT_FLAT_MAX_BYTES / set_flat_max_bytes are still parsed and
-// reported (the binding and its tests live outside the rope files) but change nothing.
-constexpr int64_t kFlatMaxBytesDefault = 0;
-int64_t flat_max_bytes_from_env() {
-  static const int64_t v = [] {
-    const char* e = std::getenv("ROPE_EXT_FLAT_MAX_BYTES");
-    if (!e || !*e) return kFlatMaxBytesDefault;
-    char* end = nullptr;
-    const double d = std::strtod(e, &end);
-    return (end != e && d >= 0 && d < 9e18) ? static_cast<int64_t>(d) : kFlatMaxBytesDefault;
-  }();
-  return v;
-}
-
+// (auto used to pick variant 5, flat, below a size limit, ROPE_EXT_FLAT_MAX_BYTES; issue 19:
+// flat measured level with the tiles or slower everywhere on the H100, so the limit is gone.)
 
 // Blocks of `kernel` resident per SM (launch_utils.h; cached per kernel, device and shape).
 template <typename K>
@@ -185,11 +169,6 @@ void launch(const RopeParams& p, Impl impl, int device, cudaStream_t stream) {
 
 void set_tile_rows_per_thread(int n) { g_tile_rows_per_thread.store(n < 0 ? 0 : n); }
 void set_flat_rows_per_thread(int n) { g_flat_rows_per_thread.store(n < 0 ? 0 : n); }
-void set_flat_max_bytes(int64_t n) { g_flat_max_bytes.store(n < 0 ? -1 : n); }
-int64_t flat_max_bytes() {
-  const int64_t v = g_flat_max_bytes.load(std::memory_order_relaxed);
-  return v >= 0 ? v : flat_max_bytes_from_env();
-}
 
 void run_cuda(const RopeParams& p, Impl impl, at::ScalarType dtype, c10::Device device) {
   const c10::cuda::CUDAGuard guard(device);
