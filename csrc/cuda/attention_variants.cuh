@@ -8,7 +8,10 @@
 //                       the thread rotates and stores its items (K rotated and V into
 //                       the cache, Q in place). A slot that does not exist (past the
 //                       capacity, or a block id out of range) is dropped.
-//   2. decode, hybrid   (auto's choice) split-KV decode attention over a cache of
+//   2. decode, hybrid_simt (impl="hybrid_simt"; auto takes variant 5, decode_mma.cuh,
+//                       which needs 0.70-0.93x of this one's time on the H100: this
+//                       kernel spends ~60 warp instructions per key and kv head on
+//                       shuffle reductions and scalar P.V) split-KV decode attention over a cache of
 //                       ROTATED keys; Q is rotated (accurate sin/cos, fp32) while the
 //                       CTA loads it into shared memory, the softmax scale folded in.
 //                       Grid (num_splits * row_groups, Hk, B): a CTA takes one kv head,
@@ -34,7 +37,7 @@
 //     product and a reduction each) plus 4 shuffles: more issue slots than the key's
 //     dot products and P.V together, and it is paid on EVERY decode step for EVERY
 //     cached key, while rotating at append_kv time (1 + 2) pays once per token. The
-//     hybrid is therefore auto's choice for decode (attention_dispatch.cu).
+//     hybrid (now variant 5) is therefore auto's choice for decode.
 //   - Q-RoPE on load is free: rows * R/2 sin/cos per CTA, once, hidden behind the first
 //     key loads of the other warps.
 //   - Splits are chosen on the host from shapes only (capacity or a max_seqlen hint):
