@@ -49,6 +49,7 @@
 #include <cmath>
 
 #include "../attention_math.h"
+#include "decode_merge.cuh"
 #include "rope_variants.cuh"  // Vec, load_vec, store_vec
 
 namespace rope_ext {
@@ -460,33 +461,7 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_min_ctas<kRows, kFullFu
     dst[1] = make_float4(acc[rr][4], acc[rr][5], acc[rr][6], acc[rr][7]);
   }
   __syncthreads();
-  constexpr float kLn2 = 0.6931471805599453f;
-  for (int e = tid; e < nrows * D; e += kDecodeThreads) {
-    const int rr = e / D, d = e - rr * D;
-    float M = ninf;
-#pragma unroll
-    for (int sl = 0; sl < S; ++sl) M = fmaxf(M, ms[sl * kRows + rr]);
-    float o = 0.f, lsum = 0.f;
-    if (M != ninf) {
-#pragma unroll
-      for (int sl = 0; sl < S; ++sl) {
-        const float w = exp2f(ms[sl * kRows + rr] - M);
-        lsum = fmaf(ls[sl * kRows + rr], w, lsum);
-        o = fmaf(accs[(sl * kRows + rr) * D + d], w, o);
-      }
-      o /= lsum;
-    }
-    const int row = row0 + rr, j = row / G, hq = hk * G + (row - j * G);
-    const float lse2 = M == ninf ? ninf : M + log2f(lsum);
-    if (p.num_splits == 1) {
-      static_cast<T*>(p.o)[((b * p.q_len + j) * p.Hq + hq) * D + d] = static_cast<T>(o);
-      if (d == 0) p.lse[(b * p.q_len + j) * p.Hq + hq] = lse2 * kLn2;
-    } else {
-      const int64_t w = ((b * p.Hq + hq) * p.q_len + j) * p.num_splits + split;
-      p.ws_o[w * D + d] = o;
-      if (d == 0) p.ws_lse[w] = lse2;
-    }
-  }
+  merge_and_write_rows<T, S, kRows>(p, ms, ls, accs, D, nrows, row0, hk, b, split, tid, kDecodeThreads);
 }
 
 // ---------------------------------------------------------------- 4. combine

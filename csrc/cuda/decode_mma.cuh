@@ -45,6 +45,7 @@
 #include <type_traits>
 
 #include "../attention_math.h"
+#include "decode_merge.cuh"
 #include "decode_mma.h"
 
 namespace rope_ext {
@@ -428,33 +429,7 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   put(r_lo, 0, m_lo, l_lo);
   if (kUpper) put(r_hi, 2, m_hi, l_hi);
   __syncthreads();
-  constexpr float kLn2 = 0.6931471805599453f;
-  for (int e = tid; e < nrows * D; e += kThreads) {
-    const int rr = e / D, d = e - rr * D;
-    float M = ninf;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, ms[w * kRows + rr]);
-    float acc = 0.f, lsum = 0.f;
-    if (M != ninf) {
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float wt = exp2f(ms[w * kRows + rr] - M);
-        lsum = fmaf(ls[w * kRows + rr], wt, lsum);
-        acc = fmaf(os[(w * kRows + rr) * D + d], wt, acc);
-      }
-      acc /= lsum;
-    }
-    const int row = row0 + rr, j = row / G, hq = hk * G + (row - j * G);
-    const float lse2 = M == ninf ? ninf : M + log2f(lsum);
-    if (p.num_splits == 1) {
-      static_cast<T*>(p.o)[((b * p.q_len + j) * p.Hq + hq) * D + d] = static_cast<T>(acc);
-      if (d == 0) p.lse[(b * p.q_len + j) * p.Hq + hq] = lse2 * kLn2;
-    } else {
-      const int64_t w = ((b * p.Hq + hq) * p.q_len + j) * p.num_splits + split;
-      p.ws_o[w * D + d] = acc;
-      if (d == 0) p.ws_lse[w] = lse2;
-    }
-  }
+  merge_and_write_rows<T, kWarps, kRows>(p, ms, ls, os, D, nrows, row0, hk, b, split, tid, kThreads);
 }
 
 }  // namespace mma_decode
