@@ -6,7 +6,6 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
-#include <atomic>
 
 #include "launch_utils.h"
 #include "../attention.h"
@@ -104,11 +103,9 @@ constexpr int64_t kShortSplitKeys = 256;
 constexpr int kMaxSplits = 256;
 
 template <typename T, int D, int kRows, bool kFull>
-void launch_decode_kernel(const DecodeParams& p, cudaStream_t stream) {
+void launch_decode_kernel(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
   constexpr size_t smem = cuda::decode_smem_bytes<D, kRows>();
   static_assert(smem <= 48 * 1024, "decode: shared memory within the default 48 KB");
-  const dim3 grid(static_cast<unsigned>(p.num_splits * p.row_groups), static_cast<unsigned>(p.cache.Hk),
-                  static_cast<unsigned>(p.B));
   cuda::decode_kernel<T, D, kRows, kFull><<<grid, cuda::kDecodeThreads, smem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -184,12 +181,7 @@ int choose_splits(int64_t ctas, double slots, int64_t max_keys, int64_t min_keys
 // still runs (that kernel triggers at its start) and waits for it on the device
 // (griddepcontrol.wait): the launch gap leaves the critical path.
 void launch_combine(const DecodeParams& p, at::ScalarType dtype, int device, cudaStream_t stream) {
-  static std::atomic<int> major_cache[64] = {};
-  int major = device >= 0 && device < 64 ? major_cache[device].load(std::memory_order_relaxed) : 0;
-  if (!major) {
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    if (device >= 0 && device < 64) major_cache[device].store(major, std::memory_order_relaxed);
-  }
+  const int major = cuda_launch::device_attribute<cudaDevAttrComputeCapabilityMajor>(device);
   constexpr int rows_per_block = cuda::kCombineThreads / 32;
   const int64_t rows = p.B * p.q_len * p.Hq;
   dispatch_half_types(dtype, [&](auto tag) {
@@ -294,7 +286,7 @@ void attention_decode_cuda(const DecodeParams& p, at::ScalarType dtype, c10::Dev
     visit_decode_mma(dtype, p.rope.D, [&]<typename T, int D>() { launch_decode_mma<T, D>(p, grid, stream, device.index()); });
   } else {
     visit_decode(dtype, p.rope.D, p.rows_per_group, impl == DecodeImpl::kFullFusion,
-                 [&]<typename T, int D, int kRows, bool kFull>() { launch_decode_kernel<T, D, kRows, kFull>(p, stream); });
+                 [&]<typename T, int D, int kRows, bool kFull>() { launch_decode_kernel<T, D, kRows, kFull>(p, grid, stream); });
   }
   if (p.num_splits > 1) launch_combine(p, dtype, device.index(), stream);
 }

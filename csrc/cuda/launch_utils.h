@@ -12,18 +12,21 @@ namespace cuda_launch {
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// SMs of a device, asked once (the attribute query is not free on every launch).
-inline int sm_count(int device) {
+// A device attribute, asked once per device (the query is not free on every launch).
+template <cudaDeviceAttr kAttr>
+inline int device_attribute(int device) {
   static std::atomic<int> cached[64] = {};
   if (device >= 0 && device < 64) {
     const int c = cached[device].load(std::memory_order_relaxed);
     if (c) return c;
   }
   int n = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, kAttr, device));
   if (device >= 0 && device < 64) cached[device].store(n, std::memory_order_relaxed);
   return n;
 }
+
+inline int sm_count(int device) { return device_attribute<cudaDevAttrMultiProcessorCount>(device); }
 
 // Blocks of `kernel` resident per SM of `device` at this block size and shared memory.
 // The runtime's answer is cached per (kernel, device, block size, shared memory): it is
