@@ -696,7 +696,7 @@ def test_tensor_core_splits_cuda(num_splits):
 @cuda
 def test_tensor_core_short_and_empty_cuda():
     """Variant 5 with sequence lengths 0 and 1 in one batch (zeros and lse -inf for the
-    empty one), against the hybrid_simt kernel and the float64 truth."""
+    empty one), against the float64 truth."""
     dt = torch.bfloat16
     B, Hk, G, D = 3, 2, 4, 128
     kc, vc, _ = new_cache(B, 64, Hk, D, dt, "cuda", paged=False)
