@@ -5,6 +5,7 @@
 #   bash scripts/gpu_latency.sh                 # double (default) + turns + fixed, ~6-7 min on an H100 box
 #   ALTS=fixed bash scripts/gpu_latency.sh      # double + one alternative, ~5 min
 #   NCU=0 bash scripts/gpu_latency.sh           # without ncu
+#   TESTS="tests/test_attention.py" bash ...     # also pytest these on the default build (tests.log)
 # Files under $OUT (5): build.log, accuracy.txt, latency.txt (first every build's rope_ext
 # columns, --rope-only; then the default build's full suite with torch.compile and the
 # peers), ncu.txt (sections below,
@@ -54,6 +55,14 @@ for a in $BUILDS; do
 done
 stamp "built:$OK"
 [ -z "$OK" ] && exit 1
+
+# 1b. Tests on the default build, when asked (TESTS="paths").
+if [[ -n ${TESTS:-} && " $OK " == *" double "* ]]; then
+  xd=""; $PY -c "import xdist" 2>/dev/null && xd="-n 8"
+  timeout 240 $PY -X faulthandler -m pytest -q $TESTS $xd -p no:cacheprovider > "$OUT/tests.log" 2>&1
+  echo "tests rc=$?"; tail -3 "$OUT/tests.log"
+  stamp "tests done"
+fi
 
 # 2. Accuracy (long positions, against float64).
 for a in $OK; do
