@@ -104,7 +104,9 @@ def decode_points(quick):
     if not CUDA:
         return [(B, ctx) for B in (1, 2) for ctx in (64, 128)], 8, 2, 64
     ctxs = (512, 2048, 8192, 32768) if quick else (512, 1024, 2048, 4096, 8192, 16384, 32768)
-    return [(B, ctx) for B in (1, 8, 64) for ctx in ctxs], 32, 8, 128
+    # ATTN_BATCHES="1,8": only these batch sizes (a short A/B run of one setting).
+    batches = tuple(int(b) for b in os.environ.get("ATTN_BATCHES", "1,8,64").split(","))
+    return [(B, ctx) for B in batches for ctx in ctxs], 32, 8, 128
 
 
 def _separate_attn(q, kc, vc, ctx):

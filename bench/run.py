@@ -441,10 +441,15 @@ class Peers:
 
 # ----------------------------------------------------------------------------- latency suite
 ROPE_ONLY = False  # --rope-only: rope_ext's columns and the copy, no torch.compile or peers
-LAT_COLS = [("rope_ext auto", "auto"), ("rope_ext flat", "flat"), ("rope_ext fp32x4_tile", "tile"),
-            ("torch.compile", "compile"), ("Liger", "Liger"), ("FlashInfer", "FlashInf"),
-            ("same-size copy", "copy")]
-LAT_PEERS = ("torch.compile", "Liger", "FlashInfer")
+LAT_COLS = [("rope_ext auto", "auto"), ("rope_ext auto (in place)", "auto ip"), ("rope_ext flat", "flat"),
+            ("rope_ext fp32x4_tile", "tile"), ("torch.compile", "compile"), ("Liger", "Liger"),
+            ("FlashInfer", "FlashInf"), ("same-size copy", "copy")]
+# Like with like: torch.compile's function returns a new tensor (out of place), Liger and
+# FlashInfer rotate in place (their writes land in the lines they just read, which a
+# cold-L2 timing rewards up to ~L2 size). "x oop" = compile / auto, "x ip" = the best
+# in-place peer / auto (in place); >= 1: rope_ext at or ahead.
+LAT_OOP_PEERS = ("torch.compile",)
+LAT_IP_PEERS = ("Liger", "FlashInfer")
 
 
 def latency_x_workload(layout, dtype, S, peers):
@@ -461,6 +466,7 @@ def latency_x_workload(layout, dtype, S, peers):
     comp = torch.compile(ref.apply_cos_sin, dynamic=False)
     fns = {f"rope_ext {i}": (lambda i=i: rope_ext.apply_rope(x, layout=layout, impl=i, **kw))
            for i in ("auto", "flat", "fp32x4_tile")}
+    fns["rope_ext auto (in place)"] = lambda: rope_ext.apply_rope(x, layout=layout, inplace=True, **kw)
     if not ROPE_ONLY:
         fns["torch.compile"] = lambda: comp(x, c4, s4)
         pos = torch.arange(S, device=DEV)
@@ -481,6 +487,7 @@ def latency_sbhd_workload(name, shape, peers):
     comp = torch.compile(ref.apply_cos_sin, dynamic=False)
     fns = {f"rope_ext {i}": (lambda i=i: rope_ext.apply_rope(x, layout="sbhd", impl=i))
            for i in ("auto", "flat", "fp32x4_tile")}
+    fns["rope_ext auto (in place)"] = lambda: rope_ext.apply_rope(x, layout="sbhd", inplace=True)
     if not ROPE_ONLY:
         fns["torch.compile"] = lambda: comp(x, c4, s4)
         # Peers see sbhd memory as S * B tokens, each with its own cos/sin row (gathered once).
@@ -494,13 +501,16 @@ def latency_sbhd_workload(name, shape, peers):
 
 def latency_qk_workload(T, peers):
     """W4 (T = 8192) / W5 (T = 16): q [T, 32, 128] + k [T, 8, 128] bf16 thd, random
-    int64 positions < 131072, in place, one launch."""
+    int64 positions < 131072, one launch; rope_ext auto out of place and in place, the
+    explicit variants in place."""
     cache = ref.cos_sin_table(128, 10000.0, 131072, DEV)
     q = torch.randn(T, 32, 128, device=DEV).bfloat16()
     k = torch.randn(T, 8, 128, device=DEV).bfloat16()
     pos = torch.randint(0, 131072, (T,), device=DEV)
     fns = {f"rope_ext {i}": (lambda i=i: rope_ext.apply_rope_qk(q, k, pos, layout="thd", impl=i, inplace=True))
-           for i in ("auto", "flat", "fp32x4_tile")}
+           for i in ("flat", "fp32x4_tile")}
+    fns["rope_ext auto"] = lambda: rope_ext.apply_rope_qk(q, k, pos, layout="thd")
+    fns["rope_ext auto (in place)"] = lambda: rope_ext.apply_rope_qk(q, k, pos, layout="thd", inplace=True)
     if not ROPE_ONLY:
         comp = qk_cache_compiled()
         fns["torch.compile"] = lambda: comp(q, k, pos, cache)
@@ -510,10 +520,21 @@ def latency_qk_workload(T, peers):
     return f"{label} q[{T},32,128]+k[{T},8,128] thd", (q.numel() + k.numel()) * 2, fns
 
 
+def ratios(cells, compile_inplace=False):
+    """The "x oop" and "x ip" cells of a latency row (blank where a side is missing).
+    compile_inplace: W4/W5's compiled function writes q and k back (qk_cache_compiled)."""
+    oop, ip = ((), LAT_OOP_PEERS + LAT_IP_PEERS) if compile_inplace else (LAT_OOP_PEERS, LAT_IP_PEERS)
+    out = ""
+    for ours, peers in (("rope_ext auto", oop), ("rope_ext auto (in place)", ip)):
+        best = min((cells[c] for c in peers if c in cells), default=None)
+        out += f"{best / cells[ours]:>7.2f}x" if ours in cells and best else f"{'':>8}"
+    return out
+
+
 def latency_suite(peers, reps, quick=False):
     """Issue 11's table: each workload's call captured alone in a CUDA graph, L2 flushed
     before every replay, median of `reps` replays; then W5 as eager calls back to back.
-    "x peer" = the best peer's time / rope_ext auto's (>= 1: rope_ext at or ahead)."""
+    "x oop" / "x ip": see LAT_OOP_PEERS (>= 1: rope_ext at or ahead)."""
     sizes = (16, 64, 256, 1024, 4096, 16384, 65536) if CUDA else (16, 64)
     groups = [("bshd", torch.bfloat16)] + ([] if quick else [("bshd", torch.float32), ("sbhd", torch.bfloat16),
                                                               ("thd", torch.bfloat16)])
@@ -526,7 +547,8 @@ def latency_suite(peers, reps, quick=False):
     how = (f"one call in a CUDA graph, L2 flushed before each replay, median of {reps} replays" if CUDA else
            "CPU smoke run: wall clock of eager calls, small sizes only")
     print(f"\nlatency suite (us): {how}")
-    head = f"  {'workload':<36}{'MB':>7}" + "".join(f"{c:>9}" for _, c in LAT_COLS) + f"{'% copy':>8}{'x peer':>8}"
+    head = (f"  {'workload':<36}{'MB':>7}" + "".join(f"{c:>9}" for _, c in LAT_COLS) +
+            f"{'% copy':>8}{'x oop':>8}{'x ip':>8}")
     print(head)
     results = []
     for build in builders:
@@ -543,13 +565,11 @@ def latency_suite(peers, reps, quick=False):
                 if col in Peers.names:
                     peers.note(col, e)
                 rows.append(dict(impl=col, error=first_line(e)))
-        auto = cells.get("rope_ext auto")
-        best = min((cells[c] for c in LAT_PEERS if c in cells), default=None)
         line = f"  {title:<36}{nbytes / 2**20:>7.2f}" + "".join(
             f"{cells[c]:>9.1f}" if c in cells else f"{'n/a':>9}" for c, _ in LAT_COLS)
+        auto = cells.get("rope_ext auto")
         pct = f"{100 * cells['same-size copy'] / auto:>7.1f}%" if auto and "same-size copy" in cells else f"{'':>8}"
-        xp = f"{best / auto:>7.2f}x" if auto and best else f"{'':>8}"
-        print(line + pct + xp)
+        print(line + pct + ratios(cells, title.startswith(("W4", "W5"))))
         results.append(dict(workload=f"latency {title}", rows=rows))
         del fns
     # W5 eager: the host's share of a decode step.
@@ -562,11 +582,8 @@ def latency_suite(peers, reps, quick=False):
             except Exception as e:
                 if col in Peers.names:
                     peers.note(col, e)
-    auto = cells.get("rope_ext auto")
-    best = min((cells[c] for c in LAT_PEERS if c in cells), default=None)
     print(f"  {title + ' eager':<36}{'':>7}" + "".join(f"{cells[c]:>9.1f}" if c in cells else f"{'n/a':>9}"
-                                                      for c, _ in LAT_COLS) +
-          f"{'':>8}" + (f"{best / auto:>7.2f}x" if auto and best else ""))
+                                                      for c, _ in LAT_COLS) + f"{'':>8}" + ratios(cells, True))
     results.append(dict(workload=f"latency {title} eager", rows=[dict(impl=c, eager_us=v) for c, v in cells.items()]))
     print("  (eager: back-to-back calls, host included, us per call; MB: bytes of x (q + k) read; % copy: the "
           "same-size copy's time / auto's)")

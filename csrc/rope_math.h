@@ -108,10 +108,10 @@ ROPE_HD float inv_freq_of(const RopeParams& p, int i) {
 // exactly (or nearly) to one turn first, then an accurate (non-fast-math) sin/cos.
 // The GPU path is chosen at compile time (setup.py's ROPE_EXT_ANGLE, one build each,
 // so that one GPU run can compare them: scripts/gpu_latency.sh); the CPU always takes
-// the default. Errors below: bench/angle_emulation.py (CPU emulation, exact truth; the
+// double. Errors below: bench/angle_emulation.py (CPU emulation, exact truth; the
 // table is in bench/NOTES.md, issue 19); "angle error" is that of the argument the
 // sin/cos routine evaluates (with the correction term where there is one).
-//   double (default): the product in double (exact for |pos| < 2^29), reduced with a
+//   double: the product in double (exact for |pos| < 2^29), reduced with a
 //     double-double 2 pi, rounded to fp32 radians, sincosf. Angle error <= 1.2e-7 rad
 //     below 2^29 (the one fp32 rounding), 2.4e-7 to 2^31.
 //     (Measured on the H100: __sincosf on the reduced angle, abs error <= 2^-21.4 there,
@@ -122,7 +122,7 @@ ROPE_HD float inv_freq_of(const RopeParams& p, int i) {
 //   sincospif (-DROPE_EXT_SINCOSPIF, issue 11): a / pi in double reduced to half-turns,
 //     sincospif (1 ulp, CUDA's documented bound; sincosf's is 2; no slow path).
 //     9.5e-8 rad below 2^24, 1.7e-7 to 2^29, 4.1e-7 to 2^31.
-//   turns (-DROPE_EXT_ANGLE_TURNS, issue 19): no FP64 below |pos| 2^24. f in turns as an
+//   turns (the default, -DROPE_EXT_ANGLE_TURNS, issue 19): no FP64 below |pos| 2^24. f in turns as an
 //     fp32 pair hi + lo (f / 2 pi split in fp32 from f: no table, any frequency source),
 //     p = pos hi, e = fma(pos, hi, -p) (exact), r = (p - rint(p)) + fma(pos, lo, e), and
 //     that last sum's rounding d (Fast2Sum) added after sincospif(2 r) as a first-order

@@ -14,8 +14,18 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <map>
+#include <mutex>
 #include <limits>
 #include <sstream>
+
+#ifdef ROPE_EXT_WITH_CUDA
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#endif
 
 #include "dispatch.h"
 #include "op_utils.h"
@@ -416,16 +426,18 @@ const std::vector<float>& hf_default_freqs(double base, int64_t R) {
   return it->second;
 }
 
-// The same table as a tensor on `device`, for R/2 > kParamFreqs (cached; the first use
-// on a device copies it there, so warm up before capturing a CUDA graph).
-const at::Tensor& hf_default_freqs_tensor(double base, int64_t R, c10::Device device) {
+// The same table as a tensor on `device` (cached per base, R and device; never freed).
+// Creating it copies from the host, which a stream being captured into a CUDA graph
+// may not do: with create = false a missing table gives nullptr.
+const at::Tensor* hf_default_freqs_tensor(double base, int64_t R, c10::Device device, bool create) {
   static std::mutex mu;
-  static auto* tensors = new std::map<std::tuple<double, int64_t, std::string>, at::Tensor>();  // never freed
+  static auto* tensors = new std::map<std::tuple<double, int64_t, std::string>, at::Tensor>();
   const std::vector<float>& host = hf_default_freqs(base, R);
   std::lock_guard<std::mutex> lock(mu);
   const auto key = std::make_tuple(base, R, device.str());
   auto it = tensors->find(key);
   if (it == tensors->end()) {
+    if (!create) return nullptr;
     c10::impl::ExcludeDispatchKeyGuard no_python(
         c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
     at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -433,7 +445,37 @@ const at::Tensor& hf_default_freqs_tensor(double base, int64_t R, c10::Device de
                                  at::TensorOptions().dtype(at::kFloat)).clone().to(device);
     it = tensors->emplace(key, t).first;
   }
-  return it->second;
+  return &it->second;
+}
+
+namespace {
+// Is the current stream of `device` being captured into a CUDA graph?
+bool capturing(c10::Device device) {
+#ifdef ROPE_EXT_WITH_CUDA
+  if (device.is_cuda()) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    const c10::cuda::CUDAGuard guard(device);
+    C10_CUDA_CHECK(cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(device.index()).stream(), &status));
+    return status != cudaStreamCaptureStatusNone;
+  }
+#endif
+  (void)device;
+  return false;
+}
+}  // namespace
+
+// Where CUDA kernels read kBase frequencies from (issue 19, measured in bench/NOTES.md):
+// the params' table (constant memory) or the cached device tensor (global memory).
+// Every lane of a warp reads a different frequency; from constant memory such a
+// divergent read is serialised, one constant-cache line miss after another on a cold
+// L2, on the path to the first sin/cos; from global memory it is one coalesced load in
+// flight with the x loads. ROPE_EXT_FREQ_TABLE=params|tensor (default tensor) at import.
+std::atomic<bool>& freqs_from_tensor() {
+  static std::atomic<bool> on{[] {
+    const char* e = std::getenv("ROPE_EXT_FREQ_TABLE");
+    return !(e && std::string(e) == "params");
+  }()};
+  return on;
 }
 
 void fill_frequencies(RopeParams& p, const at::Tensor& x, const std::optional<at::Tensor>& inv_freq,
@@ -464,15 +506,22 @@ void fill_frequencies(RopeParams& p, const at::Tensor& x, const std::optional<at
     p.cache_stride_col = c.stride(1);
   } else {
     TORCH_CHECK_VALUE(base > 0 && std::isfinite(base), msg("rope_ext: base must be a positive finite number, got ", base));
-    if (R / 2 <= RopeParams::kParamFreqs) {
-      const std::vector<float>& f = hf_default_freqs(base, R);
-      std::copy(f.begin(), f.end(), p.base_freqs);
-      p.freq = FreqSource::kBase;
-    } else {
-      const at::Tensor& f = hf_default_freqs_tensor(base, R, x.device());
+    // A table too large for the params must be a tensor (the first use on a device
+    // creates it: warm up before capturing a graph); a small one is read from the
+    // tensor on CUDA when it exists or can be made now, else from the params (the same
+    // values, so the results are bit-identical either way).
+    const bool fits = R / 2 <= RopeParams::kParamFreqs;
+    const at::Tensor* f = nullptr;
+    if (!fits || (x.is_cuda() && freqs_from_tensor().load(std::memory_order_relaxed)))
+      f = hf_default_freqs_tensor(base, R, x.device(), /*create=*/!fits || !capturing(x.device()));
+    if (f) {
       p.freq = FreqSource::kInvFreq;
-      p.inv_freq = f.data_ptr<float>();
+      p.inv_freq = f->data_ptr<float>();
       p.inv_freq_stride = 1;
+    } else {
+      const std::vector<float>& h = hf_default_freqs(base, R);
+      std::copy(h.begin(), h.end(), p.base_freqs);
+      p.freq = FreqSource::kBase;
     }
   }
 }

@@ -60,6 +60,26 @@ def test_cuda_graph_capture():
 
 
 @cuda
+@pytest.mark.parametrize("base", [12345.0, 23456.0])
+def test_cuda_graph_capture_cold_frequency_table(base):
+    """A base never used before, first called inside a capture: the kernels read the
+    frequencies from a cached device tensor, which cannot be created while capturing;
+    the op must then take the params' table (same values) instead of failing, and a
+    later eager call (which creates the tensor) must give the bit-identical result."""
+    x = randn((2, 8, 4, 64), torch.float32, "cuda")
+    pos = torch.randint(0, 100000, (2, 8), device="cuda")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = rope_ext.apply_rope(x, pos, base=base)
+    x0 = randn(x.shape, x.dtype, "cuda")
+    x.copy_(x0)
+    g.replay()
+    torch.cuda.synchronize()
+    assert_close_f64(out, ref.rope_float64(x0, pos, base=base), 8.0, "graph, cold table")
+    assert torch.equal(out, rope_ext.apply_rope(x0, pos, base=base)), "params table vs device tensor"
+
+
+@cuda
 def test_runs_on_current_stream():
     """x is produced on a side stream after a long GPU sleep; the op must queue behind it
     on that stream (a launch on another stream would read x too early)."""
