@@ -269,7 +269,7 @@ RopeParams make_params(const std::vector<at::Tensor>& ins, const std::vector<at:
   if (p.B * heads >= (int64_t(1) << 31)) p.pos_shared_b = false;
 
   // Frequencies.
-  fill_frequencies(p, x, o.inv_freq, o.cos_sin_cache, o.base);
+  fill_frequencies(p, x, o.inv_freq, o.cos_sin_cache, o.base, /*base_as_tensor=*/true);
 
   // In place: every output element must have its own memory, or rows would race.
   if (inplace) {
@@ -464,12 +464,12 @@ bool capturing(c10::Device device) {
 }
 }  // namespace
 
-// Where CUDA kernels read kBase frequencies from (issue 19, measured in bench/NOTES.md):
-// the params' table (constant memory) or the cached device tensor (global memory).
-// Every lane of a warp reads a different frequency; from constant memory such a
-// divergent read is serialised, one constant-cache line miss after another on a cold
-// L2, on the path to the first sin/cos; from global memory it is one coalesced load in
-// flight with the x loads. ROPE_EXT_FREQ_TABLE=params|tensor (default tensor) at import.
+// Where the rope kernels read kBase frequencies from (issue 19, bench/NOTES.md run 8):
+// the params' table (constant memory: 32 lanes reading 32 words is a divergent,
+// replayed constant access) or the cached device tensor (one coalesced global load in
+// flight with the x loads; and variant 6, lean, reads only tensors). Measured: the
+// tensor 0.1-0.3 us faster up to 2 MB, equal above. ROPE_EXT_FREQ_TABLE=params|tensor
+// (default tensor) at import, for such A/B runs.
 std::atomic<bool>& freqs_from_tensor() {
   static std::atomic<bool> on{[] {
     const char* e = std::getenv("ROPE_EXT_FREQ_TABLE");
@@ -479,7 +479,7 @@ std::atomic<bool>& freqs_from_tensor() {
 }
 
 void fill_frequencies(RopeParams& p, const at::Tensor& x, const std::optional<at::Tensor>& inv_freq,
-                      const std::optional<at::Tensor>& cos_sin_cache, double base) {
+                      const std::optional<at::Tensor>& cos_sin_cache, double base, bool base_as_tensor) {
   const int64_t R = p.R;
   TORCH_CHECK_VALUE(!(inv_freq && cos_sin_cache),
                     "rope_ext: give one frequency source: base, inv_freq or cos_sin_cache");
@@ -512,7 +512,7 @@ void fill_frequencies(RopeParams& p, const at::Tensor& x, const std::optional<at
     // values, so the results are bit-identical either way).
     const bool fits = R / 2 <= RopeParams::kParamFreqs;
     const at::Tensor* f = nullptr;
-    if (!fits || (x.is_cuda() && freqs_from_tensor().load(std::memory_order_relaxed)))
+    if (!fits || (base_as_tensor && x.is_cuda() && freqs_from_tensor().load(std::memory_order_relaxed)))
       f = hf_default_freqs_tensor(base, R, x.device(), /*create=*/!fits || !capturing(x.device()));
     if (f) {
       p.freq = FreqSource::kInvFreq;

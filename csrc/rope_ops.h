@@ -48,9 +48,12 @@ int drop_empty_tensors(RopeParams& p, int kept[kMaxTensors]);
 const std::vector<float>& hf_default_freqs(double base, int64_t R);
 
 // Validates the frequency source (one of base, inv_freq, cos_sin_cache) against x and
-// p.R, and fills the frequency fields of p.
+// p.R, and fills the frequency fields of p. base_as_tensor: on CUDA, hand the kernels
+// kBase frequencies as the cached device tensor rather than the params' table (the
+// rope and norm+rope ops: measured a little faster; the attention kernels: slower,
+// bench/NOTES.md issue 19, run 8).
 void fill_frequencies(RopeParams& p, const at::Tensor& x, const std::optional<at::Tensor>& inv_freq,
-                      const std::optional<at::Tensor>& cos_sin_cache, double base);
+                      const std::optional<at::Tensor>& cos_sin_cache, double base, bool base_as_tensor = false);
 
 // rope_ext._C.rope_direct: the eager fast path of the rope ops (rope_ops.cpp).
 std::vector<at::Tensor> rope_direct(const std::vector<at::Tensor>& xs, int64_t layout, bool inplace,

@@ -153,3 +153,90 @@ def test_flat_rows_per_thread(rows_per_thread):
         rope_ext._C.set_flat_rows_per_thread(0)
 
 
+
+
+# Variant 6 (lean) is auto's kernel for small tensors in the cases it covers; no impl name
+# selects it. These cases go through it (and some, on purpose, just past what it covers),
+# at token counts that give every rows-per-thread choice (1, 2, 4, 8 on an H100), and are
+# held against the float64 truth and bit for bit against variant 4 (the same arithmetic).
+LEAN_CASES = [
+    dict(),
+    dict(interleaved=True),
+    dict(backward=True),
+    dict(offsets=True),
+    dict(positions="int32"),
+    dict(positions="strided"),
+    dict(thd_one_seq=True),
+    dict(thd_one_seq=True, offsets=True),
+    dict(qk=True),
+    dict(qk=True, inplace=True),
+    dict(rotary_dim=32, inplace=True),  # in place: the tail is left as it is (lean covers it)
+    dict(rotary_dim=32),                # out of place: a tail to copy (the tiles take it)
+    dict(view="slice"),
+    dict(attention_factor=0.75),
+]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("tokens", [1, 16, 300, 1024, 4096])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("case", range(len(LEAN_CASES)))
+def test_lean_small_tensor_path(case, dtype, tokens):
+    cfg = dict(LEAN_CASES[case])
+    if tokens == 4096 and dtype == torch.float32:
+        tokens = 2048  # keep the tensor within the lean size limit (32 MB)
+    Hq, Hk, D = 32, 8, 128
+    dev = "cuda"
+    layout = "thd" if cfg.pop("thd_one_seq", False) else "bshd"
+    Bn, Sn = (1, tokens) if layout == "thd" or tokens < 4 else (2, tokens // 2)
+    shape = (Sn, Hq, D) if layout == "thd" else (Bn, Sn, Hq, D)
+    kw = dict(layout=layout)
+    if layout == "thd":
+        kw["cu_seqlens"] = torch.tensor([0, Sn], dtype=torch.int32, device=dev)
+    if cfg.pop("offsets", False):
+        kw["offsets"] = torch.randint(0, 50000, (1 if layout == "thd" else Bn,), device=dev)
+    pos_kind = cfg.pop("positions", None)
+    pos = None
+    if pos_kind == "int32":
+        pos = torch.randint(0, 1 << 20, shape[:-2], device=dev, dtype=torch.int32)
+    elif pos_kind == "strided":
+        pos = torch.randint(0, 1 << 20, (*shape[:-2], 2), device=dev)[..., 0]
+    view = cfg.pop("view", "contiguous")
+    qk, inplace = cfg.pop("qk", False), cfg.pop("inplace", False)
+    backward = cfg.pop("backward", False)
+    kw.update(cfg)
+    q = make_view(shape, dtype, dev, view)
+    k = randn(shape[:-2] + (Hk, D), dtype, dev) if qk else None
+    scale = q.abs().max().item()
+    if backward:  # the gradient: the same kernels rotating by -theta
+        g = randn(shape, dtype, dev)
+        grads = []
+        for impl in ("auto", "fp32x4_tile"):
+            ql = q.detach().requires_grad_()
+            rope_ext.apply_rope(ql, pos, impl=impl, **kw).backward(g)
+            grads.append(ql.grad)
+        assert_close_f64(grads[0], ref.rope_float64(g, pos, inverse=True, **kw), g.abs().max().item(), "lean grad")
+        assert torch.equal(grads[0], grads[1]), "lean vs tiles (grad)"
+        return
+    truth_q = ref.rope_float64(q, pos, **kw)
+    truth_k = ref.rope_float64(k, pos, **kw) if qk else None
+    tile_q = rope_ext.apply_rope(q, pos, impl="fp32x4_tile", **kw)
+    tile_k = rope_ext.apply_rope(k, pos, impl="fp32x4_tile", **kw) if qk else None
+    if qk:
+        qq, kk = (q.clone(), k.clone()) if inplace else (q, k)
+        if inplace:
+            rope_ext.apply_rope_qk(qq, kk, pos, inplace=True, **kw)
+            outs = (qq, kk)
+        else:
+            outs = rope_ext.apply_rope_qk(q, k, pos, **kw)
+        assert_close_f64(outs[0], truth_q, scale, "lean q vs float64")
+        assert_close_f64(outs[1], truth_k, k.abs().max().item(), "lean k vs float64")
+        assert torch.equal(outs[0], tile_q) and torch.equal(outs[1], tile_k), "lean vs tiles (q, k)"
+    else:
+        if inplace:
+            out = q.clone()
+            rope_ext.apply_rope(out, pos, inplace=True, **kw)
+        else:
+            out = rope_ext.apply_rope(q, pos, **kw)
+        assert_close_f64(out, truth_q, scale, "lean vs float64")
+        assert torch.equal(out, tile_q), "lean vs tiles"

@@ -1,6 +1,7 @@
 // CUDA dispatch: picks a variant from csrc/cuda/rope_variants.cuh, sizes the grid and
-// launches on the current stream of x's device. auto: fp32x4_tile (variant 4), fp32
-// (variant 2) when the 16-byte path does not apply. flat (variant 5) runs only when
+// launches on the current stream of x's device. auto: lean (variant 6) for small
+// tensors in the cases it covers, else fp32x4_tile (variant 4); fp32 (variant 2) when
+// the 16-byte path does not apply. flat (variant 5) runs only when
 // asked for by name: on the H100 it measured level with the tiles or slower at every
 // size (issue 19), so auto no longer considers it.
 // (No ATen/cuda/CUDAContext.h: it pulls in cuSPARSE/cuBLAS headers that a bare CUDA
@@ -124,6 +125,78 @@ void launch_flat(const RopeParams& p, int device, cudaStream_t stream) {
   kernel<<<static_cast<unsigned>(ceil_div(fs.threads, bs)), bs, 0, stream>>>(p, fs);
 }
 
+// Variant 6 (lean): auto's kernel for tensors up to g_lean_max_bytes (the bytes of x read;
+// ROPE_EXT_LEAN_MAX_BYTES at import, 0 turns it off), where the case is one it covers
+// (rope_variants.cuh). Returns false, launching nothing, when it does not apply.
+std::atomic<int64_t> g_lean_max_bytes{[] {
+  const char* e = std::getenv("ROPE_EXT_LEAN_MAX_BYTES");
+  return e ? std::atoll(e) : int64_t(32) << 20;
+}()};
+
+template <typename T, bool kInterleaved>
+void launch_lean_u(const cuda::LeanParams& lp, int U, dim3 grid, int threads, cudaStream_t stream) {
+  switch (U) {
+    case 1: cuda::rope_lean_kernel<T, kInterleaved, 1><<<grid, threads, 0, stream>>>(lp); break;
+    case 2: cuda::rope_lean_kernel<T, kInterleaved, 2><<<grid, threads, 0, stream>>>(lp); break;
+    case 4: cuda::rope_lean_kernel<T, kInterleaved, 4><<<grid, threads, 0, stream>>>(lp); break;
+    default: cuda::rope_lean_kernel<T, kInterleaved, 8><<<grid, threads, 0, stream>>>(lp); break;
+  }
+}
+
+template <typename T>
+bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
+  if (sizeof(T) == 8 || p.freq != FreqSource::kInvFreq || p.num_axes != 1 || p.cp_size != 1) return false;
+  if (p.cu_seqlens.ptr && p.num_seqs != 1) return false;
+  if (p.copy_tail && p.R != p.D) return false;
+  if (p.B > 65535 || p.S > 65535) return false;
+  constexpr int V = 16 / sizeof(T);
+  const int chunks = rot_chunks(p, V);
+  if (chunks < 1 || chunks > cuda::kLeanMaxThreads || (chunks & (chunks - 1))) return false;
+  const int64_t rows = heads_total(p), tokens = p.B * p.S;
+  if (tokens * rows * p.D * static_cast<int64_t>(sizeof(T)) > g_lean_max_bytes.load(std::memory_order_relaxed))
+    return false;
+  cuda::LeanParams lp{};
+  for (int t = 0; t < p.num_tensors; ++t) {
+    const TensorView& v = p.t[t];
+    lp.in[t] = v.in;
+    lp.out[t] = v.out;
+    lp.in_sb[t] = v.in_stride[0], lp.in_ss[t] = v.in_stride[1], lp.in_sh[t] = v.in_stride[2];
+    lp.out_sb[t] = v.out_stride[0], lp.out_ss[t] = v.out_stride[1], lp.out_sh[t] = v.out_stride[2];
+  }
+  lp.inv_freq = p.inv_freq;
+  lp.inv_freq_stride = p.inv_freq_stride;
+  lp.positions = p.positions;
+  lp.pos_stride_b = p.pos_stride_b;
+  lp.offsets = p.offsets;
+  if (p.cu_seqlens.ptr) lp.seq_start = p.cu_seqlens;
+  lp.offset = p.offset;
+  lp.H0 = static_cast<int32_t>(p.t[0].H);
+  lp.rows = static_cast<int32_t>(rows);
+  lp.half = p.R / 2;
+  lp.cshift = 0;
+  while ((1 << lp.cshift) < chunks) ++lp.cshift;
+  lp.sin_scale = p.sign * p.scale;
+  lp.cos_scale = p.scale;
+  // Rows per thread U: the fewest that keep the grid within ~512 threads per SM (each
+  // thread computes its chunk's sin/cos once for its U rows). Rows per block RB: as
+  // many as a block holds, halved until the tokens' blocks cover every SM.
+  const int sms = sm_count(device);
+  int U = 1;
+  while (U < 8 && tokens * ceil_div(rows, int64_t(U)) * chunks > int64_t(sms) * 512) U *= 2;
+  const int64_t rows_u = ceil_div(rows, int64_t(U));
+  int RB = cuda::kLeanMaxThreads / chunks;
+  while (RB > 1 && RB / 2 >= rows_u) RB /= 2;
+  while (RB > 1 && tokens * ceil_div(rows_u, int64_t(RB)) < sms) RB /= 2;
+  lp.rows_per_block = RB;
+  const dim3 grid(static_cast<unsigned>(ceil_div(rows_u, int64_t(RB))), static_cast<unsigned>(p.S),
+                  static_cast<unsigned>(p.B));
+  if (p.interleaved)
+    launch_lean_u<T, true>(lp, U, grid, RB * chunks, stream);
+  else
+    launch_lean_u<T, false>(lp, U, grid, RB * chunks, stream);
+  return true;
+}
+
 template <typename T>
 void launch(const RopeParams& p, Impl impl, int device, cudaStream_t stream) {
   const size_t smem = sizeof(float) * std::max(1, p.R / 2);  // frequency table
@@ -138,6 +211,8 @@ void launch(const RopeParams& p, Impl impl, int device, cudaStream_t stream) {
     cuda::rope_fp32_kernel<T><<<flat_grid(tokens_rows * items, kThreads, device), kThreads, smem, stream>>>(p);
   } else if (impl == Impl::kFp32x4Tile) {
     launch_tile<T>(p, device, stream);
+  } else if (impl == Impl::kAuto) {  // run_cuda's choice: lean where it applies, else the tiles
+    if (!launch_lean<T>(p, device, stream)) launch_tile<T>(p, device, stream);
   } else if (impl == Impl::kFlat) {
     launch_flat<T>(p, device, stream);
   } else {
@@ -175,8 +250,10 @@ void run_cuda(const RopeParams& p, Impl impl, at::ScalarType dtype, c10::Device 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "rope_ext_cuda", [&] {
     Impl chosen = impl;
-    if (impl == Impl::kAuto)  // the tiles at every size (flat lost on the H100: issue 19)
-      chosen = vector_eligible(p, sizeof(scalar_t), nullptr) ? Impl::kFp32x4Tile : Impl::kFp32;
+    // auto: lean (variant 6) for small tensors where it applies, else the tiles (flat lost
+    // on the H100: issue 19); fp32 where the 16-byte path does not apply. kAuto reaching
+    // launch() means "vector-eligible, lean or tiles".
+    if (impl == Impl::kAuto && !vector_eligible(p, sizeof(scalar_t), nullptr)) chosen = Impl::kFp32;
     launch<scalar_t>(p, chosen, device.index(), stream);
   });
 }

@@ -31,6 +31,17 @@
 //              says: the barrier and the shared table alone were not what kept variant
 //              4 behind the peers at small sizes (bench/NOTES.md, issue 19, for what
 //              the static resources point at instead).
+//   6. lean    (auto's choice for small tensors, never named) variant 5's thread shape
+//              with almost nothing before the first load: its own small params
+//              (LeanParams, filled by rope_dispatch.cu from RopeParams), the token from
+//              the grid (blockIdx.z = b, blockIdx.y = s), the row and chunk from
+//              threadIdx by shift and mask, so a thread's x loads go out after a few
+//              dozen instructions (variant 4's first load is its ~290th instruction,
+//              bench/NOTES.md issue 19); frequencies from global memory (coalesced),
+//              the position and the frequencies in flight with x. Common cases only:
+//              one position axis, positions / arange (+ offset(s)) / one packed
+//              sequence, frequencies as a tensor (inv_freq or the cached kBase table),
+//              no context parallelism, no pass-through tail to copy.
 //
 // What was learned on the H100 (bench/NOTES.md has the numbers and the method):
 //   - Variant 3's x loads must be uint4: a struct copy of Vec<bf16, 8> compiled to
@@ -567,6 +578,89 @@ __global__ void __launch_bounds__(kFlatMaxThreads) rope_flat_kernel(const __grid
       store_vec(out[u] + d0, a[u]);
       if (pair) store_vec(out[u] + d1, b[u]);
     }
+  }
+}
+
+// ---------------------------------------------------------------- 6. lean
+// One thread: chunk c (16 bytes of each half for neox, of the row for GPT-J) of rows r,
+// r + RB, ... (U of them) of token (b, s), rows = q's heads then k's. The host
+// (launch_lean) picks U and RB; the chunks per row are a power of two (shift, mask).
+struct LeanParams {
+  const void* in[kMaxTensors];
+  void* out[kMaxTensors];
+  int64_t in_sb[kMaxTensors], in_ss[kMaxTensors], in_sh[kMaxTensors];  // element strides b, s, h
+  int64_t out_sb[kMaxTensors], out_ss[kMaxTensors], out_sh[kMaxTensors];
+  const float* inv_freq;
+  int64_t inv_freq_stride;
+  IndexArray positions;  // [b * pos_stride_b + s * positions.stride], or null
+  int64_t pos_stride_b;
+  IndexArray offsets;    // [b] (or [0] with one packed sequence), or null: `offset`
+  IndexArray seq_start;  // one packed sequence: cu_seqlens[0] is subtracted from s, or null
+  int64_t offset;
+  int32_t H0;            // q's heads (rows >= H0 are k's)
+  int32_t rows;          // heads of q + k
+  int32_t half;          // R / 2
+  int32_t rows_per_block;  // RB
+  int32_t cshift;        // log2(chunks per row)
+  float sin_scale, cos_scale;  // sign * scale, scale (as pair_sincos applies them)
+};
+constexpr int kLeanMaxThreads = 128;
+
+template <typename T, bool kInterleaved, int U>
+__global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid_constant__ LeanParams p) {
+  constexpr int V = 16 / sizeof(T);
+  constexpr int P = kInterleaved ? V / 2 : V;
+  using VecT = Vec<T, V>;
+  const int c = threadIdx.x & ((1 << p.cshift) - 1);
+  const int r0 = blockIdx.x * (p.rows_per_block * U) + (threadIdx.x >> p.cshift);
+  const int64_t b = blockIdx.z, s = blockIdx.y;
+  const int d0 = c * V, d1 = d0 + p.half;
+
+  // 1. The x loads. Selects, not p.in[t]: a runtime index into the parameters would
+  //    copy them to local memory.
+  VecT xa[U], xb[U];
+  T* out[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int r = r0 + u * p.rows_per_block;
+    if (r >= p.rows) break;
+    const bool k = r >= p.H0;
+    const int64_t h = k ? r - p.H0 : r;
+    const T* in = static_cast<const T*>(k ? p.in[1] : p.in[0]) + b * (k ? p.in_sb[1] : p.in_sb[0]) +
+                  s * (k ? p.in_ss[1] : p.in_ss[0]) + h * (k ? p.in_sh[1] : p.in_sh[0]);
+    out[u] = static_cast<T*>(k ? p.out[1] : p.out[0]) + b * (k ? p.out_sb[1] : p.out_sb[0]) +
+             s * (k ? p.out_ss[1] : p.out_ss[0]) + h * (k ? p.out_sh[1] : p.out_sh[0]);
+    xa[u] = load_vec<VecT>(in + d0);
+    if (!kInterleaved) xb[u] = load_vec<VecT>(in + d1);
+  }
+
+  // 2. Position and frequencies, loads in flight with x's; then the chunk's P sin/cos
+  //    (position_of's rules for the cases the host lets through).
+  int64_t pos;
+  if (p.positions.ptr) {
+    pos = load_index(p.positions, b * p.pos_stride_b + s * p.positions.stride);
+  } else {
+    pos = s + (p.offsets.ptr ? load_index(p.offsets, (p.seq_start.ptr ? 0 : b) * p.offsets.stride) : p.offset);
+    if (p.seq_start.ptr) pos -= load_index(p.seq_start, 0);
+  }
+  float f[P], sn[P], cs[P];
+#pragma unroll
+  for (int j = 0; j < P; ++j) f[j] = p.inv_freq[(c * P + j) * p.inv_freq_stride];
+#pragma unroll
+  for (int j = 0; j < P; ++j) {
+    float sv, cv;
+    angle_sincos(pos, f[j], &sv, &cv);
+    sn[j] = sv * p.sin_scale;
+    cs[j] = cv * p.cos_scale;
+  }
+
+  // 3. Rotate and store.
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (r0 + u * p.rows_per_block >= p.rows) break;
+    rotate_chunk<T, kInterleaved>(xa[u], xb[u], sn, cs);
+    store_vec(out[u] + d0, xa[u]);
+    if (!kInterleaved) store_vec(out[u] + d1, xb[u]);
   }
 }
 
