@@ -25,6 +25,8 @@ while [[ $# -gt 0 ]]; do
 done
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 t0=$(date +%s)
+# The bench's optional peers (Liger, FlashInfer) from carried wheels (scripts/install_peers.sh).
+[ -d bench/peers/wheels ] && { bash scripts/install_peers.sh 2>&1 | grep "install_peers" || true; }
 source scripts/setup.sh > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 set +e  # setup.sh sets -e; here every step runs and reports
 echo "build: $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/build.log"
