@@ -30,6 +30,8 @@ void run_cuda(const RopeParams& p, Impl impl, at::ScalarType dtype, c10::Device 
 void set_tile_rows_per_thread(int n);
 // Tuning hook for bench/tune_flat.py: rows per thread of variant 5 (0 = default).
 void set_flat_rows_per_thread(int n);
+// Tests/bench: the largest tensor (bytes) auto gives variant 6, lean (-1 = its defaults).
+void set_lean_max_bytes(int64_t n);
 #endif
 
 }  // namespace rope_ext

@@ -125,13 +125,24 @@ void launch_flat(const RopeParams& p, int device, cudaStream_t stream) {
   kernel<<<static_cast<unsigned>(ceil_div(fs.threads, bs)), bs, 0, stream>>>(p, fs);
 }
 
-// Variant 6 (lean): auto's kernel for tensors up to g_lean_max_bytes (the bytes of x read;
-// ROPE_EXT_LEAN_MAX_BYTES at import, 0 turns it off), where the case is one it covers
-// (rope_variants.cuh). Returns false, launching nothing, when it does not apply.
+// Variant 6 (lean): auto's kernel for small tensors, where the case is one it covers
+// (rope_variants.cuh). Up to which size (bytes of x read), from the H100 latency suite
+// (bench/NOTES.md issue 19, run 9, lean vs the tiles with it switched off, us): fp32
+// [1,S,32,128] 0.25 MB 5.4 vs 5.8, 1 MB 5.8 vs 6.3, 4 MB 7.8 vs 8.1, 16 MB 15.3 vs 17.1;
+// bf16 level at 0.12-0.5 MB (5.3 / 5.8 both), W5 (q + k, 16 tokens) 5.7 vs 5.9, but 2 MB
+// 7.4 vs 7.1 and 8 MB 11.3 vs 10.5 (8 sin/cos per thread: twice fp32's). So: fp32 up to
+// 16 MB, 16-bit types up to 1 MB. ROPE_EXT_LEAN_MAX_BYTES at import, or
+// set_lean_max_bytes (tests: every rows-per-thread choice through lean), overrides both;
+// 0 turns lean off (the bench's A/B), -1 restores the defaults.
 std::atomic<int64_t> g_lean_max_bytes{[] {
   const char* e = std::getenv("ROPE_EXT_LEAN_MAX_BYTES");
-  return e ? std::atoll(e) : int64_t(32) << 20;
+  return e ? std::atoll(e) : int64_t(-1);
 }()};
+int64_t lean_max_bytes(int64_t elem_size) {
+  const int64_t v = g_lean_max_bytes.load(std::memory_order_relaxed);
+  if (v >= 0) return v;
+  return elem_size == 4 ? int64_t(16) << 20 : int64_t(1) << 20;
+}
 
 template <typename T, bool kInterleaved>
 void launch_lean_u(const cuda::LeanParams& lp, int U, dim3 grid, int threads, cudaStream_t stream) {
@@ -153,8 +164,7 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
   const int chunks = rot_chunks(p, V);
   if (chunks < 1 || chunks > cuda::kLeanMaxThreads || (chunks & (chunks - 1))) return false;
   const int64_t rows = heads_total(p), tokens = p.B * p.S;
-  if (tokens * rows * p.D * static_cast<int64_t>(sizeof(T)) > g_lean_max_bytes.load(std::memory_order_relaxed))
-    return false;
+  if (tokens * rows * p.D * static_cast<int64_t>(sizeof(T)) > lean_max_bytes(sizeof(T))) return false;
   cuda::LeanParams lp{};
   for (int t = 0; t < p.num_tensors; ++t) {
     const TensorView& v = p.t[t];
@@ -242,6 +252,7 @@ void launch(const RopeParams& p, Impl impl, int device, cudaStream_t stream) {
 
 }  // namespace
 
+void set_lean_max_bytes(int64_t n) { g_lean_max_bytes.store(n < 0 ? -1 : n); }
 void set_tile_rows_per_thread(int n) { g_tile_rows_per_thread.store(n < 0 ? 0 : n); }
 void set_flat_rows_per_thread(int n) { g_flat_rows_per_thread.store(n < 0 ? 0 : n); }
 
