@@ -18,7 +18,8 @@ what they mean for rope_ext.apply_rope: same kernels' sin/cos, same HF float32 t
 import torch
 
 from ._ops import ops
-from .api import DEFAULT_BASE, _freq_args, _offsets_arg, apply_rope, apply_rope_qk
+from ._args import DEFAULT_BASE, _freq_args, _offsets_arg
+from .api import apply_rope, apply_rope_qk
 
 #: attention_decode variants: "hybrid" = variant 5 (tensor cores, csrc/cuda/decode_mma.cuh),
 #: "hybrid_simt" = variant 2 and "full_fusion" = variant 3 (attention_variants.cuh, kept

@@ -13,8 +13,8 @@ import torch
 
 from . import _C
 from ._ops import _IMPL, _grad_input, ops
-from .api import (DEFAULT_BASE, _check_qk_shapes, _dispatch_modes, _from_bshd, _function_mode_on, _functorch_on,
-                  _op_options, _to_bshd)
+from ._args import (DEFAULT_BASE, _check_qk_shapes, _dispatch_modes, _from_bshd, _function_mode_on, _functorch_on,
+                    _op_options, _to_bshd)
 
 #: Variants of the fused norm + rope kernel; "auto" (the default) picks among them.
 NORM_ROPE_IMPLS = tuple(_C.norm_rope_impl_names())

@@ -1,0 +1,166 @@
+"""The argument checks and conversions shared by the Python API modules (api.py,
+norm_rope.py, attention.py): layouts, positions/offsets, frequency source, context
+parallelism, sections, the option list of the rope ops. Private: rope_ext's public
+names are re-exported from api.py and the package."""
+import torch
+
+from . import _C
+
+#: Kernel variant names (csrc/cuda/rope_variants.cuh); "auto" (the default) picks among them.
+IMPLS = tuple(_C.impl_names())
+#: bshd [B, S, H, D]; sbhd [S, B, H, D]; bhsd [B, H, S, D]; thd [T, H, D] (packed sequences).
+LAYOUTS = ("bshd", "sbhd", "bhsd", "thd")
+_PERM = {"bshd": None, "sbhd": (1, 0, 2, 3), "bhsd": (0, 2, 1, 3)}  # each its own inverse
+_DIMS = {"bshd": "[B, S, H, D]", "sbhd": "[S, B, H, D]", "bhsd": "[B, H, S, D]", "thd": "[T, H, D]"}
+
+
+DEFAULT_BASE = 10000.0
+
+
+def _to_bshd(x, layout, name):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"rope_ext: {name} must be a torch.Tensor, got {type(x).__name__}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"rope_ext: layout must be one of {LAYOUTS}, got {layout!r}")
+    want = 3 if layout == "thd" else 4
+    if x.dim() != want:
+        raise ValueError(
+            f"rope_ext: layout={layout!r} needs {name} of rank {want} {_DIMS[layout]}, got shape {tuple(x.shape)}"
+        )
+    if layout == "thd":
+        return x.unsqueeze(0)
+    perm = _PERM[layout]
+    return x if perm is None else x.permute(perm)
+
+
+_HEADS = {"bshd": 2, "sbhd": 2, "bhsd": 1, "thd": 1}  # the head dimension of each layout
+
+
+def _check_qk_shapes(q, k, layout):
+    """q and k agree in every dimension but heads, reported in the caller's layout (the
+    C++ op sees the [B, S, H, D] views). rope_direct checks the same in C++."""
+    h = _HEADS.get(layout)
+    if h is None or not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)) or q.dim() != k.dim():
+        return
+    qs, ks = tuple(q.shape), tuple(k.shape)
+    if qs[:h] != ks[:h] or qs[h + 1:] != ks[h + 1:]:
+        raise ValueError(f"rope_ext: q and k must agree in every dimension but heads (layout {layout!r} "
+                         f"{_DIMS[layout]}), got q {list(qs)} and k {list(ks)}")
+
+
+def _from_bshd(y, layout):
+    if layout == "thd":
+        return y.squeeze(0)
+    perm = _PERM[layout]
+    return y if perm is None else y.permute(perm)
+
+
+def _int_arg(v, name, lo):
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"rope_ext: {name} must be an int, got {type(v).__name__}")
+    if v < lo:
+        raise ValueError(f"rope_ext: {name} must be >= {lo}, got {v}")
+    return v
+
+
+def _cp_args(cp_size, cp_rank, cp_group):
+    """(cp_size, cp_rank) from the ints or a torch.distributed process group."""
+    if cp_group is not None:
+        import torch.distributed as dist
+        if cp_size != 1 or cp_rank != 0:
+            raise ValueError("rope_ext: give cp_group or cp_size/cp_rank, not both")
+        return dist.get_world_size(cp_group), dist.get_rank(cp_group)
+    cp_size, cp_rank = _int_arg(cp_size, "cp_size", 1), _int_arg(cp_rank, "cp_rank", 0)
+    if cp_rank >= cp_size:
+        raise ValueError(f"rope_ext: cp_rank must be in [0, cp_size = {cp_size}), got {cp_rank}")
+    return cp_size, cp_rank
+
+
+def _sections_arg(sections):
+    if sections is None:
+        return []
+    if isinstance(sections, torch.Tensor):
+        sections = sections.tolist()
+    try:
+        out = [int(v) for v in sections]
+    except (TypeError, ValueError):
+        raise TypeError(f"rope_ext: sections must be a list of ints, got {sections!r}") from None
+    if any(isinstance(v, bool) or int(v) != v for v in sections):
+        raise TypeError(f"rope_ext: sections must be a list of ints, got {sections!r}")
+    return out
+
+
+def _offsets_arg(offsets):
+    """offsets= as (int offset, tensor offsets or None): an int, or an int tensor [B]."""
+    if isinstance(offsets, torch.Tensor):
+        return 0, offsets
+    if offsets is None:
+        return 0, None
+    if isinstance(offsets, bool) or not isinstance(offsets, int):
+        raise TypeError(f"rope_ext: offsets must be an int or an int tensor [B], got {type(offsets).__name__}")
+    return offsets, None
+
+
+def _freq_args(base, inv_freq, cos_sin_cache, rotary_dim):
+    """(float base, rotary_dim or -1) after the checks shared by every op family."""
+    if (inv_freq is not None or cos_sin_cache is not None) and base != DEFAULT_BASE:
+        raise ValueError("rope_ext: give one frequency source: base, inv_freq or cos_sin_cache")
+    if isinstance(base, bool) or not isinstance(base, (int, float)):
+        raise TypeError(f"rope_ext: base must be a number, got {type(base).__name__}")
+    if rotary_dim is None:
+        return float(base), -1
+    if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int):
+        raise TypeError(f"rope_ext: rotary_dim must be an int or None, got {type(rotary_dim).__name__}")
+    if rotary_dim <= 0:
+        raise ValueError(f"rope_ext: rotary_dim must be even and in (0, head_dim], got {rotary_dim}")
+    return float(base), rotary_dim
+
+
+def _op_options(layout, positions, offsets, base, impl, cu_seqlens, rotary_dim, interleaved, inv_freq,
+                cos_sin_cache, attention_factor=1.0, cp_size=1, cp_rank=0, cp_group=None, sections=None,
+                sections_interleaved=False):
+    """The op's trailing arguments (schema order), after the Python-level checks.
+    (Eager decode calls pay these checks every step: the common cases take one test
+    each; bench/overhead.py has the per-call costs.)"""
+    T = torch.Tensor
+    if not ((positions is None or isinstance(positions, T)) and (cu_seqlens is None or isinstance(cu_seqlens, T))
+            and (inv_freq is None or isinstance(inv_freq, T))
+            and (cos_sin_cache is None or isinstance(cos_sin_cache, T))):
+        for name, t in (("positions", positions), ("cu_seqlens", cu_seqlens), ("inv_freq", inv_freq),
+                        ("cos_sin_cache", cos_sin_cache)):
+            if t is not None and not isinstance(t, T):
+                raise TypeError(f"rope_ext: {name} must be a torch.Tensor or None, got {type(t).__name__}")
+    if layout == "thd":
+        if positions is None and cu_seqlens is None:
+            raise ValueError("rope_ext: layout='thd' needs cu_seqlens (int32 [N+1]) or positions ([T])")
+    elif cu_seqlens is not None:
+        raise ValueError(f"rope_ext: cu_seqlens needs layout='thd', got layout={layout!r}")
+    offset, offsets_t = _offsets_arg(offsets)
+    # A base other than the default next to inv_freq / cos_sin_cache is a conflict. (A
+    # plain float default keeps this traceable by torch.compile; an explicit
+    # base=10000.0 beside another source cannot be told apart and is simply unused.)
+    base, rotary_dim = _freq_args(base, inv_freq, cos_sin_cache, rotary_dim)
+    if not isinstance(impl, str):
+        raise TypeError(f"rope_ext: impl must be a str (one of 'auto', {', '.join(map(repr, IMPLS))}), got {type(impl).__name__}")
+    if isinstance(attention_factor, bool) or not isinstance(attention_factor, (int, float)):
+        raise TypeError(f"rope_ext: attention_factor must be a number, got {type(attention_factor).__name__}")
+    if not (cp_group is None and type(cp_size) is int and type(cp_rank) is int and cp_size == 1 and cp_rank == 0):
+        cp_size, cp_rank = _cp_args(cp_size, cp_rank, cp_group)
+    return [positions, offsets_t, cu_seqlens, inv_freq, cos_sin_cache, offset, float(base), rotary_dim,
+            bool(interleaved), False, impl, float(attention_factor), cp_size, cp_rank,
+            [] if sections is None else _sections_arg(sections), bool(sections_interleaved)]
+
+
+def _check_inplace(t, name):
+    if t.is_leaf and t.requires_grad:
+        raise ValueError(
+            f"rope_ext: inplace=True on {name}, a leaf tensor that requires grad, would overwrite a value "
+            "autograd needs; use inplace=False or rotate a non-leaf (e.g. the output of a projection)"
+        )
+
+
+_LAYOUT_CODE = {"bshd": 0, "sbhd": 1, "bhsd": 2, "thd": 3}  # rope_direct's layout argument
+_function_mode_on = torch._C._is_torch_function_mode_enabled
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_is_compiling = torch.compiler.is_compiling
+_functorch_on = torch._C._are_functorch_transforms_active  # vmap/grad wrap tensors that rope_direct cannot read
