@@ -426,18 +426,23 @@ const std::vector<float>& hf_default_freqs(double base, int64_t R) {
   return it->second;
 }
 
-// The same table as a tensor on `device` (cached per base, R and device; never freed).
-// Creating it copies from the host, which a stream being captured into a CUDA graph
-// may not do: with create = false a missing table gives nullptr.
+// The same table as a tensor on `device` (cached per base, R and device; never freed,
+// so the pointers stay valid). Creating it copies from the host, which a stream being
+// captured into a CUDA graph may not do: with create = false a missing table gives
+// nullptr. A per-thread last hit keeps the eager call off the mutex and the map.
 const at::Tensor* hf_default_freqs_tensor(double base, int64_t R, c10::Device device, bool create) {
+  using Key = std::tuple<double, int64_t, int, int>;  // base, R, device type, device index
+  const Key key{base, R, static_cast<int>(device.type()), device.index()};
+  thread_local Key last_key{0.0, -1, -1, -1};
+  thread_local const at::Tensor* last = nullptr;
+  if (last && key == last_key) return last;
   static std::mutex mu;
-  static auto* tensors = new std::map<std::tuple<double, int64_t, std::string>, at::Tensor>();
-  const std::vector<float>& host = hf_default_freqs(base, R);
+  static auto* tensors = new std::map<Key, at::Tensor>();
   std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(base, R, device.str());
   auto it = tensors->find(key);
   if (it == tensors->end()) {
     if (!create) return nullptr;
+    const std::vector<float>& host = hf_default_freqs(base, R);
     c10::impl::ExcludeDispatchKeyGuard no_python(
         c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
     at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -445,7 +450,9 @@ const at::Tensor* hf_default_freqs_tensor(double base, int64_t R, c10::Device de
                                  at::TensorOptions().dtype(at::kFloat)).clone().to(device);
     it = tensors->emplace(key, t).first;
   }
-  return &it->second;
+  last_key = key;
+  last = &it->second;
+  return last;
 }
 
 namespace {
@@ -470,13 +477,10 @@ bool capturing(c10::Device device) {
 // flight with the x loads; and variant 6, lean, reads only tensors). Measured: the
 // tensor 0.1-0.3 us faster up to 2 MB, equal above. ROPE_EXT_FREQ_TABLE=params|tensor
 // (default tensor) at import, for such A/B runs.
-std::atomic<bool>& freqs_from_tensor() {
-  static std::atomic<bool> on{[] {
-    const char* e = std::getenv("ROPE_EXT_FREQ_TABLE");
-    return !(e && std::string(e) == "params");
-  }()};
-  return on;
-}
+const bool kFreqsFromTensor = [] {
+  const char* e = std::getenv("ROPE_EXT_FREQ_TABLE");
+  return !(e && std::string(e) == "params");
+}();
 
 void fill_frequencies(RopeParams& p, const at::Tensor& x, const std::optional<at::Tensor>& inv_freq,
                       const std::optional<at::Tensor>& cos_sin_cache, double base, bool base_as_tensor) {
@@ -507,13 +511,15 @@ void fill_frequencies(RopeParams& p, const at::Tensor& x, const std::optional<at
   } else {
     TORCH_CHECK_VALUE(base > 0 && std::isfinite(base), msg("rope_ext: base must be a positive finite number, got ", base));
     // A table too large for the params must be a tensor (the first use on a device
-    // creates it: warm up before capturing a graph); a small one is read from the
-    // tensor on CUDA when it exists or can be made now, else from the params (the same
-    // values, so the results are bit-identical either way).
+    // creates it: warm up before capturing a graph); with base_as_tensor a small one is
+    // read from the tensor on CUDA when it exists or can be made now (not while the
+    // stream is captured), else from the params (the same values: the same bits).
     const bool fits = R / 2 <= RopeParams::kParamFreqs;
     const at::Tensor* f = nullptr;
-    if (!fits || (base_as_tensor && x.is_cuda() && freqs_from_tensor().load(std::memory_order_relaxed)))
-      f = hf_default_freqs_tensor(base, R, x.device(), /*create=*/!fits || !capturing(x.device()));
+    if (!fits || (base_as_tensor && x.is_cuda() && kFreqsFromTensor)) {
+      f = hf_default_freqs_tensor(base, R, x.device(), /*create=*/false);
+      if (!f && (!fits || !capturing(x.device()))) f = hf_default_freqs_tensor(base, R, x.device(), /*create=*/true);
+    }
     if (f) {
       p.freq = FreqSource::kInvFreq;
       p.inv_freq = f->data_ptr<float>();

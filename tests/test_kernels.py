@@ -217,7 +217,6 @@ def test_lean_small_tensor_path(case, dtype, tokens):
     kw.update(cfg)
     q = make_view(shape, dtype, dev, view)
     k = randn(shape[:-2] + (Hk, D), dtype, dev) if qk else None
-    scale = q.abs().max().item()
     if backward:  # the gradient: the same kernels rotating by -theta
         g = randn(shape, dtype, dev)
         grads = []
@@ -228,25 +227,14 @@ def test_lean_small_tensor_path(case, dtype, tokens):
         assert_close_f64(grads[0], ref.rope_float64(g, pos, inverse=True, **kw), g.abs().max().item(), "lean grad")
         assert torch.equal(grads[0], grads[1]), "lean vs tiles (grad)"
         return
-    truth_q = ref.rope_float64(q, pos, **kw)
-    truth_k = ref.rope_float64(k, pos, **kw) if qk else None
-    tile_q = rope_ext.apply_rope(q, pos, impl="fp32x4_tile", **kw)
-    tile_k = rope_ext.apply_rope(k, pos, impl="fp32x4_tile", **kw) if qk else None
-    if qk:
-        qq, kk = (q.clone(), k.clone()) if inplace else (q, k)
-        if inplace:
-            rope_ext.apply_rope_qk(qq, kk, pos, inplace=True, **kw)
-            outs = (qq, kk)
-        else:
-            outs = rope_ext.apply_rope_qk(q, k, pos, **kw)
-        assert_close_f64(outs[0], truth_q, scale, "lean q vs float64")
-        assert_close_f64(outs[1], truth_k, k.abs().max().item(), "lean k vs float64")
-        assert torch.equal(outs[0], tile_q) and torch.equal(outs[1], tile_k), "lean vs tiles (q, k)"
+    xs = (q, k) if qk else (q,)
+    truths = [ref.rope_float64(x, pos, **kw) for x in xs]
+    tiles = [rope_ext.apply_rope(x, pos, impl="fp32x4_tile", **kw) for x in xs]
+    if inplace:
+        outs = [x.clone() for x in xs]
+        (rope_ext.apply_rope_qk if qk else rope_ext.apply_rope)(*outs, pos, inplace=True, **kw)
     else:
-        if inplace:
-            out = q.clone()
-            rope_ext.apply_rope(out, pos, inplace=True, **kw)
-        else:
-            out = rope_ext.apply_rope(q, pos, **kw)
-        assert_close_f64(out, truth_q, scale, "lean vs float64")
-        assert torch.equal(out, tile_q), "lean vs tiles"
+        outs = rope_ext.apply_rope_qk(q, k, pos, **kw) if qk else (rope_ext.apply_rope(q, pos, **kw),)
+    for name, x, out, truth, tile in zip("qk", xs, outs, truths, tiles):
+        assert_close_f64(out, truth, x.abs().max().item(), f"lean {name} vs float64")
+        assert torch.equal(out, tile), f"lean vs tiles ({name})"
