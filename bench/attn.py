@@ -22,6 +22,9 @@ Append: append_kv of T = 16 (16 sequences x 1 token) and T = 8192 (one sequence)
 with and without q; GB/s count k, v (and q) read + written, against the separate path
 (apply_rope_qk + cache writes).
 Prefill: rope_attention fused vs separate, B in {1, 8}, S in {1, 4, 16, 64}.
+FP8 (issue 20; also alone: --suite fp8): decode over a float8_e4m3fn cache against the bf16
+cache at the same point (% copy of each cache's own bytes: fp8 moves half), the fp8
+append_kv and append_mla (DeepSeek-V3 shapes) against rope + quantize + index_put.
 Timing (CUDA): each call captured alone in a CUDA graph, the L2 flushed before every
 replay, the median (bench/run.py's graph_us); % copy against a 1 GiB copy timed the same
 way in the same run. CPU: tiny shapes, wall clock.
@@ -285,12 +288,133 @@ def prefill_suite(timer, bw, quick=False):
     return results
 
 
-def attn_suite(timer, bw, quick=False):
+FP8 = torch.float8_e4m3fn
+
+
+def quantize_into(cache, rows_b, rows_i, x, scale):
+    """The unfused fp8 cache write: torch's quantization, then an index_put."""
+    cache[rows_b, rows_i] = (x.float() / scale).clamp(-448, 448).to(FP8)
+
+
+def fp8_suite(timer, bw, quick=False):
+    """Issue 20: decode over an fp8 cache against the bf16 cache (% copy of the fp8 KV
+    bytes read), the fp8 append and the MLA append against their unfused paths."""
+    results = []
+    Hq, Hk, D = (32, 8, 128) if CUDA else (8, 2, 64)
+    dt = torch.bfloat16
+    ks, vs = torch.full((Hk,), 0.02, device=DEV), torch.full((1,), 0.02, device=DEV)
+    pts = ([(B, c) for B in (1, 8, 64) for c in ((2048, 32768) if quick else (2048, 8192, 32768))] if CUDA
+           else [(1, 128), (2, 256)])
+    for paged in (False, True):
+        for B, ctx in pts:
+            bs = 16
+            nblk = -(-ctx // bs)
+            bt = torch.randperm(B * nblk, device=DEV).view(B, nblk).to(torch.int32) if paged else None
+            shape = (B * nblk, bs, Hk, D) if paged else (B, ctx, Hk, D)
+            try:
+                kc, vc = torch.randn(shape, device=DEV, dtype=dt), torch.randn(shape, device=DEV, dtype=dt)
+                fk, fv = (kc / ks[:, None]).to(FP8), (vc / vs).to(FP8)
+            except torch.OutOfMemoryError:
+                print(f"  skipped fp8 B={B} ctx={ctx}: out of memory", file=sys.stderr)
+                continue
+            q = torch.randn(B, 1, Hq, D, device=DEV, dtype=dt)
+            lens = torch.full((B,), ctx, dtype=torch.int32, device=DEV)
+            fp8_bytes = 2 * B * ctx * Hk * D
+            bf16 = _rows([("rope_ext hybrid, bf16 cache", lambda: rope_ext.attention_decode(
+                q, kc, vc, lens, block_table=bt, max_seqlen=ctx))], 2 * fp8_bytes, timer, bw, base="")
+            base = bf16[0].get("us")
+            fp8 = _rows([("rope_ext hybrid, fp8 cache", lambda: rope_ext.attention_decode(
+                q, fk, fv, lens, block_table=bt, max_seqlen=ctx, k_scale=ks, v_scale=vs))], fp8_bytes, timer, bw,
+                base="", base_us=base)
+            rows = bf16 + fp8
+            if base:
+                bf16[0]["speedup"] = 1.0
+            title = (f"decode {'paged(16)' if paged else 'contiguous'} fp8 vs bf16 cache B={B} ctx={ctx} Hq={Hq} "
+                     f"Hk={Hk} D={D} (% copy: the cache's own bytes; fp8 KV read {fp8_bytes / 1e6:.1f} MB)")
+            _print(title, rows, "x bf16")
+            results.append(dict(workload=title, kind="fp8_decode", paged=paged, B=B, ctx=ctx, rows=rows))
+            del kc, vc, fk, fv
+            if CUDA:
+                torch.cuda.empty_cache()
+    for T in ((16, 8192) if CUDA else (16, 256)):
+        B = 16 if T == 16 else 1
+        per = T // B
+        cap = per + (4096 if CUDA else 64)
+        fk, fv = torch.zeros(B, cap, Hk, D, device=DEV).to(FP8), torch.zeros(B, cap, Hk, D, device=DEV).to(FP8)
+        before = torch.randint(0, cap - per, (B,), device=DEV, dtype=torch.int32)
+        q = torch.randn(T, Hq, D, device=DEV, dtype=dt)
+        k, v = torch.randn(T, Hk, D, device=DEV, dtype=dt), torch.randn(T, Hk, D, device=DEV, dtype=dt)
+        cu = torch.arange(0, T + 1, per, device=DEV, dtype=torch.int32)
+        rows_b = torch.repeat_interleave(torch.arange(B, device=DEV), per)
+        rows_i = before.long()[rows_b] + torch.arange(T, device=DEV) % per
+        ksb = ks[:, None]
+
+        def separate(with_q):
+            if with_q:
+                rope_ext.apply_rope_qk(q, k, rows_i, layout="thd", inplace=True)
+            else:
+                rope_ext.apply_rope(k, rows_i, layout="thd", inplace=True)
+            quantize_into(fk, rows_b, rows_i, k, ksb)
+            quantize_into(fv, rows_b, rows_i, v, vs)
+
+        for with_q in (False, True):
+            nbytes = 2 * (k.numel() + v.numel()) + (k.numel() + v.numel()) + (4 * q.numel() if with_q else 0)
+            fns = [("rope_ext append_kv (fp8)", lambda: rope_ext.append_kv(
+                        k, v, fk, fv, before, cu_seqlens=cu, q=q if with_q else None, k_scale=ks, v_scale=vs)),
+                   ("separate: rope + quantize + index_put", lambda: separate(with_q))]
+            rows = _rows(fns, nbytes, timer, bw, base="separate: rope + quantize + index_put")
+            title = (f"append_kv fp8 cache T={T} Hk={Hk}{f' + q Hq={Hq}' if with_q else ''} D={D} "
+                     f"({nbytes / 1e6:.1f} MB moved)")
+            _print(title, rows, "x separate")
+            results.append(dict(workload=title, kind="fp8_append", T=T, with_q=with_q, rows=rows))
+    # MLA (DeepSeek-V3: kv_lora_rank 512, rope dim 64, 128 heads for q_pe), paged(64).
+    L, R, H = 512, 64, (128 if CUDA else 4)
+    for T in ((16, 8192) if CUDA else (16, 256)):
+        for cache_dtype in (dt, FP8):
+            B = 16 if T == 16 else 1
+            per = T // B
+            bs = 64
+            nblk = -(-(per + 256) // bs)
+            bt = torch.randperm(B * nblk, device=DEV).view(B, nblk).to(torch.int32)
+            cache = torch.zeros(B * nblk, bs, L + R, device=DEV).to(cache_dtype)
+            before = torch.randint(0, 256, (B,), device=DEV, dtype=torch.int32)
+            kv_c, k_pe = torch.randn(T, L, device=DEV, dtype=dt), torch.randn(T, R, device=DEV, dtype=dt)
+            q_pe = torch.randn(T, H, 128 + R, device=DEV, dtype=dt)[..., 128:]
+            cu = torch.arange(0, T + 1, per, device=DEV, dtype=torch.int32)
+            rows_b = torch.repeat_interleave(torch.arange(B, device=DEV), per)
+            idx = before.long()[rows_b] + torch.arange(T, device=DEV) % per
+            blk, off = bt[rows_b, idx // bs].long(), idx % bs
+            scale = torch.full((1,), 0.02, device=DEV) if cache_dtype == FP8 else None
+
+            def separate_mla():  # vLLM's unfused formula: rotate, concat, write
+                rope_ext.apply_rope(q_pe, idx, layout="thd", interleaved=True, inplace=True)
+                kr = rope_ext.apply_rope(k_pe[:, None], idx, layout="thd", interleaved=True)[:, 0]
+                row = torch.cat([kv_c, kr], -1)
+                cache[blk, off] = row if scale is None else (row.float() / scale).clamp(-448, 448).to(FP8)
+
+            cb = cache.element_size()
+            nbytes = 2 * (kv_c.numel() + k_pe.numel()) + cb * T * (L + R) + 4 * T * H * R
+            fns = [("rope_ext append_mla", lambda: rope_ext.append_mla(kv_c, k_pe, cache, before, block_table=bt,
+                                                                         q_pe=q_pe, cu_seqlens=cu, scale=scale)),
+                   ("separate: rope + cat (+ quantize) + index_put", separate_mla)]
+            rows = _rows(fns, nbytes, timer, bw, base="separate: rope + cat (+ quantize) + index_put")
+            title = (f"append_mla T={T} L={L} R={R} + q_pe H={H}, {'fp8' if cache_dtype == FP8 else 'bf16'} "
+                     f"paged(64) cache ({nbytes / 1e6:.1f} MB moved)")
+            _print(title, rows, "x separate")
+            results.append(dict(workload=title, kind="mla_append", T=T, rows=rows))
+    return results
+
+
+def attn_suite(timer, bw, quick=False, fp8_only=False):
     """Issue 9's attention suite; `timer` and `bw` are bench/run.py's Timer and the copy
-    bandwidth it measured. Returns run.py-style results: dicts with 'workload' and 'rows'."""
+    bandwidth it measured. Returns run.py-style results: dicts with 'workload' and 'rows'.
+    fp8_only: issue 20's rows alone (bench/run.py --suite fp8)."""
     print("\nattention suite: decode (Q-RoPE fused) and append_kv (K-RoPE at cache write)"
           + ("" if CUDA else " [CPU: tiny shapes, wall clock]"))
-    return decode_suite(timer, bw, quick) + append_suite(timer, bw, quick) + prefill_suite(timer, bw, quick)
+    if fp8_only:
+        return fp8_suite(timer, bw, quick)
+    return (decode_suite(timer, bw, quick) + append_suite(timer, bw, quick) + prefill_suite(timer, bw, quick)
+            + fp8_suite(timer, bw, quick))
 
 
 def plot_attn(results, path):

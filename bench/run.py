@@ -39,7 +39,7 @@ from rope_ext._ops import ops  # noqa: E402
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
 GPU_SUITES = ("llm", "sweep", "variants")   # time CUDA kernels only: refused without a GPU
-CPU_SUITES = ("seed", "latency", "attn")    # also run on the CPU (wall clock, small sizes)
+CPU_SUITES = ("seed", "latency", "attn", "fp8")    # also run on the CPU (wall clock, small sizes)
 
 
 class Timer:
@@ -679,7 +679,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="largest seed shapes and the bshd workload only")
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--suite", choices=["seed", "llm", "latency", "sweep", "variants", "attn", "all"], default="seed",
+    ap.add_argument("--suite", choices=["seed", "llm", "latency", "sweep", "variants", "attn", "fp8", "all"], default="seed",
                     help="seed: the seed sweep + bshd bf16 (default); llm: W1-W5; latency: issue 11's small "
                          "tensors and decode vs peers (--quick: bshd bf16 and W2-W5 only); sweep: 64 KB..--max-bytes")
     ap.add_argument("--graph-reps", type=int, default=200, help="CUDA-graph replays per latency point")
@@ -727,13 +727,13 @@ def main():
         rows = variants_suite(timer, bw, time_rows, print_table)
         results += [dict(workload=w, rows=[r for r in rows if r["workload"] == w])
                     for w in dict.fromkeys(r["workload"] for r in rows)]
-    if args.suite in ("attn", "all"):  # issues 9, 18: bench/attn.py, every call in a CUDA graph, cold L2
+    if args.suite in ("attn", "fp8", "all"):  # issues 9, 18, 20: bench/attn.py, every call in a CUDA graph, cold L2
         from attn import attn_suite, plot_attn
         # % copy against the copy bandwidth above: a 1 GiB y.copy_(x) captured in a graph
         # becomes a copy-engine memcpy node (2.43 TB/s on the H100, run 1 of issue 18),
         # not the SM copy kernel that eager timing measures (3.0 TB/s).
         attn_timer = (lambda fn: graph_us(fn, args.attn_reps)) if CUDA else timer  # noqa: E731
-        attn = attn_suite(attn_timer, bw, args.quick)
+        attn = attn_suite(attn_timer, bw, args.quick, fp8_only=args.suite == "fp8")
         results += attn
         if args.plot_attn:
             plot_attn(attn, args.plot_attn)

@@ -54,9 +54,18 @@ bool non_overlapping(const std::vector<int64_t>& sizes, const std::vector<int64_
 // proves it disjoint.
 bool may_share(const at::Tensor& a, const at::Tensor& b) {
   if (a.numel() == 0 || b.numel() == 0 || !a.is_alias_of(b)) return false;
-  if (a.dim() == b.dim() && a.strides() == b.strides()) {
+  // The stride of a size-1 dimension is never used: equal strides ignore it (MLA's
+  // latent and rope halves of one cache row, as [.., 1, L] and [.., 1, R] views).
+  auto used_strides = [](const at::Tensor& t) {
+    std::vector<int64_t> st(t.strides().begin(), t.strides().end());
+    for (int64_t d = 0; d < t.dim(); ++d)
+      if (t.size(d) == 1) st[d] = 0;
+    return st;
+  };
+  const std::vector<int64_t> strides = used_strides(a);
+  if (a.dim() == b.dim() && strides == used_strides(b)) {
     const int64_t delta = b.storage_offset() - a.storage_offset();
-    std::vector<int64_t> sizes(a.sizes().begin(), a.sizes().end()), strides(a.strides().begin(), a.strides().end());
+    std::vector<int64_t> sizes(a.sizes().begin(), a.sizes().end());
     if (a.sizes() == b.sizes()) {
       std::vector<int64_t> sz = sizes, st = strides;
       sz.push_back(2);
@@ -67,8 +76,8 @@ bool may_share(const at::Tensor& a, const at::Tensor& b) {
       bool others_equal = true;
       for (int64_t e = 0; e < a.dim(); ++e)
         if (e != d && a.size(e) != b.size(e)) others_equal = false;
-      if (!others_equal || a.stride(d) == 0 || delta % a.stride(d)) continue;
-      const int64_t j = delta / a.stride(d);
+      if (!others_equal || strides[d] == 0 || delta % strides[d]) continue;
+      const int64_t j = delta / strides[d];
       if (!(j >= a.size(d) || j + b.size(d) <= 0)) continue;  // the index ranges overlap
       std::vector<int64_t> sz = sizes;
       sz[d] = std::max(a.size(d), j + b.size(d)) - std::min<int64_t>(0, j);
@@ -85,19 +94,49 @@ void check_float(const at::Tensor& t, const char* name) {
                    msg("rope_ext: ", name, " must be float32, float16 or bfloat16, got ", t.scalar_type()));
 }
 
+// Equal in every dimension but the last (v may have its own head dim: MLA's latent).
+bool same_but_last(const at::Tensor& a, const at::Tensor& b) {
+  return a.dim() == b.dim() && a.dim() >= 1 && a.sizes().slice(0, a.dim() - 1) == b.sizes().slice(0, b.dim() - 1);
+}
+
+bool is_fp8(const at::Tensor& t) { return t.scalar_type() == at::kFloat8_e4m3fn; }
+
+// One dequantization scale of an fp8 cache: float32, [] / [1] (per tensor) or [Hk] (per
+// kv head); *stride 0 or 1 for the kernels. Values (finite, > 0) are checked where
+// index values are (CPU always, CUDA under rope_ext.set_value_checks(True)).
+const float* scale_arg(const at::Tensor& s, const char* name, int64_t Hk, const at::Tensor& x, const char* xname,
+                       int64_t* stride) {
+  check_device(s, name, x, xname);
+  TORCH_CHECK_TYPE(s.scalar_type() == at::kFloat, msg("rope_ext: ", name, " must be float32, got ", s.scalar_type()));
+  TORCH_CHECK_VALUE(s.dim() <= 1 && (s.numel() == 1 || s.numel() == Hk), msg("rope_ext: ", name, " must hold one scale "
+                    "per tensor ([] or [1]) or one per kv head ([Hk] = [", Hk, "]), got shape ", shape_str(s)));
+  *stride = s.numel() == 1 ? 0 : s.stride(0);
+  if (check_values_of(x) && s.numel()) {
+    const at::Tensor h = s.to(at::kCPU);
+    TORCH_CHECK_VALUE(at::isfinite(h).all().item<bool>() && (h > 0).all().item<bool>(),
+                      msg("rope_ext: ", name, " must be finite and > 0, got ", h.min().item<float>(), " .. ",
+                          h.max().item<float>()));
+  }
+  return s.data_ptr<float>();
+}
+
 // The caches and their index tensors -> KVCacheView (shape, dtype, device, stride checks).
 // x: the tensor whose device everything must share (k for append_kv, q for decode).
 KVCacheView make_cache(const at::Tensor& kc, const at::Tensor& vc, const at::Tensor& seqlens,
-                       const std::optional<at::Tensor>& block_table, int64_t B, const at::Tensor& x, const char* xname) {
+                       const std::optional<at::Tensor>& block_table, int64_t B, const at::Tensor& x, const char* xname,
+                       const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
   TORCH_CHECK_VALUE(x.is_cpu() || x.is_cuda(), msg("rope_ext: ", xname, " must be a CPU or CUDA tensor, got ", x.device()));
-  check_float(kc, "k_cache");
+  TORCH_CHECK_TYPE(is_fp8(kc) || kc.scalar_type() == at::kFloat || kc.scalar_type() == at::kHalf ||
+                       kc.scalar_type() == at::kBFloat16,
+                   msg("rope_ext: k_cache must be float32, float16, bfloat16 or float8_e4m3fn (fp8, with k_scale and "
+                       "v_scale), got ", kc.scalar_type()));
   check_device(kc, "k_cache", x, xname);
   check_device(vc, "v_cache", x, xname);
   const bool paged = block_table.has_value();
   TORCH_CHECK_VALUE(kc.dim() == 4, msg("rope_ext: k_cache must be 4-D ", paged ? "[num_blocks, block_size, Hk, D] (paged)"
                     : "[B, max_len, Hk, D]", ", got shape ", shape_str(kc)));
-  TORCH_CHECK_VALUE(vc.sizes() == kc.sizes(), msg("rope_ext: v_cache must have the shape of k_cache ", shape_str(kc),
-                    ", got ", shape_str(vc)));
+  TORCH_CHECK_VALUE(same_but_last(vc, kc), msg("rope_ext: v_cache must have the shape of k_cache ", shape_str(kc),
+                    " (but for the head dim), got ", shape_str(vc)));
   TORCH_CHECK_TYPE(vc.scalar_type() == kc.scalar_type(), msg("rope_ext: v_cache must have the dtype of k_cache (",
                    kc.scalar_type(), "), got ", vc.scalar_type()));
   TORCH_CHECK_VALUE(kc.stride(3) == 1 || kc.size(3) == 1, msg("rope_ext: k_cache must have a contiguous last (head dim) "
@@ -116,6 +155,16 @@ KVCacheView make_cache(const at::Tensor& kc, const at::Tensor& vc, const at::Ten
   }
   c.Hk = kc.size(2);
   c.seqlens = index_array(seqlens, seqlens.stride(0));
+  c.fp8 = is_fp8(kc);
+  if (c.fp8) {
+    TORCH_CHECK_VALUE(k_scale && v_scale, "rope_ext: an fp8 (float8_e4m3fn) cache needs k_scale and v_scale (float32, "
+                      "[1] per tensor or [Hk] per kv head: a cache element holds x / scale)");
+    c.k_scale = scale_arg(*k_scale, "k_scale", c.Hk, x, xname, &c.k_scale_stride);
+    c.v_scale = scale_arg(*v_scale, "v_scale", c.Hk, x, xname, &c.v_scale_stride);
+  } else {
+    TORCH_CHECK_VALUE(!k_scale && !v_scale, msg("rope_ext: k_scale and v_scale apply to fp8 (float8_e4m3fn) caches only; "
+                      "k_cache is ", kc.scalar_type()));
+  }
   if (paged) {
     const at::Tensor& bt = *block_table;
     check_index(bt, "block_table", x, xname);
@@ -138,7 +187,8 @@ KVCacheView make_cache(const at::Tensor& kc, const at::Tensor& vc, const at::Ten
 
 // Frequencies, rotary dim and pairing (the RoPE part shared with apply_rope).
 void fill_rotary(RopeParams& r, const at::Tensor& x, int64_t D, int64_t rotary_dim, bool interleaved,
-                 const std::optional<at::Tensor>& inv_freq, const std::optional<at::Tensor>& cos_sin_cache, double base) {
+                 const std::optional<at::Tensor>& inv_freq, const std::optional<at::Tensor>& cos_sin_cache, double base,
+                 double attention_factor) {
   TORCH_CHECK_VALUE(D % 2 == 0 && D > 0, msg("rope_ext: the head dim D must be even and > 0, got D = ", D));
   TORCH_CHECK_VALUE(D <= 8192, msg("rope_ext: the head dim D must be at most 8192, got ", D));
   const int64_t R = rotary_dim < 0 ? D : rotary_dim;
@@ -149,6 +199,9 @@ void fill_rotary(RopeParams& r, const at::Tensor& x, int64_t D, int64_t rotary_d
   r.interleaved = interleaved;
   r.copy_tail = true;
   fill_frequencies(r, x, inv_freq, cos_sin_cache, base);
+  TORCH_CHECK_VALUE(std::isfinite(attention_factor), msg("rope_ext: attention_factor must be finite, got ",
+                    attention_factor));
+  r.scale = static_cast<float>(attention_factor);
 }
 
 void fill_offsets(RopeParams& r, const std::optional<at::Tensor>& positions, const std::optional<at::Tensor>& offsets,
@@ -223,19 +276,21 @@ void append_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cac
                const std::optional<at::Tensor>& positions, const std::optional<at::Tensor>& block_table,
                const std::optional<at::Tensor>& q, const std::optional<at::Tensor>& offsets, int64_t offset,
                const std::optional<at::Tensor>& inv_freq, const std::optional<at::Tensor>& cos_sin_cache, double base,
-               int64_t rotary_dim, bool interleaved, bool rotate_k) {
+               int64_t rotary_dim, bool interleaved, bool rotate_k, const std::optional<at::Tensor>& k_scale,
+               const std::optional<at::Tensor>& v_scale, double attention_factor) {
   const bool varlen = cu_seqlens.has_value();
   const int want = varlen ? 3 : 4;
   const char* shape_name = varlen ? "[Ttot, Hk, D] (varlen, with cu_seqlens)" : "[B, T, Hk, D]";
   TORCH_CHECK_VALUE(k.dim() == want, msg("rope_ext: k must be ", shape_name, ", got shape ", shape_str(k)));
-  TORCH_CHECK_VALUE(v.sizes() == k.sizes(), msg("rope_ext: v must have the shape of k ", shape_str(k), ", got ",
-                    shape_str(v)));
+  TORCH_CHECK_VALUE(same_but_last(v, k), msg("rope_ext: v must have the shape of k ", shape_str(k),
+                    " (but for the head dim), got ", shape_str(v)));
   check_float(k, "k");
   check_device(v, "v", k, "k");
   TORCH_CHECK_TYPE(v.scalar_type() == k.scalar_type(), msg("rope_ext: v must have the dtype of k (", k.scalar_type(),
                    "), got ", v.scalar_type()));
-  TORCH_CHECK_TYPE(k_cache.scalar_type() == k.scalar_type(), msg("rope_ext: k and k_cache must have the same dtype, got ",
-                   k.scalar_type(), " and ", k_cache.scalar_type()));
+  TORCH_CHECK_TYPE(k_cache.scalar_type() == k.scalar_type() || is_fp8(k_cache), msg("rope_ext: k_cache must have the "
+                   "dtype of k, or be float8_e4m3fn (fp8, with k_scale and v_scale); got k ", k.scalar_type(),
+                   " and k_cache ", k_cache.scalar_type()));
   // 4-D views [B or 1, T, H, D] of the inputs.
   const at::Tensor k4 = varlen ? k.unsqueeze(0) : k, v4 = varlen ? v.unsqueeze(0) : v;
   int64_t B = varlen ? cu_seqlens->numel() - 1 : k.size(0);
@@ -244,12 +299,14 @@ void append_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cac
     TORCH_CHECK_VALUE(cu_seqlens->dim() == 1 && cu_seqlens->size(0) >= 2, msg("rope_ext: cu_seqlens must be 1-D [B + 1] "
                       "with B >= 1 sequences, got shape ", shape_str(*cu_seqlens)));
   }
-  const KVCacheView cache = make_cache(k_cache, v_cache, cache_seqlens, block_table, B, k, "k");
-  const int64_t Hk = k4.size(2), D = k4.size(3);
+  const KVCacheView cache = make_cache(k_cache, v_cache, cache_seqlens, block_table, B, k, "k", k_scale, v_scale);
+  const int64_t Hk = k4.size(2), D = k4.size(3), Dv = v4.size(3);
   TORCH_CHECK_VALUE(cache.Hk == Hk, msg("rope_ext: k has ", Hk, " heads but k_cache has ", cache.Hk,
                     " (dim 2); they must match"));
   TORCH_CHECK_VALUE(k_cache.size(3) == D, msg("rope_ext: the head dim of k (", D, ") must equal k_cache's (",
                     k_cache.size(3), ")"));
+  TORCH_CHECK_VALUE(v_cache.size(3) == Dv, msg("rope_ext: the head dim of v (", Dv, ") must equal v_cache's (",
+                    v_cache.size(3), ")"));
   TORCH_CHECK_VALUE(!may_share(k_cache, v_cache),
                     "rope_ext: k_cache and v_cache must not share memory");
   TORCH_CHECK_VALUE(at::has_internal_overlap(k_cache) != at::MemOverlap::Yes &&
@@ -257,8 +314,9 @@ void append_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cac
                     "rope_ext: k_cache and v_cache must not be expand()ed views (slots would alias)");
 
   AppendParams p;
-  fill_rotary(p.rope, k, D, rotary_dim, interleaved, inv_freq, cos_sin_cache, base);
+  fill_rotary(p.rope, k, D, rotary_dim, interleaved, inv_freq, cos_sin_cache, base, attention_factor);
   p.cache = cache;
+  p.Dv = Dv;
   p.k = k4.data_ptr();
   p.v = v4.data_ptr();
   for (int d = 0; d < 4; ++d) {
@@ -367,7 +425,8 @@ std::tuple<at::Tensor, at::Tensor> attention_decode(
     const std::optional<at::Tensor>& positions, const std::optional<at::Tensor>& block_table,
     const std::optional<at::Tensor>& offsets, int64_t offset, const std::optional<at::Tensor>& inv_freq,
     const std::optional<at::Tensor>& cos_sin_cache, double base, int64_t rotary_dim, bool interleaved,
-    std::optional<double> softmax_scale, bool causal, int64_t max_seqlen, int64_t num_splits, const std::string& impl) {
+    std::optional<double> softmax_scale, bool causal, int64_t max_seqlen, int64_t num_splits, const std::string& impl,
+    const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale, double attention_factor) {
   // auto -> hybrid: K rotated once when written (append_kv) and Q rotated on load; the
   // full fusion re-rotates every key on every read (variant 3, attention_variants.cuh).
   DecodeImpl which = parse_decode_impl(impl);
@@ -375,18 +434,21 @@ std::tuple<at::Tensor, at::Tensor> attention_decode(
   const bool full_fusion = which == DecodeImpl::kFullFusion;
   TORCH_CHECK_VALUE(q.dim() == 4, msg("rope_ext: q must be 4-D [B, q_len, Hq, D], got shape ", shape_str(q)));
   check_float(q, "q");
-  TORCH_CHECK_TYPE(k_cache.scalar_type() == q.scalar_type(), msg("rope_ext: q and k_cache must have the same dtype, got ",
-                   q.scalar_type(), " and ", k_cache.scalar_type()));
+  TORCH_CHECK_TYPE(k_cache.scalar_type() == q.scalar_type() || is_fp8(k_cache), msg("rope_ext: k_cache must have the "
+                   "dtype of q, or be float8_e4m3fn (fp8, with k_scale and v_scale); got q ", q.scalar_type(),
+                   " and k_cache ", k_cache.scalar_type()));
   const int64_t B = q.size(0), q_len = q.size(1), Hq = q.size(2), D = q.size(3);
-  const KVCacheView cache = make_cache(k_cache, v_cache, cache_seqlens, block_table, B, q, "q");
-  TORCH_CHECK_VALUE(k_cache.size(3) == D, msg("rope_ext: the head dim of q (", D, ") must equal k_cache's (",
-                    k_cache.size(3), ")"));
+  const KVCacheView cache = make_cache(k_cache, v_cache, cache_seqlens, block_table, B, q, "q", k_scale, v_scale);
+  TORCH_CHECK_VALUE(k_cache.size(3) == D && v_cache.size(3) == D, msg("rope_ext: the head dim of q (", D,
+                    ") must equal k_cache's and v_cache's (", k_cache.size(3), ", ", v_cache.size(3), ")"));
+  TORCH_CHECK_VALUE(!cache.fp8 || which == DecodeImpl::kHybrid, msg("rope_ext: fp8 caches are read by impl='hybrid' "
+                    "(and 'auto') only, got impl='", impl, "'"));
   TORCH_CHECK_VALUE(cache.Hk > 0 && Hq % cache.Hk == 0, msg("rope_ext: the query heads Hq = ", Hq,
                     " must be a multiple of the cache's kv heads Hk = ", cache.Hk, " (GQA)"));
   TORCH_CHECK_VALUE(max_seqlen >= 0, msg("rope_ext: max_seqlen must be >= 0 (0: the cache capacity), got ", max_seqlen));
   TORCH_CHECK_VALUE(num_splits >= 0, msg("rope_ext: num_splits must be >= 0 (0: chosen from the shapes), got ", num_splits));
   DecodeParams p;
-  fill_rotary(p.rope, q, D, rotary_dim, interleaved, inv_freq, cos_sin_cache, base);
+  fill_rotary(p.rope, q, D, rotary_dim, interleaved, inv_freq, cos_sin_cache, base, attention_factor);
   p.cache = cache;
   p.q = q.data_ptr();
   for (int d = 0; d < 4; ++d) p.q_stride[d] = q.stride(d);

@@ -12,6 +12,9 @@
 //   paged       [num_blocks, block_size, Hk, D] + block_table [B, max_blocks]:
 //               slot i of sequence b is row (block_table[b, i / block_size], i % block_size)
 // Strides are in elements and 64-bit.
+// FP8 caches (float8_e4m3fn, vLLM's kv_cache_dtype="fp8"): a cache element holds x / scale
+// (rounded once, saturated to +-448); a reader multiplies by the scale. k_scale / v_scale:
+// float32, one per tensor (stride 0) or one per kv head (stride 1).
 #pragma once
 #include <cstdint>
 
@@ -32,6 +35,11 @@ struct KVCacheView {
   IndexArray block_table;           // .stride: the column stride
   int64_t bt_stride_b = 0;          // the row stride
   IndexArray seqlens;               // cache_seqlens [B]
+  bool fp8 = false;                 // e4m3 elements (1 byte) with the scales below
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
+  int64_t k_scale_stride = 0;       // per kv head: 1; per tensor: 0
+  int64_t v_scale_stride = 0;
 };
 
 // append_kv: rotate k (and q in place), write rotated k and v into the cache slots
@@ -49,6 +57,7 @@ struct AppendParams {
   int64_t v_stride[4] = {0, 0, 0, 0};
   int64_t q_stride[4] = {0, 0, 0, 0};
   int64_t Hq = 0;                      // 0 when q is not given
+  int64_t Dv = 0;                      // v's head dim (= D but for MLA's latent, kv_lora_rank)
   int64_t B = 0;                       // sequences
   int64_t T = 0;                       // tokens per sequence (batched) or in total (varlen)
   int64_t num_tokens = 0;              // B * T, or Ttot

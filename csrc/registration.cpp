@@ -29,11 +29,12 @@ TORCH_LIBRARY(rope_ext, m) {
   // The attention family (csrc/attention_ops.cpp; rope_ext/attention.py is the API).
   m.def("append_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, "
         "Tensor? cu_seqlens, Tensor? positions, Tensor? block_table, Tensor(c!)? q, Tensor? offsets, int offset, "
-        "Tensor? inv_freq, Tensor? cos_sin_cache, float base, int rotary_dim, bool interleaved, bool rotate_k) -> ()");
+        "Tensor? inv_freq, Tensor? cos_sin_cache, float base, int rotary_dim, bool interleaved, bool rotate_k, "
+        "Tensor? k_scale, Tensor? v_scale, float attention_factor) -> ()");
   m.def("attention_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, Tensor? positions, "
         "Tensor? block_table, Tensor? offsets, int offset, Tensor? inv_freq, Tensor? cos_sin_cache, float base, "
         "int rotary_dim, bool interleaved, float? softmax_scale, bool causal, int max_seqlen, int num_splits, "
-        "str impl) -> (Tensor, Tensor)");
+        "str impl, Tensor? k_scale, Tensor? v_scale, float attention_factor) -> (Tensor, Tensor)");
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -10,7 +10,7 @@ from . import _ops  # noqa: F401  (registers fake/autograd for torch.ops.rope_ex
 from . import _C
 from . import reference
 from .api import IMPLS, LAYOUTS, apply_rope, apply_rope_qk, rope
-from .attention import append_kv, attention_decode, rope_attention
+from .attention import append_kv, append_mla, attention_decode, rope_attention
 from .context_parallel import (context_parallel_index, context_parallel_positions, context_parallel_shard,
                                context_parallel_unshard)
 from .frequencies import inv_freq
@@ -32,5 +32,5 @@ def set_value_checks(enabled: bool) -> None:
 __all__ = ["IMPLS", "LAYOUTS", "WITH_CUDA", "RotaryEmbedding", "apply_rope", "apply_rope_qk", "rope", "inv_freq",
            "reference", "set_value_checks", "apply_mrope", "apply_rope_axial", "apply_rope_axial_qk", "axial_inv_freq",
            "context_parallel_positions", "context_parallel_index", "context_parallel_shard",
-           "context_parallel_unshard", "rms_norm_rope", "rms_norm_rope_qk", "NORM_ROPE_IMPLS", "append_kv",
+           "context_parallel_unshard", "rms_norm_rope", "rms_norm_rope_qk", "NORM_ROPE_IMPLS", "append_kv", "append_mla",
            "attention_decode", "rope_attention"]

@@ -1,7 +1,10 @@
 """RoPE fused into attention, where fusion pays (docs/attention.md).
 
     append_kv         rotate the new K once (and Q in place) and write K, V into the KV
-                      cache slots of the new tokens: one launch
+                      cache slots of the new tokens: one launch (bf16/fp16/fp32 caches,
+                      or fp8 e4m3 with k_scale / v_scale: quantized in the same launch)
+    append_mla        DeepSeek MLA: rotate k_pe (and q_pe in place) and write
+                      [kv_c | rotated k_pe] into the latent cache: the same launch
     attention_decode  decode attention over the cache with Q-RoPE applied while Q is
                       loaded (K in the cache is already rotated); split-KV + combine
     rope_attention    prefill: apply_rope_qk + torch's scaled_dot_product_attention;
@@ -12,6 +15,10 @@ Caches (vLLM / FlashInfer layouts), head dim contiguous:
     contiguous  k_cache, v_cache [B, max_len, Hk, D]
     paged       k_cache, v_cache [num_blocks, block_size, Hk, D] + block_table [B, max_blocks]
                 (slot i of sequence b: block block_table[b, i // block_size], row i % block_size)
+FP8 caches (vLLM's kv_cache_dtype="fp8"): torch.float8_e4m3fn k_cache / v_cache with
+float32 k_scale, v_scale tensors ([1]: per tensor, [Hk]: per kv head). An element holds
+x / scale, saturated to +-448 and rounded once (as (x / scale).clamp(-448, 448)
+.to(torch.float8_e4m3fn)); attention_decode multiplies by the scales as it reads.
 The frequency keywords (base, inv_freq, cos_sin_cache, rotary_dim, interleaved) mean
 what they mean for rope_ext.apply_rope: same kernels' sin/cos, same HF float32 table.
 """
@@ -50,6 +57,20 @@ def _rotary_args(offsets, base, inv_freq, cos_sin_cache, rotary_dim):
     return offsets_t, offset, base, rotary_dim
 
 
+def _scales(k_scale, v_scale):
+    for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"rope_ext: {name} must be a float32 torch.Tensor ([1] or [Hk]) or None, got "
+                            f"{type(t).__name__} (a tensor keeps the call CUDA-graph safe)")
+    return k_scale, v_scale
+
+
+def _factor(attention_factor):
+    if isinstance(attention_factor, bool) or not isinstance(attention_factor, (int, float)):
+        raise TypeError(f"rope_ext: attention_factor must be a number, got {type(attention_factor).__name__}")
+    return float(attention_factor)
+
+
 def _check_tensors(**kw):
     for name, t in kw.items():
         if not isinstance(t, torch.Tensor):
@@ -58,7 +79,7 @@ def _check_tensors(**kw):
 
 def append_kv(k, v, k_cache, v_cache, cache_seqlens, *, positions=None, block_table=None, q=None, cu_seqlens=None,
               offsets=None, base=DEFAULT_BASE, inv_freq=None, cos_sin_cache=None, rotary_dim=None, interleaved=False,
-              rotate_k=True):
+              rotate_k=True, k_scale=None, v_scale=None, attention_factor=1.0):
     """Rotate K (and Q, in place, when given) and write rotated K and V into the cache
     slots of the new tokens, in one launch. Returns None; k_cache, v_cache (and q) are
     written.
@@ -75,7 +96,12 @@ def append_kv(k, v, k_cache, v_cache, cache_seqlens, *, positions=None, block_ta
        the cache index (+ offsets, an int or an int tensor [B]).
     q: [B, T, Hq, D] / [Ttot, Hq, D], rotated in place with the same positions.
     rotate_k=False writes K un-rotated (the cache of attention_decode(impl="full_fusion")).
-    base / inv_freq / cos_sin_cache / rotary_dim / interleaved: as rope_ext.apply_rope.
+    base / inv_freq / cos_sin_cache / rotary_dim / interleaved / attention_factor: as
+       rope_ext.apply_rope.
+    k_scale, v_scale: float32 tensors [1] or [Hk], required with (and only with) fp8
+       (torch.float8_e4m3fn) caches: K is rotated in fp32, divided by k_scale, saturated
+       and rounded once; V likewise with v_scale; q stays in its dtype.
+    v may have its own head dim (v_cache's): MLA's latent (append_mla) is written that way.
 
     Bad input raises (nothing written): cache too small for the new tokens, block table
     entries out of range, shape / dtype / device mismatches. The value checks (seqlens,
@@ -88,8 +114,54 @@ def append_kv(k, v, k_cache, v_cache, cache_seqlens, *, positions=None, block_ta
     for name, t in (("positions", positions), ("block_table", block_table), ("q", q), ("cu_seqlens", cu_seqlens)):
         _tensor_or_none(t, name)
     offsets_t, offset, base, rotary_dim = _rotary_args(offsets, base, inv_freq, cos_sin_cache, rotary_dim)
+    k_scale, v_scale = _scales(k_scale, v_scale)
     ops.append_kv(k, v, k_cache, v_cache, cache_seqlens, cu_seqlens, positions, block_table, q, offsets_t, offset,
-                  inv_freq, cos_sin_cache, base, rotary_dim, bool(interleaved), bool(rotate_k))
+                  inv_freq, cos_sin_cache, base, rotary_dim, bool(interleaved), bool(rotate_k), k_scale, v_scale,
+                  _factor(attention_factor))
+
+
+def append_mla(kv_c, k_pe, cache, cache_seqlens, *, positions=None, block_table=None, q_pe=None, cu_seqlens=None,
+               offsets=None, base=DEFAULT_BASE, inv_freq=None, cos_sin_cache=None, interleaved=True,
+               attention_factor=1.0, scale=None):
+    """DeepSeek MLA (V2/V3) cache append: rotate k_pe (and q_pe, in place) and write
+    [kv_c | rotated k_pe] into the latent cache, in one launch (append_kv's kernel with
+    the latent as a V of its own head dim). Returns None; cache (and q_pe) are written.
+
+    kv_c: [Ttot, L] (varlen, with cu_seqlens [B+1]) or [B, T, L] (L = kv_lora_rank).
+    k_pe: [Ttot, R] / [Ttot, 1, R], or [B, T, R] / [B, T, 1, R] (R = qk_rope_head_dim).
+    cache: [num_blocks, block_size, L + R] with block_table [B, max_blocks], or
+       [B, max_len, L + R]; bf16 / fp16 / fp32 (kv_c's dtype), or torch.float8_e4m3fn with
+       `scale` (a float32 tensor [1], used for kv_c and k_pe alike, as vLLM's
+       concat_and_cache_mla does).
+    q_pe: [Ttot, H, R] / [B, T, H, R], rotated in place (may be a strided slice of q).
+    interleaved=True: DeepSeek's GPT-J pairing. positions / offsets / cache_seqlens /
+       base / inv_freq / cos_sin_cache / attention_factor: as append_kv (for DeepSeek's
+       yarn: inv_freq, attention_factor = rope_ext.inv_freq(R, base, rope_scaling,
+       return_attention_factor=True)).
+    """
+    _check_tensors(kv_c=kv_c, k_pe=k_pe, cache=cache, cache_seqlens=cache_seqlens)
+    if kv_c.dim() not in (2, 3):
+        raise ValueError(f"rope_ext: kv_c must be [Ttot, L] (varlen) or [B, T, L], got shape {tuple(kv_c.shape)}")
+    if k_pe.dim() == kv_c.dim():
+        k_pe = k_pe.unsqueeze(-2)
+    if k_pe.dim() != kv_c.dim() + 1 or k_pe.shape[:-2] != kv_c.shape[:-1] or k_pe.shape[-2] != 1:
+        raise ValueError(f"rope_ext: k_pe must be kv_c's tokens x R ({'[Ttot, R]' if kv_c.dim() == 2 else '[B, T, R]'}, "
+                         f"or with a head dim of 1), got k_pe {tuple(k_pe.shape)} for kv_c {tuple(kv_c.shape)}")
+    L, R = kv_c.shape[-1], k_pe.shape[-1]
+    if cache.dim() != 3 or cache.shape[-1] != L + R:
+        raise ValueError(f"rope_ext: cache must be [num_blocks, block_size, L + R] (paged) or [B, max_len, L + R] with "
+                         f"L + R = {L} + {R} = {L + R}, got shape {tuple(cache.shape)}")
+    if scale is not None and not isinstance(scale, torch.Tensor):
+        raise TypeError(f"rope_ext: scale must be a float32 torch.Tensor [1] or None, got {type(scale).__name__}")
+    if scale is not None and scale.numel() != 1:
+        raise ValueError(f"rope_ext: scale must hold one value (the latent cache has one scale), got shape "
+                         f"{tuple(scale.shape)}")
+    # The two parts of each cache row as [.., 1, L] and [.., 1, R] caches of one kv head.
+    v_cache, k_cache = cache[..., :L].unsqueeze(-2), cache[..., L:].unsqueeze(-2)
+    append_kv(k_pe, kv_c.unsqueeze(-2), k_cache, v_cache, cache_seqlens, positions=positions, block_table=block_table,
+              q=q_pe, cu_seqlens=cu_seqlens, offsets=offsets, base=base, inv_freq=inv_freq,
+              cos_sin_cache=cos_sin_cache, interleaved=interleaved, k_scale=scale, v_scale=scale,
+              attention_factor=attention_factor)
 
 
 def _int_or_none(v, name):
@@ -105,7 +177,7 @@ def _int_or_none(v, name):
 def attention_decode(q, k_cache, v_cache, cache_seqlens, *, positions=None, block_table=None, offsets=None,
                      softmax_scale=None, return_lse=False, causal=True, base=DEFAULT_BASE, inv_freq=None,
                      cos_sin_cache=None, rotary_dim=None, interleaved=False, max_seqlen=None, num_splits=None,
-                     impl="auto"):
+                     impl="auto", k_scale=None, v_scale=None, attention_factor=1.0):
     """Decode attention with Q-RoPE fused into the kernel's Q load.
 
     q: [B, q_len, Hq, D] UN-rotated (q_len <= 16 is the designed range; Hq a multiple
@@ -122,6 +194,9 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, positions=None, bloc
        under rope_ext.set_value_checks(True)).
     positions: rotary positions of the query tokens [B, q_len] or [q_len]; default the
        cache index (+ offsets: int or int tensor [B]).
+    k_scale, v_scale: with fp8 (torch.float8_e4m3fn) caches, float32 [1] or [Hk]: keys and
+       values are read as element * scale (exact in the MMA's 16-bit inputs; k_scale
+       folds into the score scale, v_scale into the output). impl "hybrid"/"auto" only.
     softmax_scale: default 1 / sqrt(D). return_lse: also return lse [B, q_len, Hq]
        (float32, natural log).
     max_seqlen: optional host-side bound on cache_seqlens (an int): the split count is
@@ -146,10 +221,12 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, positions=None, bloc
         softmax_scale = float(softmax_scale)
     if not isinstance(impl, str):
         raise TypeError(f"rope_ext: impl must be a str ('auto' or one of {DECODE_IMPLS}), got {type(impl).__name__}")
+    k_scale, v_scale = _scales(k_scale, v_scale)
     o, lse = ops.attention_decode(q, k_cache, v_cache, cache_seqlens, positions, block_table, offsets_t, offset,
                                   inv_freq, cos_sin_cache, base, rotary_dim, bool(interleaved), softmax_scale,
                                   bool(causal), _int_or_none(max_seqlen, "max_seqlen"),
-                                  _int_or_none(num_splits, "num_splits"), impl)
+                                  _int_or_none(num_splits, "num_splits"), impl, k_scale, v_scale,
+                                  _factor(attention_factor))
     return (o, lse) if return_lse else o
 
 

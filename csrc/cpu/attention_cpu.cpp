@@ -5,6 +5,9 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
+#include <c10/util/Float8_e4m3fn.h>
+
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -50,6 +53,11 @@ void row_sincos(const RopeParams& r, const std::vector<float>& freq, int64_t pos
   for (int i = 0; i < r.R / 2; ++i) pair_sincos(r, pos, i, freq[i], &sn[i], &cs[i]);
 }
 
+// FP8 caches: x / scale saturated to the finite range and rounded once (c10's
+// conversion, torch's x.to(torch.float8_e4m3fn): round to nearest even).
+using Fp8 = c10::Float8_e4m3fn;
+inline Fp8 quantize(float x, float scale) { return Fp8(std::clamp(x / scale, -448.f, 448.f)); }
+
 std::vector<float> freq_table(const RopeParams& r) {
   std::vector<float> f(r.R / 2);
   for (int i = 0; i < r.R / 2; ++i) f[i] = inv_freq_of(r, i);
@@ -59,6 +67,7 @@ std::vector<float> freq_table(const RopeParams& r) {
 template <typename T>
 void append_cpu_impl(const AppendParams& p) {
   const RopeParams& r = p.rope;
+  const KVCacheView& c = p.cache;
   const std::vector<float> freq = freq_table(r);
   const int64_t heads = p.Hq + 2 * p.cache.Hk;
   at::parallel_for(0, p.num_tokens, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, heads * r.D)),
@@ -79,22 +88,44 @@ void append_cpu_impl(const AppendParams& p) {
       if (!cache_slot(p.cache, a.b, idx, &ko, &vo)) continue;  // dropped: no such slot
       const T* k = static_cast<const T*>(p.k) + a.row_b * p.k_stride[0] + a.row_t * p.k_stride[1];
       const T* v = static_cast<const T*>(p.v) + a.row_b * p.v_stride[0] + a.row_t * p.v_stride[1];
-      T* kc = static_cast<T*>(p.cache.k) + ko;
-      T* vc = static_cast<T*>(p.cache.v) + vo;
-      for (int64_t h = 0; h < p.cache.Hk; ++h) {
+      for (int64_t h = 0; h < c.Hk; ++h) {
         const T* krow = k + h * p.k_stride[2];
-        T* kout = kc + h * p.cache.k_stride[2];
+        const T* vrow = v + h * p.v_stride[2];
+        if (c.fp8) {  // K rotated in fp32, then scaled and rounded once
+          Fp8* kout = static_cast<Fp8*>(c.k) + ko + h * c.k_stride[2];
+          Fp8* vout = static_cast<Fp8*>(c.v) + vo + h * c.v_stride[2];
+          const float ks = c.k_scale[h * c.k_scale_stride], vs = c.v_scale[h * c.v_scale_stride];
+          std::vector<float> kf(r.D);
+          load_row_f32<T>(r, krow, p.k_stride[3], kf.data(), p.rotate_k ? sn.data() : nullptr, cs.data());
+          for (int d = 0; d < r.D; ++d) kout[d] = quantize(kf[d], ks);
+          for (int64_t d = 0; d < p.Dv; ++d) vout[d] = quantize(static_cast<float>(vrow[d * p.v_stride[3]]), vs);
+          continue;
+        }
+        T* kout = static_cast<T*>(c.k) + ko + h * c.k_stride[2];
+        T* vout = static_cast<T*>(c.v) + vo + h * c.v_stride[2];
         if (p.rotate_k) {
           rotate_row<T>(r, krow, p.k_stride[3], kout, 1, sn.data(), cs.data(), true);
         } else {
           for (int d = 0; d < r.D; ++d) kout[d] = krow[d * p.k_stride[3]];
         }
-        const T* vrow = v + h * p.v_stride[2];
-        T* vout = vc + h * p.cache.v_stride[2];
-        for (int d = 0; d < r.D; ++d) vout[d] = vrow[d * p.v_stride[3]];
+        for (int64_t d = 0; d < p.Dv; ++d) vout[d] = vrow[d * p.v_stride[3]];
       }
     }
   });
+}
+
+// Row `off` of a cache as fp32 (fp8: times its scale).
+template <typename T>
+void load_cache_row(const KVCacheView& c, const void* base, int64_t off, const float* scale, int64_t scale_stride,
+                    int64_t hk, int D, float* out) {
+  if (c.fp8) {
+    const Fp8* x = static_cast<const Fp8*>(base) + off;
+    const float s = scale[hk * scale_stride];
+    for (int d = 0; d < D; ++d) out[d] = static_cast<float>(x[d]) * s;
+  } else {
+    const T* x = static_cast<const T*>(base) + off;
+    for (int d = 0; d < D; ++d) out[d] = static_cast<float>(x[d]);
+  }
 }
 
 template <typename T>
@@ -105,7 +136,7 @@ void decode_cpu_impl(const DecodeParams& p, bool full_fusion) {
   const int64_t rows = p.B * p.q_len * p.Hq;
   const float ninf = -std::numeric_limits<float>::infinity();
   at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
-    std::vector<float> sn(half), cs(half), qf(D), kf(D), acc(D), scores;
+    std::vector<float> sn(half), cs(half), qf(D), kf(D), vf(D), acc(D), scores;
     for (int64_t row = r0; row < r1; ++row) {
       // Output order [B, q_len, Hq]: row = (b * q_len + j) * Hq + hq.
       const int64_t hq = row % p.Hq, j = (row / p.Hq) % p.q_len, b = row / (p.Hq * p.q_len);
@@ -123,13 +154,14 @@ void decode_cpu_impl(const DecodeParams& p, bool full_fusion) {
       for (int64_t i = 0; i < n; ++i) {
         int64_t ko, vo;
         if (!cache_slot(p.cache, b, i, &ko, &vo)) continue;  // no such block: the key is skipped
-        const T* k = static_cast<const T*>(p.cache.k) + ko + hk * p.cache.k_stride[2];
         if (full_fusion) {
           // The cache holds un-rotated keys: rotate by position index + offsets.
+          const T* k = static_cast<const T*>(p.cache.k) + ko + hk * p.cache.k_stride[2];
           row_sincos(r, freq, attn_position(r, 0, 0, b, i), sn.data(), cs.data());
           load_row_f32<T>(r, k, 1, kf.data(), sn.data(), cs.data());
         } else {
-          load_row_f32<T>(r, k, 1, kf.data(), nullptr, nullptr);
+          load_cache_row<T>(p.cache, p.cache.k, ko + hk * p.cache.k_stride[2], p.cache.k_scale, p.cache.k_scale_stride,
+                            hk, D, kf.data());
         }
         float s = 0.f;
         for (int d = 0; d < D; ++d) s += qf[d] * kf[d];
@@ -148,10 +180,11 @@ void decode_cpu_impl(const DecodeParams& p, bool full_fusion) {
         if (scores[i] == ninf) continue;
         int64_t ko = 0, vo = 0;
         cache_slot(p.cache, b, i, &ko, &vo);  // valid: its score is finite
-        const T* v = static_cast<const T*>(p.cache.v) + vo + hk * p.cache.v_stride[2];
+        load_cache_row<T>(p.cache, p.cache.v, vo + hk * p.cache.v_stride[2], p.cache.v_scale, p.cache.v_scale_stride, hk,
+                          D, vf.data());
         const float e = std::exp(scores[i] - m);
         l += e;
-        for (int d = 0; d < D; ++d) acc[d] += e * static_cast<float>(v[d]);
+        for (int d = 0; d < D; ++d) acc[d] += e * vf[d];
       }
       for (int d = 0; d < D; ++d) o[d] = static_cast<T>(acc[d] / l);
       *lse = m + std::log(l);

@@ -38,7 +38,7 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 bool append_vector_ok(const AppendParams& p, int64_t elem_size) {
   const int64_t V = 16 / elem_size;
   const RopeParams& r = p.rope;
-  if (r.D % V || (r.D - r.R) % V || (r.interleaved ? r.R % V : (r.R / 2) % V)) return false;
+  if (r.D % V || p.Dv % V || (r.D - r.R) % V || (r.interleaved ? r.R % V : (r.R / 2) % V)) return false;
   if (!aligned16(p.k) || !aligned16(p.v) || !aligned16(p.cache.k) || !aligned16(p.cache.v)) return false;
   if (p.q && !aligned16(p.q)) return false;
   const int64_t* in[3] = {p.k_stride, p.v_stride, p.q ? p.q_stride : p.k_stride};
@@ -49,7 +49,7 @@ bool append_vector_ok(const AppendParams& p, int64_t elem_size) {
   return true;
 }
 
-template <typename T, bool kInterleaved, bool kVec>
+template <typename T, bool kInterleaved, bool kVec, bool kFp8>
 void launch_append(const AppendParams& p, int device, cudaStream_t stream) {
   const int half = p.rope.R / 2;
   // Tokens per block: the block's threads own kAppendItems items each (every item of a
@@ -57,7 +57,7 @@ void launch_append(const AppendParams& p, int device, cudaStream_t stream) {
   // and a sin/cos table that fits in 32 KB.
   constexpr int V = kVec ? 16 / static_cast<int>(sizeof(T)) : (kInterleaved ? 2 : 1);
   const int64_t n_rot = p.rope.interleaved ? p.rope.R / V : p.rope.R / 2 / V;
-  const int64_t per_token = p.cache.Hk * ((p.rotate_k ? n_rot + (p.rope.D - p.rope.R) / V : p.rope.D / V) + p.rope.D / V) +
+  const int64_t per_token = p.cache.Hk * ((p.rotate_k ? n_rot + (p.rope.D - p.rope.R) / V : p.rope.D / V) + p.Dv / V) +
                             p.Hq * n_rot;
   const int64_t cap = int64_t(cuda::kAppendThreads) * cuda::kAppendItems;  // items a block holds at once
   int64_t tpb = std::max<int64_t>(1, cap / std::max<int64_t>(1, per_token));
@@ -66,7 +66,7 @@ void launch_append(const AppendParams& p, int device, cudaStream_t stream) {
   const size_t smem = tpb * sizeof(cuda::AppendSlot) + 2 * sizeof(float) * tpb * half;
   const int64_t blocks = ceil_div(p.num_tokens, tpb);
   TORCH_CHECK_VALUE(blocks < (int64_t(1) << 31), "rope_ext: append_kv: too many tokens for one launch");
-  cuda::append_kv_kernel<T, kInterleaved, kVec>
+  cuda::append_kv_kernel<T, kInterleaved, kVec, kFp8>
       <<<static_cast<unsigned>(blocks), cuda::kAppendThreads, smem, stream>>>(p, static_cast<int>(tpb));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -74,11 +74,14 @@ void launch_append(const AppendParams& p, int device, cudaStream_t stream) {
 template <typename T>
 void append_typed(const AppendParams& p, int device, cudaStream_t stream) {
   const bool vec = append_vector_ok(p, sizeof(T));
-  if (p.rope.interleaved) {
-    vec ? launch_append<T, true, true>(p, device, stream) : launch_append<T, true, false>(p, device, stream);
-  } else {
-    vec ? launch_append<T, false, true>(p, device, stream) : launch_append<T, false, false>(p, device, stream);
-  }
+  auto go = [&]<bool kFp8>() {
+    if (p.rope.interleaved) {
+      vec ? launch_append<T, true, true, kFp8>(p, device, stream) : launch_append<T, true, false, kFp8>(p, device, stream);
+    } else {
+      vec ? launch_append<T, false, true, kFp8>(p, device, stream) : launch_append<T, false, false, kFp8>(p, device, stream);
+    }
+  };
+  p.cache.fp8 ? go.template operator()<true>() : go.template operator()<false>();
 }
 
 // ---------------------------------------------------------------------------- 2-5. decode
@@ -134,17 +137,21 @@ void visit_decode(at::ScalarType dtype, int D, int rows, bool full, F&& f) {
   });
 }
 
-// Variant 5's instances live in one file per (dtype, head dim) (decode_mma_<dtype>_hd<D>.cu,
-// compiled in parallel); f.template operator()<T, D>() is called for the one that serves.
+// Variant 5's instances live in one file per (dtype, cache dtype, head dim)
+// (decode_mma_<dtype>[_fp8]_hd<D>.cu, compiled in parallel); f.template operator()<T, D,
+// kFp8>() is called for the one that serves.
 template <typename F>
-void visit_decode_mma(at::ScalarType dtype, int D, F&& f) {
+void visit_decode_mma(at::ScalarType dtype, int D, bool fp8, F&& f) {
   dispatch_half_types(dtype, [&](auto tag) {
     using T = decltype(tag);
-    switch (D) {
-      case 64: f.template operator()<T, 64>(); break;
-      case 128: f.template operator()<T, 128>(); break;
-      default: f.template operator()<T, 256>(); break;
-    }
+    auto by_dim = [&]<bool kFp8>() {
+      switch (D) {
+        case 64: f.template operator()<T, 64, kFp8>(); break;
+        case 128: f.template operator()<T, 128, kFp8>(); break;
+        default: f.template operator()<T, 256, kFp8>(); break;
+      }
+    };
+    fp8 ? by_dim.template operator()<true>() : by_dim.template operator()<false>();
   });
 }
 
@@ -234,7 +241,9 @@ int decode_num_splits(const DecodeParams& p, int64_t max_keys, c10::Device devic
   const int dev = device.index();
   int occ = 1;
   if (impl == DecodeImpl::kHybrid) {
-    visit_decode_mma(dtype, p.rope.D, [&]<typename T, int D>() { occ = decode_mma_ctas_per_sm<T, D>(p.G * p.q_len, dev); });
+    visit_decode_mma(dtype, p.rope.D, p.cache.fp8, [&]<typename T, int D, bool kFp8>() {
+      occ = decode_mma_ctas_per_sm<T, D, kFp8>(p.G * p.q_len, dev);
+    });
     const int64_t ctas = std::max<int64_t>(1, p.B * p.cache.Hk * p.row_groups);
     const double slots = static_cast<double>(sm_count(dev)) * occ;
     const int64_t short_s = ceil_div(kShortCtas, ctas);
@@ -283,7 +292,9 @@ void attention_decode_cuda(const DecodeParams& p, at::ScalarType dtype, c10::Dev
   const dim3 grid(static_cast<unsigned>(p.num_splits * p.row_groups), static_cast<unsigned>(p.cache.Hk),
                   static_cast<unsigned>(p.B));
   if (impl == DecodeImpl::kHybrid) {
-    visit_decode_mma(dtype, p.rope.D, [&]<typename T, int D>() { launch_decode_mma<T, D>(p, grid, stream, device.index()); });
+    visit_decode_mma(dtype, p.rope.D, p.cache.fp8, [&]<typename T, int D, bool kFp8>() {
+      launch_decode_mma<T, D, kFp8>(p, grid, stream, device.index());
+    });
   } else {
     visit_decode(dtype, p.rope.D, p.rows_per_group, impl == DecodeImpl::kFullFusion,
                  [&]<typename T, int D, int kRows, bool kFull>() { launch_decode_kernel<T, D, kRows, kFull>(p, grid, stream); });

@@ -44,6 +44,7 @@
 //     the kernel cuts each sequence's actual length into num_splits pieces at run time,
 //     so a CUDA graph captured once replays for any cache_seqlens.
 #pragma once
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -87,12 +88,39 @@ __device__ __forceinline__ void store_chunk(T* p, int64_t sd, const VecT& v) {
   }
 }
 
+// FP8 cache chunks (kFp8): the item's V values as fp32 (rotated first for K rotary
+// items, the same expression as rotate_chunk's), divided by the scale (IEEE division,
+// as torch's x / scale) and rounded once, saturating, to e4m3: V bytes per chunk.
+template <int V>
+__device__ __forceinline__ void store_fp8_chunk(uint8_t* dst, const float* f, float scale, bool vec) {
+  uint8_t b[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) b[j] = __nv_cvt_float_to_fp8(f[j] / scale, __NV_SATFINITE, __NV_E4M3);
+  if constexpr (V == 8) {
+    if (vec) {
+      uint2 u;
+      u.x = b[0] | (b[1] << 8) | (b[2] << 16) | (uint32_t(b[3]) << 24);
+      u.y = b[4] | (b[5] << 8) | (b[6] << 16) | (uint32_t(b[7]) << 24);
+      *reinterpret_cast<uint2*>(dst) = u;
+      return;
+    }
+  } else if constexpr (V == 4) {
+    if (vec) {
+      *reinterpret_cast<uint32_t*>(dst) = b[0] | (b[1] << 8) | (b[2] << 16) | (uint32_t(b[3]) << 24);
+      return;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < V; ++j) dst[j] = b[j];
+}
+
 // Work items of one token, in this order: K rotary items (a chunk and, neox, its
 // partner R/2 later), K pass-through chunks (all of K when rotate_k is false), V chunks,
 // Q rotary items. Each thread owns kAppendItems items of the block's tokens.
 constexpr int kAppendItems = 4;
 
-template <typename T, bool kInterleaved, bool kVec>
+// kFp8: the caches are e4m3 (attention_params.h): K and V are scaled and rounded once.
+template <typename T, bool kInterleaved, bool kVec, bool kFp8>
 __global__ void __launch_bounds__(kAppendThreads, 3) append_kv_kernel(const __grid_constant__ AppendParams p,
                                                                    int tokens_per_block) {
   // V elements per chunk: 16 bytes; scalar path: one pair (GPT-J) or one element (neox).
@@ -114,7 +142,8 @@ __global__ void __launch_bounds__(kAppendThreads, 3) append_kv_kernel(const __gr
   const int n_tail = p.rotate_k ? (r.D - r.R) / V : r.D / V;
   const int ck_rot = p.rotate_k ? n_rot : 0;
   const int Hk = static_cast<int>(p.cache.Hk);
-  const int nkr = Hk * ck_rot, nkt = Hk * n_tail, nv = Hk * (r.D / V), nq = static_cast<int>(p.Hq) * n_rot;
+  const int v_chunks = static_cast<int>(p.Dv) / V;  // V's own head dim (MLA's latent: kv_lora_rank)
+  const int nkr = Hk * ck_rot, nkt = Hk * n_tail, nv = Hk * v_chunks, nq = static_cast<int>(p.Hq) * n_rot;
   const int per_tok = nkr + nkt + nv + nq;
   const T* kin = static_cast<const T*>(p.k);
   const T* vin = static_cast<const T*>(p.v);
@@ -147,7 +176,7 @@ __global__ void __launch_bounds__(kAppendThreads, 3) append_kv_kernel(const __gr
       m.kind = 1; m.h = w / n_tail; m.d0 = (p.rotate_k ? r.R : 0) + (w - m.h * n_tail) * V;
       src = kin + rb * p.k_stride[0] + rt * p.k_stride[1] + m.h * p.k_stride[2]; sd = p.k_stride[3];
     } else if ((w -= nkt) < nv) {
-      m.kind = 2; m.h = w / (r.D / V); m.d0 = (w - m.h * (r.D / V)) * V;
+      m.kind = 2; m.h = w / v_chunks; m.d0 = (w - m.h * v_chunks) * V;
       src = vin + rb * p.v_stride[0] + rt * p.v_stride[1] + m.h * p.v_stride[2]; sd = p.v_stride[3];
     } else {
       w -= nv;
@@ -164,6 +193,37 @@ __global__ void __launch_bounds__(kAppendThreads, 3) append_kv_kernel(const __gr
   auto store_item = [&](const Item& m, VecT& a, VecT& b) {
     if (m.kind < 0) return;
     const AppendSlot& sl = slots[m.tl];
+    if constexpr (kFp8) {
+      if (m.kind != 3) {
+        const bool is_v = m.kind == 2;
+        const int64_t out = is_v ? sl.v_out : sl.k_out;
+        if (out < 0) return;
+        const KVCacheView& c = p.cache;
+        uint8_t* row = static_cast<uint8_t*>(is_v ? c.v : c.k) + out + m.h * (is_v ? c.v_stride[2] : c.k_stride[2]);
+        const float scale = is_v ? c.v_scale[m.h * c.v_scale_stride] : c.k_scale[m.h * c.k_scale_stride];
+        float fa[V], fb[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) fa[j] = static_cast<float>(a.v[j]);
+        if (!kInterleaved && m.kind == 0)
+#pragma unroll
+          for (int j = 0; j < V; ++j) fb[j] = static_cast<float>(b.v[j]);
+        if (m.kind == 0) {
+          const int i0 = kInterleaved ? m.d0 / 2 : m.d0;
+#pragma unroll
+          for (int e = 0; e < P; ++e) {
+            const float sn = sin_tab[m.tl * half + i0 + e], cs = cos_tab[m.tl * half + i0 + e];
+            const int j0 = kInterleaved ? 2 * e : e;
+            const float x0 = fa[j0], x1 = kInterleaved ? fa[j0 + 1] : fb[e];
+            const float y0 = x0 * cs - x1 * sn, y1 = x1 * cs + x0 * sn;
+            fa[j0] = y0;
+            (kInterleaved ? fa[j0 + 1] : fb[e]) = y1;
+          }
+          if (!kInterleaved) store_fp8_chunk<V>(row + m.d0 + half, fb, scale, kVec);
+        }
+        store_fp8_chunk<V>(row + m.d0, fa, scale, kVec);
+        return;
+      }
+    }
     T* dst;
     int64_t dsd = 1;
     if (m.kind == 3) {

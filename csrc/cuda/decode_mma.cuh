@@ -33,12 +33,18 @@
 // this kernel's time. The split rule (attention_dispatch.cu) came from forced-split rows.
 //   - Shared-memory tiles are XOR-swizzled by 16-byte chunk (chunk ^ key % 8), so the
 //     8 rows an ldmatrix reads fall in 8 different bank groups.
+//   - FP8 caches (kFp8, issue 20): the rings hold e4m3 tiles (half the bytes, so one
+//     more stage at D <= 128 keeps the bytes in flight); each warp widens its tile into
+//     a private T tile (exact: every e4m3 value is a bf16 / fp16 value) laid out as the
+//     16-bit path's, and the MMAs run unchanged. The scales fold into the score scale
+//     (k_scale) and the output (v_scale, before the merge).
 //   - P is rounded to the cache dtype for the P.V MMA (as flash-attention does); scores,
 //     the softmax state and O stay fp32. Q is rotated in fp32 and rounded once to the
 //     cache dtype (the separate path's rope output is rounded the same way).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -52,19 +58,28 @@ namespace rope_ext {
 namespace cuda {
 namespace mma_decode {
 
-template <int D>
-constexpr int stages() { return D >= 256 ? 2 : 3; }
+template <int D, bool kFp8>
+constexpr int stages() { return D >= 256 ? 2 : (kFp8 ? 4 : 3); }
 
-// Shared memory: the warps' tile rings | Q [16][D] in T | the Q sin/cos table
+// Shared memory: the warps' tile rings (cache elements: 2 bytes, or 1 for fp8) | fp8
+// only: each warp's widened K and V tile in T | Q [16][D] in T | the Q sin/cos table
 // [16 tokens][D/2] x 2 floats | the warps' tile-validity masks. The end-of-loop merge
-// reuses the rings ([kWarps][16][D] floats + m, l).
-template <int D>
-constexpr size_t ring_bytes() { return size_t(kWarps) * stages<D>() * 2 * kTileKeys * D * 2; }
-template <int D>
+// reuses the rings and widened tiles ([kWarps][16][D] floats + m, l).
+template <int D, bool kFp8>
+constexpr size_t ring_bytes() { return size_t(kWarps) * stages<D, kFp8>() * 2 * kTileKeys * D * (kFp8 ? 1 : 2); }
+template <int D, bool kFp8>
+constexpr size_t wide_bytes() { return kFp8 ? size_t(kWarps) * 2 * kTileKeys * D * 2 : 0; }
+template <int D, bool kFp8>
 constexpr size_t smem_bytes() {
-  return ring_bytes<D>() + size_t(kRows) * D * 2 + size_t(kRows) * D * 4 + kWarps * stages<D>() * 4;
+  return ring_bytes<D, kFp8>() + wide_bytes<D, kFp8>() + size_t(kRows) * D * 2 + size_t(kRows) * D * 4 +
+         kWarps * stages<D, kFp8>() * 4;
 }
-static_assert(size_t(kWarps) * kRows * 64 * 4 + 2 * kWarps * kRows * 4 <= ring_bytes<64>(), "merge fits in the rings");
+template <int D, bool kFp8>
+constexpr bool merge_fits() {
+  return size_t(kWarps) * kRows * D * 4 + 2 * kWarps * kRows * 4 <= ring_bytes<D, kFp8>() + wide_bytes<D, kFp8>();
+}
+static_assert(merge_fits<64, false>() && merge_fits<128, false>() && merge_fits<256, false>() &&
+              merge_fits<64, true>() && merge_fits<128, true>() && merge_fits<256, true>(), "merge fits in the rings");
 
 // ---------------------------------------------------------------- PTX helpers
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
@@ -124,6 +139,19 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   return u;
 }
 
+// Two e4m3 values (the low byte first) -> two T in one register; exact.
+template <typename T>
+__device__ __forceinline__ uint32_t widen_fp8x2(uint32_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
+  if constexpr (std::is_same<T, c10::Half>::value) {
+    return uint32_t(h.x) | (uint32_t(h.y) << 16);
+  } else {
+    const float2 f = __half22float2(__half2(h));
+    const __nv_bfloat162 b = __float22bfloat162_rn(f);
+    return *reinterpret_cast<const uint32_t*>(&b);
+  }
+}
+
 // Element offset of (row, feature chunk c) in a swizzled [rows][D] tile of 8-element chunks.
 template <int D>
 __device__ __forceinline__ int swz(int row, int c) { return row * D + ((c ^ (row & 7)) << 3); }
@@ -134,10 +162,12 @@ __device__ __forceinline__ int swz(int row, int c) { return row * D + ((c ^ (row
 // into 16-key tiles dealt round-robin to its 4 warps. kUpper: rows 8..15 exist (more
 // than 8 rows per kv head); without them the upper half of each MMA is padding, whose
 // softmax and rescale are skipped.
-template <typename T, int D, bool kUpper>
+template <typename T, int D, bool kUpper, bool kFp8>
 __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_constant__ DecodeParams p) {
-  constexpr int NS = stages<D>();
-  constexpr int CH = D / 8;                    // 16-byte chunks per row
+  using C = std::conditional_t<kFp8, uint8_t, T>;  // a cache element
+  constexpr int NS = stages<D, kFp8>();
+  constexpr int EC = 16 / sizeof(C);           // cache elements per 16-byte chunk
+  constexpr int CH = D / EC;                   // 16-byte chunks per cache row
   constexpr int TILE = kTileKeys * D;          // elements of one K (or V) tile
   constexpr float kLog2e = 1.4426950408889634f;
   const float ninf = -INFINITY;
@@ -146,8 +176,9 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   asm volatile("griddepcontrol.launch_dependents;\n" ::);  // the combine may launch (it waits for us)
 #endif
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* ring = reinterpret_cast<T*>(smem_raw);
-  T* q_s = ring + ring_bytes<D>() / sizeof(T);
+  C* ring = reinterpret_cast<C*>(smem_raw);
+  T* wide = reinterpret_cast<T*>(smem_raw + ring_bytes<D, kFp8>());  // fp8: [kWarps][K, V][16][D]
+  T* q_s = wide + wide_bytes<D, kFp8>() / sizeof(T);
   float* tab_s = reinterpret_cast<float*>(q_s + kRows * D);  // [16][D/2] cos, then [16][D/2] sin
   uint32_t* mask_s = reinterpret_cast<uint32_t*>(tab_s + kRows * D);
 
@@ -204,9 +235,9 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   constexpr int LPR = CH < 32 ? CH : 32;  // lanes per row
   constexpr int RPI = 32 / LPR;           // rows per warp instruction
   constexpr int NI = kTileKeys / RPI;     // instructions per tile (each of K and V)
-  T* my_ring = ring + warp * NS * 2 * TILE;
-  const T* kc = static_cast<const T*>(p.cache.k) + hk * p.cache.k_stride[2];
-  const T* vc = static_cast<const T*>(p.cache.v) + hk * p.cache.v_stride[2];
+  C* my_ring = ring + warp * NS * 2 * TILE;
+  const C* kc = static_cast<const C*>(p.cache.k) + hk * p.cache.k_stride[2];
+  const C* vc = static_cast<const C*>(p.cache.v) + hk * p.cache.v_stride[2];
   const KVCacheView& cv = p.cache;
   const int mode = !cv.paged ? 0 : (cv.block_size % kTileKeys == 0 ? 1 : 2);
   const int lc = lane % LPR, lr = lane / LPR;  // this lane's chunk, and row within an instruction
@@ -228,9 +259,12 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
     }
     return s;
   };
+  // Ring tiles: the 16-bit path's swizzled layout (read by ldmatrix); fp8 tiles plain
+  // row-major (read by the widening pass, a lane's 16 bytes after its neighbour's).
+  auto ring_at = [&](int row, int c) { return kFp8 ? row * D + c * EC : swz<D>(row, c); };
   auto issue = [&](int t, const Slot& s) {
-    T* kd = my_ring + (t % NS) * 2 * TILE;
-    T* vd = kd + TILE;
+    C* kd = my_ring + (t % NS) * 2 * TILE;
+    C* vd = kd + TILE;
     const int key0 = tile_key0(t);
 #pragma unroll
     for (int i = 0; i < NI; ++i) {
@@ -246,8 +280,8 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
         ko = (mode == 0 ? b * cv.k_stride[0] : s.ko) + static_cast<int64_t>(key) * cv.k_stride[1];
         vo = (mode == 0 ? b * cv.v_stride[0] : s.vo) + static_cast<int64_t>(key) * cv.v_stride[1];
       }
-      cp_async16(kd + swz<D>(ki, lc), ok ? kc + ko + lc * 8 : kc, ok);
-      cp_async16(vd + swz<D>(ki, lc), ok ? vc + vo + lc * 8 : vc, ok);
+      cp_async16(kd + ring_at(ki, lc), ok ? kc + ko + lc * EC : kc, ok);
+      cp_async16(vd + ring_at(ki, lc), ok ? vc + vo + lc * EC : vc, ok);
     }
     // Bit k: key k of the tile exists (read by the masking below).
     uint32_t m;
@@ -304,7 +338,8 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
     return static_cast<int>(max(int64_t(0), decode_key_limit(p, seqlen, (row0 + rr) / G)));
   };
   const int lim_lo = row_limit(r_lo), lim_hi = kUpper ? row_limit(r_hi) : 0;
-  const float qscale = p.softmax_scale * kLog2e;  // scores in log2 units: exp2 below
+  // Scores in log2 units (exp2 below); an fp8 cache's k_scale folds in here.
+  const float qscale = p.softmax_scale * kLog2e * (kFp8 ? cv.k_scale[hk * cv.k_scale_stride] : 1.f);
 
   float o[D / 8][4];
 #pragma unroll
@@ -319,7 +354,33 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
     next = slot_of(t + NS);
     cp_async_wait<NS - 1>();
     __syncwarp();
-    const T* Ks = my_ring + (t % NS) * 2 * TILE;
+    const T* Ks;
+    if constexpr (kFp8) {  // widen the e4m3 tile pair into this warp's T tiles
+      const uint8_t* src = my_ring + (t % NS) * 2 * TILE;
+      T* dst = wide + warp * 2 * TILE;
+#pragma unroll
+      for (int i = 0; i < 2 * kTileKeys * CH / 32; ++i) {
+        const int e = lane + i * 32, kv = e / (kTileKeys * CH), rc = e - kv * (kTileKeys * CH);
+        const int row = rc / CH, c = rc - row * CH;
+        const uint4 raw = *reinterpret_cast<const uint4*>(src + kv * TILE + row * D + c * 16);
+        uint4 lo, hi;
+        lo.x = widen_fp8x2<T>(raw.x & 0xffffu);
+        lo.y = widen_fp8x2<T>(raw.x >> 16);
+        lo.z = widen_fp8x2<T>(raw.y & 0xffffu);
+        lo.w = widen_fp8x2<T>(raw.y >> 16);
+        hi.x = widen_fp8x2<T>(raw.z & 0xffffu);
+        hi.y = widen_fp8x2<T>(raw.z >> 16);
+        hi.z = widen_fp8x2<T>(raw.w & 0xffffu);
+        hi.w = widen_fp8x2<T>(raw.w >> 16);
+        T* d = dst + kv * TILE;
+        *reinterpret_cast<uint4*>(d + swz<D>(row, 2 * c)) = lo;
+        *reinterpret_cast<uint4*>(d + swz<D>(row, 2 * c + 1)) = hi;
+      }
+      __syncwarp();
+      Ks = dst;
+    } else {
+      Ks = my_ring + (t % NS) * 2 * TILE;
+    }
     const T* Vs = Ks + TILE;
     const uint32_t vmask = mask_s[warp * NS + t % NS];
     const int key0 = kbeg + (warp + t * kWarps) * kTileKeys;
@@ -402,6 +463,16 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
     __syncwarp();  // the tile is consumed before the ring slot is refilled
   }
   cp_async_wait<0>();
+  if constexpr (kFp8) {  // an fp8 cache's v_scale, before the merge (it is linear in O)
+    const float vs = cv.v_scale[hk * cv.v_scale_stride];
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o[n][0] *= vs;
+      o[n][1] *= vs;
+      o[n][2] *= vs;
+      o[n][3] *= vs;
+    }
+  }
 
   // ---- merge the 4 warps' states (rows < nrows) in shared memory, then write.
 #pragma unroll

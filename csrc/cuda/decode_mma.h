@@ -1,6 +1,6 @@
 // Variant 5 of attention_decode (tensor cores; the kernel is decode_mma.cuh): its shape
 // constants and the launchers the dispatch (attention_dispatch.cu) calls. The launchers
-// are instantiated once per (dtype, head dim) in csrc/cuda/instances/ so that the
+// are instantiated once per (dtype, cache dtype, head dim) in csrc/cuda/instances/ so that the
 // instances compile in parallel.
 #pragma once
 #include <cuda_runtime.h>
@@ -20,10 +20,10 @@ constexpr int kRows = 16;      // query rows per CTA: the MMA's M
 }  // namespace cuda
 
 // rows: query rows per kv head (G * q_len), which picks the instance with or without
-// the MMA's upper 8 rows.
-template <typename T, int D>
+// the MMA's upper 8 rows. kFp8: the caches are float8_e4m3fn (q and o stay T).
+template <typename T, int D, bool kFp8>
 void launch_decode_mma(const DecodeParams& p, dim3 grid, cudaStream_t stream, int device);
-template <typename T, int D>
+template <typename T, int D, bool kFp8>
 int decode_mma_ctas_per_sm(int64_t rows, int device);
 
 }  // namespace rope_ext

@@ -1,0 +1,8 @@
+// Variant 5 (decode_mma.cuh) for c10::Half queries over float8_e4m3fn caches, head dim 256: one instance per
+// file, compiled in parallel.
+#include "../decode_mma_launch.cuh"
+
+namespace rope_ext {
+template void launch_decode_mma<c10::Half, 256, true>(const DecodeParams&, dim3, cudaStream_t, int);
+template int decode_mma_ctas_per_sm<c10::Half, 256, true>(int64_t, int);
+}  // namespace rope_ext

@@ -1,0 +1,361 @@
+"""FP8 KV caches and DeepSeek MLA (issue 20): append_kv into float8_e4m3fn caches,
+attention_decode over them, and append_mla's latent cache; on the CPU always and on
+CUDA where there is a GPU.
+
+Truths:
+  - fp8 writes of values that are not rotated (V, K's pass-through tail, MLA's kv_c) are
+    bit-equal to torch's own conversion, (x.float() / scale).clamp(-448, 448)
+    .to(torch.float8_e4m3fn);
+  - rotated K is checked against the float64 rotation: each stored code is the e4m3
+    value nearest to truth / scale (half an e4m3 step, plus 1e-6 relative for the fp32
+    rotation; saturated to +-448 beyond the range);
+  - decode over an fp8 cache equals float64 attention over the float64 truth quantized
+    the same way and dequantized (FP8_DECODE: the error the kernel adds is the 16-bit
+    path's, ATTN_TOL); against the un-quantized truth, within the bound the storage
+    implies (fp8_fill_and_decode: scores move by at most delta, weights by e^(+-2 delta)).
+Caches start as fp8 NaN (0x7f): an unwritten slot or a read of one fails.
+"""
+import pytest
+import torch
+
+import rope_ext
+from rope_ext import reference as ref
+from conftest import DEVICES, assert_close_f64, randn
+from test_attention import ATTN_TOL, LSE_TOL, assert_attn_close
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+def fp8_nan(shape, device):
+    return torch.full(shape, float("nan"), device=device).to(FP8)
+
+
+def quantize(x, scale):
+    """torch's own fp8 write of x / scale (scale broadcast over the kv-head dim 2 of
+    [.., Hk, D], or a scalar tensor)."""
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
+def head_scale(s, Hk):
+    """[1] or [Hk] scales as a [Hk, 1] broadcastable factor."""
+    return s.reshape(-1, 1).expand(Hk, 1) if s.numel() == 1 else s.reshape(Hk, 1)
+
+
+def assert_fp8_rounding(codes, truth, what):
+    """codes (fp8) against truth (float64, already divided by the scale): the nearest
+    e4m3 value (ties either way), saturated beyond +-448."""
+    c = codes.double().cpu()
+    t = truth.double().cpu()
+    assert not torch.isnan(c).any(), f"{what}: NaN stored (unwritten slot?)"
+    sat = t.abs() > FP8_MAX
+    assert torch.equal(c[sat], t[sat].sign() * FP8_MAX), f"{what}: out-of-range values must saturate to +-448"
+    # e4m3: 3 mantissa bits, exponent >= -6 (subnormal step 2^-9 below 2^-6).
+    e = torch.floor(torch.log2(t.abs().clamp_min(2.0 ** -6)))
+    half_step = torch.exp2(e - 3) / 2
+    err = (c - t).abs()
+    bad = ~sat & ~(err <= half_step * (1 + 1e-6) + t.abs() * 1e-6)
+    assert not bad.any(), (f"{what}: {int(bad.sum())} codes are not the nearest e4m3 value; e.g. truth "
+                           f"{t[bad][0].item():.6g} stored {c[bad][0].item():.6g}")
+
+
+def slot_rows(cache, bt, b, idx):
+    """Rows of cache (contiguous [B, cap, ..] or paged [nb, bs, ..] + block table) for
+    sequence b at cache indices idx."""
+    if bt is None:
+        return cache[b, idx]
+    bs = cache.shape[1]
+    return cache[bt[b, idx // bs].long(), idx % bs]
+
+
+# ---------------------------------------------------------------------------- fp8 append
+@pytest.mark.parametrize("kdtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("cfg", ["neox", "interleaved_partial", "scalar"])
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("per_head", [False, True], ids=["per_tensor", "per_head"])
+def test_fp8_append(device, kdtype, cfg, paged, per_head):
+    """K rotated in fp32 then scaled and rounded once (nearest e4m3, saturating); V and
+    K's un-rotated tail bit-equal to torch's conversion; q rotated in place in its dtype;
+    nothing else written."""
+    B, T, Hk, Hq = 3, 5, 2, 4
+    D = 40 if cfg == "scalar" else 64  # 40: neox halves of 20 features, not whole 16-byte vectors of a 16-bit dtype
+    rkw = dict(rotary_dim=32, interleaved=True) if cfg == "interleaved_partial" else {}
+    cap, bs = 24, 8
+    if paged:
+        nb = B * cap // bs + 2
+        bt = torch.randperm(nb)[: B * cap // bs].view(B, cap // bs).to(torch.int32).to(device)
+        shape = (nb, bs, Hk, D)
+    else:
+        bt, shape = None, (B, cap, Hk, D)
+    kc, vc = fp8_nan(shape, device), fp8_nan(shape, device)
+    # Small scales: |x| / scale reaches past 448 (saturation) as well as the subnormals.
+    ks = (torch.rand(Hk if per_head else 1, device=device) * 0.02 + 0.005)
+    vs = (torch.rand(Hk if per_head else 1, device=device) * 0.02 + 0.005)
+    k, v, q = randn((B, T, Hk, D), kdtype, device), randn((B, T, Hk, D), kdtype, device), randn((B, T, Hq, D), kdtype,
+                                                                                                 device)
+    for x in (k, v):  # subnormal codes, a zero
+        x[0, 0, 0, -4:] = torch.tensor([1e-4, -3e-5, 0.0, 7e-3])
+    sl = torch.tensor([0, 7, 19], dtype=torch.int32, device=device)
+    pos = torch.randint(0, 100000, (B, T), device=device)
+    q0, k0, v0 = q.clone(), k.clone(), v.clone()
+    rope_ext.append_kv(k, v, kc, vc, sl, positions=pos, block_table=bt, q=q, k_scale=ks, v_scale=vs, **rkw)
+    assert torch.equal(k, k0) and torch.equal(v, v0), "k and v are inputs only"
+    R = rkw.get("rotary_dim", D)
+    truth_k = ref.rope_float64(k0, pos, **rkw)
+    assert_close_f64(q, ref.rope_float64(q0, pos, **rkw), q0.abs().max().item(), "q rotated in place")
+    ksc, vsc = head_scale(ks, Hk).double().cpu(), head_scale(vs, Hk).double().cpu()
+    written = torch.zeros(shape[:2], dtype=torch.bool)
+    for b in range(B):
+        idx = sl[b].item() + torch.arange(T, device=device)
+        krow, vrow = slot_rows(kc, bt, b, idx), slot_rows(vc, bt, b, idx)
+        assert torch.equal(vrow.view(torch.uint8).cpu(), quantize(v0[b], head_scale(vs, Hk)).view(torch.uint8).cpu()), \
+            "v: bit-equal to torch's fp8 conversion"
+        if R < D:
+            assert torch.equal(krow[..., R:].view(torch.uint8).cpu(),
+                               quantize(k0[b][..., R:], head_scale(ks, Hk)).view(torch.uint8).cpu()), "k tail"
+        assert_fp8_rounding(krow[..., :R], truth_k[b][..., :R].cpu() / ksc, f"k rotated (sequence {b})")
+        if paged:
+            written[bt[b, idx // bs].long().cpu(), (idx % bs).cpu()] = True
+        else:
+            written[b, idx.cpu()] = True
+    assert torch.isnan(kc.float()[~written.to(device)]).all() and torch.isnan(vc.float()[~written.to(device)]).all(), \
+        "slots of no new token stay untouched"
+
+
+# ---------------------------------------------------------------------------- fp8 decode
+def fp8_fill_and_decode(device, dtype, *, paged, G, q_len, per_head, D=64, Hk=2, B=3, cap=80, num_splits=None):
+    """Prefill (varlen) and one decode step into fp8 caches, then attention_decode; returns
+    (o, lse, truth over the quantized cache (o, lse), truth without quantization (o), max|v|)."""
+    Hq = G * Hk
+    lens = torch.randint(q_len, cap + 1, (B,))
+    lens[0] = cap
+    lens = lens.to(device)
+    prefix = lens - q_len
+    k_full, v_full = randn((B, cap, Hk, D), dtype, device), randn((B, cap, Hk, D), dtype, device)
+    q = randn((B, q_len, Hq, D), dtype, device)
+    # Scales as a calibration would set them (amax / 448 for |x| <~ 12): no saturation
+    # here (test_fp8_append covers it), so the storage error is the rounding's alone.
+    ks = torch.rand(Hk if per_head else 1, device=device) * 0.01 + 0.03
+    vs = torch.rand(Hk if per_head else 1, device=device) * 0.01 + 0.03
+    if paged:
+        nb = B * cap // 16 + 3
+        bt = torch.randperm(nb)[: B * cap // 16].view(B, cap // 16).to(torch.int32).to(device)
+        shape = (nb, 16, Hk, D)
+    else:
+        bt, shape = None, (B, cap, Hk, D)
+    kc, vc = fp8_nan(shape, device), fp8_nan(shape, device)
+    cu = torch.zeros(B + 1, dtype=torch.int32, device=device)
+    cu[1:] = torch.cumsum(prefix, 0)
+    kp = torch.cat([k_full[b, : prefix[b]] for b in range(B)])
+    vp = torch.cat([v_full[b, : prefix[b]] for b in range(B)])
+    zeros = torch.zeros(B, dtype=torch.int32, device=device)
+    fkw = dict(k_scale=ks, v_scale=vs, block_table=bt)
+    rope_ext.append_kv(kp, vp, kc, vc, zeros, cu_seqlens=cu, **fkw)
+    sel = prefix[:, None] + torch.arange(q_len, device=device)[None]
+    kd = torch.stack([k_full[b, sel[b]] for b in range(B)])
+    vd = torch.stack([v_full[b, sel[b]] for b in range(B)])
+    rope_ext.append_kv(kd, vd, kc, vc, prefix.to(torch.int32), **fkw)
+    o, lse = rope_ext.attention_decode(q, kc, vc, lens.to(torch.int32), return_lse=True, num_splits=num_splits, **fkw)
+    # The truth: float64 rope, torch's quantization, dequantized; then float64 attention.
+    kpos = torch.arange(cap, device=device)[None].expand(B, cap)
+    qpos = torch.gather(kpos, 1, sel)
+    qr = ref.rope_float64(q, qpos)
+    kr = ref.rope_float64(k_full, kpos)
+    ksb, vsb = head_scale(ks, Hk).double(), head_scale(vs, Hk).double()
+    k_deq = quantize(kr, ksb.float()).double() * ksb
+    v_deq = quantize(v_full, vsb.float()).double() * vsb
+    want_o, want_lse = ref.attention_float64(qr, k_deq, v_deq, lens)
+    plain_o, _ = ref.attention_float64(qr, kr, v_full.double(), lens)
+    # What the storage implies: a score moves by at most delta = scale * sum_d |q_d| |dk_d|,
+    # so each softmax weight by a factor within e^(+-2 delta); o moves by at most
+    # (e^(2 delta) - 1) max|v| + max|dv|.
+    qa = qr.abs().unflatten(2, (Hk, G))                                    # [B, q_len, Hk, G, D]
+    dk = (k_deq - kr).abs()                                                 # [B, cap, Hk, D]
+    delta = torch.einsum("bjhgd,bkhd->bjhgk", qa, dk).max().item() / D ** 0.5
+    storage = (torch.exp(torch.tensor(2 * delta)) - 1).item() * v_full.abs().max().item() + \
+        (v_deq - v_full.double()).abs().max().item()
+    return o, lse, want_o, want_lse, plain_o, v_full.abs().max().item(), storage
+
+
+@pytest.mark.parametrize("q_len", [1, 4])
+@pytest.mark.parametrize("G", [1, 4, 8])
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fp8_decode(device, dtype, paged, G, q_len):
+    o, lse, want_o, want_lse, plain_o, vmax, storage = fp8_fill_and_decode(device, dtype, paged=paged, G=G,
+                                                                           q_len=q_len, per_head=G != 4)
+    assert_attn_close(o, lse, want_o, want_lse, vmax, "fp8 decode vs float64 over the quantized cache")
+    err = (o.double().cpu() - plain_o.cpu()).abs().max().item()
+    bound = storage + ATTN_TOL[dtype] * vmax
+    assert err <= bound, f"vs the un-quantized truth: {err:.3e} > the storage bound {bound:.3e}"
+
+
+@cuda
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("splits", [1, 3, None])
+def test_fp8_decode_head_dims_and_splits(D, splits):
+    o, lse, want_o, want_lse, _, vmax, _ = fp8_fill_and_decode("cuda", torch.bfloat16, paged=True, G=4, q_len=2,
+                                                            per_head=True, D=D, num_splits=splits, cap=160)
+    assert_attn_close(o, lse, want_o, want_lse, vmax, f"fp8 decode D={D} splits={splits}")
+
+
+# ---------------------------------------------------------------------------- MLA
+YARN_DS = {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "beta_fast": 32,
+           "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.707}
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float16, FP8])
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("varlen", [False, True], ids=["batched", "varlen"])
+def test_append_mla(device, cache_dtype, paged, varlen):
+    """[kv_c | rotated k_pe] in the latent cache: kv_c exact (bf16/fp16) or torch's fp8
+    conversion; k_pe bit-equal to apply_rope's (interleaved, DeepSeek's yarn with an
+    attention factor; fp8: the nearest code of the float64 rotation); q_pe, a strided
+    slice of q, rotated in place bit-equal to apply_rope; other slots untouched."""
+    dt = torch.bfloat16 if cache_dtype == FP8 else cache_dtype
+    B, T, H, L, R, nope = 2, 3, 4, 128, 64, 32
+    f, af = rope_ext.inv_freq(R, 10000.0, YARN_DS, max_position_embeddings=163840, return_attention_factor=True)
+    assert af != 1.0
+    rkw = dict(inv_freq=f.to(device), attention_factor=af)
+    kv_c, k_pe = randn((B, T, L), dt, device), randn((B, T, R), dt, device)
+    q = randn((B, T, H, nope + R), dt, device)
+    q0 = q.clone()
+    sl = torch.tensor([5, 0], dtype=torch.int32, device=device)
+    pos = torch.randint(0, 150000, (B, T), device=device)
+    cap, bs = 16, 4
+    if paged:
+        nb = B * cap // bs + 1
+        bt = torch.randperm(nb)[: B * cap // bs].view(B, cap // bs).to(torch.int32).to(device)
+        cache = torch.full((nb, bs, L + R), float("nan"), device=device).to(cache_dtype)
+    else:
+        bt = None
+        cache = torch.full((B, cap, L + R), float("nan"), device=device).to(cache_dtype)
+    scale = torch.tensor([0.02], device=device) if cache_dtype == FP8 else None
+    cache0 = cache.clone()
+    if varlen:
+        cu = torch.tensor([0, T, 2 * T], dtype=torch.int32, device=device)
+        rope_ext.append_mla(kv_c.flatten(0, 1), k_pe.flatten(0, 1), cache, sl, positions=pos.flatten(), block_table=bt,
+                            q_pe=q.flatten(0, 1)[..., nope:], cu_seqlens=cu, scale=scale, **rkw)
+    else:
+        rope_ext.append_mla(kv_c, k_pe, cache, sl, positions=pos, block_table=bt, q_pe=q[..., nope:], scale=scale, **rkw)
+    want_q = rope_ext.apply_rope(q0[..., nope:], pos, interleaved=True, **rkw)
+    assert torch.equal(q[..., nope:], want_q), "q_pe: bit-equal to apply_rope"
+    assert torch.equal(q[..., :nope], q0[..., :nope]), "q's no-rope part untouched"
+    written = torch.zeros(cache.shape[:2], dtype=torch.bool, device=device)
+    for b in range(B):
+        idx = sl[b].item() + torch.arange(T, device=device)
+        rows = slot_rows(cache, bt, b, idx)
+        if cache_dtype == FP8:
+            assert torch.equal(rows[:, :L].view(torch.uint8), quantize(kv_c[b], scale).view(torch.uint8)), "kv_c (fp8)"
+            truth = ref.rope_float64(k_pe[b][None, :, None], pos[b][None], interleaved=True, **rkw)[0, :, 0]
+            assert_fp8_rounding(rows[:, L:], truth.cpu() / scale.double().cpu(), "k_pe (fp8)")
+        else:
+            assert torch.equal(rows[:, :L], kv_c[b]), "kv_c copied exactly"
+            want = rope_ext.apply_rope(k_pe[b][None, :, None], pos[b][None], interleaved=True, **rkw)[0, :, 0]
+            assert torch.equal(rows[:, L:], want), "k_pe: bit-equal to apply_rope"
+        if paged:
+            written[bt[b, idx // bs].long(), idx % bs] = True
+        else:
+            written[b, idx] = True
+    assert torch.equal(cache.float()[~written].isnan(), cache0.float()[~written].isnan()), "other slots untouched"
+
+
+# ---------------------------------------------------------------------------- errors
+def test_fp8_errors(device):
+    """Clear errors (naming the argument), nothing written."""
+    B, T, Hk, D = 2, 1, 2, 64
+    k, v = randn((B, T, Hk, D), torch.bfloat16, device), randn((B, T, Hk, D), torch.bfloat16, device)
+    kc, vc = fp8_nan((B, 8, Hk, D), device), fp8_nan((B, 8, Hk, D), device)
+    sl = torch.tensor([1, 2], dtype=torch.int32, device=device)
+    s1 = torch.ones(1, device=device)
+    bad = [
+        (dict(), ValueError, "needs k_scale and v_scale"),
+        (dict(k_scale=s1), ValueError, "needs k_scale and v_scale"),
+        (dict(k_scale=s1.double(), v_scale=s1), TypeError, "k_scale must be float32"),
+        (dict(k_scale=torch.ones(3, device=device), v_scale=s1), ValueError, "k_scale must hold one scale"),
+        (dict(k_scale=s1, v_scale=torch.ones(2, 1, device=device)), ValueError, "v_scale must hold one scale"),
+        (dict(k_scale=1.0, v_scale=s1), TypeError, "k_scale must be a float32 torch.Tensor"),
+    ]
+    if device == "cpu":  # values are checked on the host (CUDA: under set_value_checks(True))
+        bad += [(dict(k_scale=s1 * float("inf"), v_scale=s1), ValueError, "finite and > 0"),
+                (dict(k_scale=s1, v_scale=s1 * 0), ValueError, "finite and > 0")]
+    for kw, exc, text in bad:
+        with pytest.raises(exc, match=text):
+            rope_ext.append_kv(k, v, kc, vc, sl, **kw)
+        with pytest.raises(exc, match=text):
+            rope_ext.attention_decode(k, kc, vc, sl, **kw)
+    assert torch.isnan(kc.float()).all() and torch.isnan(vc.float()).all(), "nothing written"
+    bc, bv = torch.zeros(B, 8, Hk, D, dtype=torch.bfloat16, device=device), torch.zeros(B, 8, Hk, D, dtype=torch.bfloat16,
+                                                                                         device=device)
+    with pytest.raises(ValueError, match="apply to fp8"):
+        rope_ext.append_kv(k, v, bc, bv, sl, k_scale=s1, v_scale=s1)
+    e5 = torch.zeros(B, 8, Hk, D, device=device).to(torch.float8_e5m2)
+    with pytest.raises(TypeError, match="float8_e4m3fn"):
+        rope_ext.append_kv(k, v, e5, e5.clone(), sl, k_scale=s1, v_scale=s1)
+    with pytest.raises(ValueError, match="impl='hybrid'"):
+        rope_ext.attention_decode(k, kc, vc, sl, k_scale=s1, v_scale=s1, impl="hybrid_simt")
+    with pytest.raises(ValueError, match="cache must be"):
+        rope_ext.append_mla(k[:, :, 0], k[:, :, 0, :32], torch.zeros(B, 8, 90, dtype=torch.bfloat16, device=device), sl)
+    with pytest.raises(ValueError, match="scale must hold one value"):
+        rope_ext.append_mla(k[:, :, 0, :32], k[:, :, 0, :32], fp8_nan((B, 8, 64), device), sl,
+                            scale=torch.ones(2, device=device))
+
+
+# ---------------------------------------------------------------------------- graphs and compile
+@cuda
+def test_fp8_cuda_graph_replay():
+    """append_kv + attention_decode over fp8 caches captured once, replayed with new
+    cache_seqlens: equal to eager calls."""
+    dev, dt = "cuda", torch.bfloat16
+    B, Hk, G, D, cap = 2, 2, 4, 128, 256
+    kc, vc = torch.zeros(B, cap, Hk, D, device=dev).to(FP8), torch.zeros(B, cap, Hk, D, device=dev).to(FP8)
+    ks, vs = torch.full((Hk,), 0.02, device=dev), torch.full((1,), 0.03, device=dev)
+    rope_ext.append_kv(randn((B, cap, Hk, D), dt, dev), randn((B, cap, Hk, D), dt, dev), kc, vc,
+                       torch.zeros(B, dtype=torch.int32, device=dev), k_scale=ks, v_scale=vs)
+    k, v, q = randn((B, 1, Hk, D), dt, dev), randn((B, 1, Hk, D), dt, dev), randn((B, 1, G * Hk, D), dt, dev)
+    sl = torch.tensor([10, 100], dtype=torch.int32, device=dev)
+
+    def step():
+        rope_ext.append_kv(k, v, kc, vc, sl, k_scale=ks, v_scale=vs)
+        return rope_ext.attention_decode(q, kc, vc, sl + 1, k_scale=ks, v_scale=vs, max_seqlen=cap)
+
+    step()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = step()
+    for lens in ([5, 200], [254, 0], [31, 77]):
+        sl.copy_(torch.tensor(lens))
+        g.replay()
+        want = step()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want), lens
+
+
+def test_compile_fullgraph_fp8_and_mla(device):
+    """append_mla and an fp8 append + decode in one compiled graph, equal to eager."""
+    dt = torch.bfloat16
+    B, Hk, D, L, R = 2, 2, 64, 64, 32
+    sl = torch.tensor([3, 6], dtype=torch.int32, device=device)
+    k, v, q = randn((B, 1, Hk, D), dt, device), randn((B, 1, Hk, D), dt, device), randn((B, 1, 4, D), dt, device)
+    kv_c, k_pe, q_pe = randn((B, 1, L), dt, device), randn((B, 1, R), dt, device), randn((B, 1, 2, R), dt, device)
+    ks, vs = torch.full((Hk,), 0.02, device=device), torch.full((1,), 0.05, device=device)
+
+    def f(kc, vc, lat, qq):
+        rope_ext.append_kv(k, v, kc, vc, sl, k_scale=ks, v_scale=vs)
+        rope_ext.append_mla(kv_c, k_pe, lat, sl, q_pe=qq)
+        return rope_ext.attention_decode(q, kc, vc, sl + 1, k_scale=ks, v_scale=vs)
+
+    def fresh():
+        torch.manual_seed(0)
+        return (torch.randn(B, 8, Hk, D, device=device).to(FP8), torch.randn(B, 8, Hk, D, device=device).to(FP8),
+                torch.randn(B, 8, L + R, device=device).to(dt), q_pe.clone())
+
+    a = fresh()
+    want = f(*a)
+    b = fresh()
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(*b)
+    assert torch.equal(got, want)
+    for x, y in zip(a, b):
+        assert torch.equal(x.view(torch.uint8) if x.dtype == FP8 else x, y.view(torch.uint8) if y.dtype == FP8 else y)
