@@ -33,11 +33,19 @@
 // this kernel's time. The split rule (attention_dispatch.cu) came from forced-split rows.
 //   - Shared-memory tiles are XOR-swizzled by 16-byte chunk (chunk ^ key % 8), so the
 //     8 rows an ldmatrix reads fall in 8 different bank groups.
-//   - FP8 caches (kFp8, issue 20): the rings hold e4m3 tiles (half the bytes, so one
-//     more stage at D <= 128 keeps the bytes in flight); each warp widens its tile into
-//     a private T tile (exact: every e4m3 value is a bf16 / fp16 value) laid out as the
-//     16-bit path's, and the MMAs run unchanged. The scales fold into the score scale
-//     (k_scale) and the output (v_scale, before the merge).
+//   - FP8 caches (kFp8, issue 20): the rings hold e4m3 tiles and the MMA fragments
+//     are built from them directly: ldmatrix (b16 view of the bytes) then one
+//     cvt.rn.f16x2.e4m3x2 per register pair, exact. K: a lane's 4 bytes are features
+//     4t..4t+3 of a 16-feature chunk, used as the MMA's k-indices {2t, 2t+1, 2t+8, 2t+9},
+//     so Q is stored with its features permuted the same way (fp8_qcol). V: ldmatrix
+//     .trans gives 2 keys x 2 features per lane; a byte permute splits even and odd
+//     features into two n-tiles, so O's columns come out permuted and put_fp8 undoes it.
+//     The MMAs run in fp16 (every e4m3 value is exact there; q, rotated in fp32, is
+//     rounded to fp16 instead of bf16: finer, but |q| must stay below 65504). The scales
+//     fold into the score scale (k_scale) and into O before the merge (v_scale).
+//     Run 1 of issue 20 first widened each tile into a bf16 tile in shared memory
+//     (cvt, st.shared, a warp barrier per tile): fp8 took 0.68-0.75x the bf16 cache's
+//     time, 62-76% of copy on its bytes; the per-tile chain, not the bytes, was the cost.
 //   - P is rounded to the cache dtype for the P.V MMA (as flash-attention does); scores,
 //     the softmax state and O stay fp32. Q is rotated in fp32 and rounded once to the
 //     cache dtype (the separate path's rope output is rounded the same way).
@@ -58,25 +66,23 @@ namespace rope_ext {
 namespace cuda {
 namespace mma_decode {
 
+// fp8: 3 stages at D >= 128 (the merge must fit in the rings at D = 256; at D = 128 it
+// leaves 60 KB per CTA, 3 CTAs per SM), 4 at D = 64.
 template <int D, bool kFp8>
-constexpr int stages() { return D >= 256 ? 2 : (kFp8 ? 4 : 3); }
+constexpr int stages() { return kFp8 ? (D >= 128 ? 3 : 4) : (D >= 256 ? 2 : 3); }
 
-// Shared memory: the warps' tile rings (cache elements: 2 bytes, or 1 for fp8) | fp8
-// only: each warp's widened K and V tile in T | Q [16][D] in T | the Q sin/cos table
-// [16 tokens][D/2] x 2 floats | the warps' tile-validity masks. The end-of-loop merge
-// reuses the rings and widened tiles ([kWarps][16][D] floats + m, l).
+// Shared memory: the warps' tile rings (cache elements: 2 bytes, or 1 for fp8) | Q
+// [16][D] in the MMA type | the Q sin/cos table [16 tokens][D/2] x 2 floats | the warps'
+// tile-validity masks. The end-of-loop merge reuses the rings ([kWarps][16][D] floats + m, l).
 template <int D, bool kFp8>
 constexpr size_t ring_bytes() { return size_t(kWarps) * stages<D, kFp8>() * 2 * kTileKeys * D * (kFp8 ? 1 : 2); }
 template <int D, bool kFp8>
-constexpr size_t wide_bytes() { return kFp8 ? size_t(kWarps) * 2 * kTileKeys * D * 2 : 0; }
-template <int D, bool kFp8>
 constexpr size_t smem_bytes() {
-  return ring_bytes<D, kFp8>() + wide_bytes<D, kFp8>() + size_t(kRows) * D * 2 + size_t(kRows) * D * 4 +
-         kWarps * stages<D, kFp8>() * 4;
+  return ring_bytes<D, kFp8>() + size_t(kRows) * D * 2 + size_t(kRows) * D * 4 + kWarps * stages<D, kFp8>() * 4;
 }
 template <int D, bool kFp8>
 constexpr bool merge_fits() {
-  return size_t(kWarps) * kRows * D * 4 + 2 * kWarps * kRows * 4 <= ring_bytes<D, kFp8>() + wide_bytes<D, kFp8>();
+  return size_t(kWarps) * kRows * D * 4 + 2 * kWarps * kRows * 4 <= ring_bytes<D, kFp8>();
 }
 static_assert(merge_fits<64, false>() && merge_fits<128, false>() && merge_fits<256, false>() &&
               merge_fits<64, true>() && merge_fits<128, true>() && merge_fits<256, true>(), "merge fits in the rings");
@@ -139,17 +145,27 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   return u;
 }
 
-// Two e4m3 values (the low byte first) -> two T in one register; exact.
-template <typename T>
-__device__ __forceinline__ uint32_t widen_fp8x2(uint32_t two) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
-  if constexpr (std::is_same<T, c10::Half>::value) {
-    return uint32_t(h.x) | (uint32_t(h.y) << 16);
-  } else {
-    const float2 f = __half22float2(__half2(h));
-    const __nv_bfloat162 b = __float22bfloat162_rn(f);
-    return *reinterpret_cast<const uint32_t*>(&b);
-  }
+// Two e4m3 values (the low 16 bits, the lower index first) -> an fp16 pair; exact.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+}
+
+// fp8 tiles: byte offset of (key row, 16-byte chunk c), swizzled so that the 8 rows an
+// ldmatrix reads fall in 8 different bank groups (rows of 64 bytes pair up in a
+// 128-byte line, hence the shift at D = 64).
+template <int D>
+__device__ __forceinline__ int swz8(int row, int c) {
+  constexpr int CH = D / 16;
+  const int f = CH >= 8 ? (row & 7) : ((row >> 1) & (CH - 1));
+  return row * D + ((c ^ f) << 4);
+}
+
+// fp8: the Q column that holds feature d (K's fragments read features 4t..4t+3 of a
+// 16-feature chunk as the MMA's k-indices 2t, 2t+1, 2t+8, 2t+9).
+__device__ __forceinline__ int fp8_qcol(int d) {
+  const int t = (d & 15) >> 2, r = d & 3;
+  return (d & ~15) + (r < 2 ? 2 * t + r : 8 + 2 * t + r - 2);
 }
 
 // Element offset of (row, feature chunk c) in a swizzled [rows][D] tile of 8-element chunks.
@@ -165,6 +181,7 @@ __device__ __forceinline__ int swz(int row, int c) { return row * D + ((c ^ (row
 template <typename T, int D, bool kUpper, bool kFp8>
 __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_constant__ DecodeParams p) {
   using C = std::conditional_t<kFp8, uint8_t, T>;  // a cache element
+  using M = std::conditional_t<kFp8, c10::Half, T>;  // the MMAs' input type
   constexpr int NS = stages<D, kFp8>();
   constexpr int EC = 16 / sizeof(C);           // cache elements per 16-byte chunk
   constexpr int CH = D / EC;                   // 16-byte chunks per cache row
@@ -177,8 +194,7 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
 #endif
   extern __shared__ __align__(16) unsigned char smem_raw[];
   C* ring = reinterpret_cast<C*>(smem_raw);
-  T* wide = reinterpret_cast<T*>(smem_raw + ring_bytes<D, kFp8>());  // fp8: [kWarps][K, V][16][D]
-  T* q_s = wide + wide_bytes<D, kFp8>() / sizeof(T);
+  M* q_s = reinterpret_cast<M*>(smem_raw + ring_bytes<D, kFp8>());
   float* tab_s = reinterpret_cast<float*>(q_s + kRows * D);  // [16][D/2] cos, then [16][D/2] sin
   uint32_t* mask_s = reinterpret_cast<uint32_t*>(tab_s + kRows * D);
 
@@ -259,9 +275,8 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
     }
     return s;
   };
-  // Ring tiles: the 16-bit path's swizzled layout (read by ldmatrix); fp8 tiles plain
-  // row-major (read by the widening pass, a lane's 16 bytes after its neighbour's).
-  auto ring_at = [&](int row, int c) { return kFp8 ? row * D + c * EC : swz<D>(row, c); };
+  // Ring tiles, swizzled by 16-byte chunk (swz in elements, swz8 in bytes for fp8).
+  auto ring_at = [&](int row, int c) { return kFp8 ? swz8<D>(row, c) : swz<D>(row, c); };
   auto issue = [&](int t, const Slot& s) {
     C* kd = my_ring + (t % NS) * 2 * TILE;
     C* vd = kd + TILE;
@@ -326,8 +341,9 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
       x0 = y0;
       x1 = y1;
     }
-    q_s[swz<D>(rr, d0 >> 3) + (d0 & 7)] = static_cast<T>(x0);
-    q_s[swz<D>(rr, d1 >> 3) + (d1 & 7)] = static_cast<T>(x1);
+    const int c0 = kFp8 ? fp8_qcol(d0) : d0, c1 = kFp8 ? fp8_qcol(d1) : d1;
+    q_s[swz<D>(rr, c0 >> 3) + (c0 & 7)] = static_cast<M>(x0);
+    q_s[swz<D>(rr, c1 >> 3) + (c1 & 7)] = static_cast<M>(x1);
   }
   __syncthreads();
 
@@ -354,46 +370,36 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
     next = slot_of(t + NS);
     cp_async_wait<NS - 1>();
     __syncwarp();
-    const T* Ks;
-    if constexpr (kFp8) {  // widen the e4m3 tile pair into this warp's T tiles
-      const uint8_t* src = my_ring + (t % NS) * 2 * TILE;
-      T* dst = wide + warp * 2 * TILE;
-#pragma unroll
-      for (int i = 0; i < 2 * kTileKeys * CH / 32; ++i) {
-        const int e = lane + i * 32, kv = e / (kTileKeys * CH), rc = e - kv * (kTileKeys * CH);
-        const int row = rc / CH, c = rc - row * CH;
-        const uint4 raw = *reinterpret_cast<const uint4*>(src + kv * TILE + row * D + c * 16);
-        uint4 lo, hi;
-        lo.x = widen_fp8x2<T>(raw.x & 0xffffu);
-        lo.y = widen_fp8x2<T>(raw.x >> 16);
-        lo.z = widen_fp8x2<T>(raw.y & 0xffffu);
-        lo.w = widen_fp8x2<T>(raw.y >> 16);
-        hi.x = widen_fp8x2<T>(raw.z & 0xffffu);
-        hi.y = widen_fp8x2<T>(raw.z >> 16);
-        hi.z = widen_fp8x2<T>(raw.w & 0xffffu);
-        hi.w = widen_fp8x2<T>(raw.w >> 16);
-        T* d = dst + kv * TILE;
-        *reinterpret_cast<uint4*>(d + swz<D>(row, 2 * c)) = lo;
-        *reinterpret_cast<uint4*>(d + swz<D>(row, 2 * c + 1)) = hi;
-      }
-      __syncwarp();
-      Ks = dst;
-    } else {
-      Ks = my_ring + (t % NS) * 2 * TILE;
-    }
-    const T* Vs = Ks + TILE;
+    const C* Ks = my_ring + (t % NS) * 2 * TILE;
+    const C* Vs = Ks + TILE;
     const uint32_t vmask = mask_s[warp * NS + t % NS];
     const int key0 = kbeg + (warp + t * kWarps) * kTileKeys;
 
     // S = Q K^T: [16 rows] x [16 keys] as two n-tiles of 8 keys.
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    if constexpr (kFp8) {
+      // One ldmatrix: keys 0-7 / 8-15 x chunks 2pp / 2pp + 1 (16 features each, one k-step).
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t a[4], kb[4];
-      ldmatrix_x4(a, q_s + swz<D>((mi & 1) * 8 + mr, 2 * kk + (mi >> 1)));    // rows 0-7/8-15 x k lo/hi
-      ldmatrix_x4(kb, Ks + swz<D>((mi >> 1) * 8 + mr, 2 * kk + (mi & 1)));  // keys 0-7/8-15 x k lo/hi
-      mma16816<T>(s[0], a, kb[0], kb[1]);
-      mma16816<T>(s[1], a, kb[2], kb[3]);
+      for (int pp = 0; pp < D / 32; ++pp) {
+        uint32_t kb[4];
+        ldmatrix_x4(kb, Ks + swz8<D>((mi & 1) * 8 + mr, 2 * pp + (mi >> 1)));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint32_t a[4];
+          ldmatrix_x4(a, q_s + swz<D>((mi & 1) * 8 + mr, 2 * (2 * pp + h) + (mi >> 1)));
+          mma16816<M>(s[0], a, e4m3x2_to_f16x2(kb[2 * h]), e4m3x2_to_f16x2(kb[2 * h] >> 16));
+          mma16816<M>(s[1], a, e4m3x2_to_f16x2(kb[2 * h + 1]), e4m3x2_to_f16x2(kb[2 * h + 1] >> 16));
+        }
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[4], kb[4];
+        ldmatrix_x4(a, q_s + swz<D>((mi & 1) * 8 + mr, 2 * kk + (mi >> 1)));    // rows 0-7/8-15 x k lo/hi
+        ldmatrix_x4(kb, Ks + swz<D>((mi >> 1) * 8 + mr, 2 * kk + (mi & 1)));  // keys 0-7/8-15 x k lo/hi
+        mma16816<M>(s[0], a, kb[0], kb[1]);
+        mma16816<M>(s[1], a, kb[2], kb[3]);
+      }
     }
     // Mask (key past the row's limit, or a slot that does not exist), scale, online softmax.
     float mx_lo = ninf, mx_hi = ninf;
@@ -428,14 +434,14 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
       const float p00 = exp2f(s[0][0] - sub_lo), p01 = exp2f(s[0][1] - sub_lo);
       const float p10 = exp2f(s[1][0] - sub_lo), p11 = exp2f(s[1][1] - sub_lo);
       l_lo = l_lo * al_lo + (p00 + p01 + p10 + p11);
-      pa[0] = pack2<T>(p00, p01);
-      pa[2] = pack2<T>(p10, p11);
+      pa[0] = pack2<M>(p00, p01);
+      pa[2] = pack2<M>(p10, p11);
       if (kUpper) {
         const float q00 = exp2f(s[0][2] - sub_hi), q01 = exp2f(s[0][3] - sub_hi);
         const float q10 = exp2f(s[1][2] - sub_hi), q11 = exp2f(s[1][3] - sub_hi);
         l_hi = l_hi * al_hi + (q00 + q01 + q10 + q11);
-        pa[1] = pack2<T>(q00, q01);
-        pa[3] = pack2<T>(q10, q11);
+        pa[1] = pack2<M>(q00, q01);
+        pa[3] = pack2<M>(q10, q11);
       } else {
         pa[1] = pa[3] = 0u;
       }
@@ -453,12 +459,30 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
       }
     }
     // O += P V: V^T fragments by ldmatrix.trans, two 8-feature n-tiles per load.
+    if constexpr (kFp8) {
+      // ldmatrix.trans: a lane holds keys 2t, 2t+1 x features 2g, 2g+1 of a chunk; the even
+      // features feed n-tile 2c, the odd ones n-tile 2c + 1 (put_fp8 restores the order).
 #pragma unroll
-    for (int dn = 0; dn < D / 16; ++dn) {
-      uint32_t vb[4];
-      ldmatrix_x4_trans(vb, Vs + swz<D>((mi & 1) * 8 + mr, 2 * dn + (mi >> 1)));  // keys lo/hi x d lo/hi
-      mma16816<T>(o[2 * dn], pa, vb[0], vb[1]);
-      mma16816<T>(o[2 * dn + 1], pa, vb[2], vb[3]);
+      for (int pp = 0; pp < D / 32; ++pp) {
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, Vs + swz8<D>((mi & 1) * 8 + mr, 2 * pp + (mi >> 1)));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int c = 2 * pp + h;
+          const uint32_t lo = vb[2 * h], hi = vb[2 * h + 1];  // keys 0-7, 8-15
+          mma16816<M>(o[2 * c], pa, e4m3x2_to_f16x2(__byte_perm(lo, 0, 0x20)), e4m3x2_to_f16x2(__byte_perm(hi, 0, 0x20)));
+          mma16816<M>(o[2 * c + 1], pa, e4m3x2_to_f16x2(__byte_perm(lo, 0, 0x31)),
+                      e4m3x2_to_f16x2(__byte_perm(hi, 0, 0x31)));
+        }
+      }
+    } else {
+#pragma unroll
+      for (int dn = 0; dn < D / 16; ++dn) {
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, Vs + swz<D>((mi & 1) * 8 + mr, 2 * dn + (mi >> 1)));  // keys lo/hi x d lo/hi
+        mma16816<M>(o[2 * dn], pa, vb[0], vb[1]);
+        mma16816<M>(o[2 * dn + 1], pa, vb[2], vb[3]);
+      }
     }
     __syncwarp();  // the tile is consumed before the ring slot is refilled
   }
@@ -486,11 +510,22 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   float* ls = ms + kWarps * kRows;
   auto put = [&](int rr, int cbase, float m, float l) {
     if (rr >= nrows) return;
-    float* dst = os + (warp * kRows + rr) * D + (lane & 3) * 2;
+    if constexpr (kFp8) {  // put_fp8: n-tiles 2c / 2c + 1 hold chunk c's even / odd features
+      float* dst = os + (warp * kRows + rr) * D + (lane & 3) * 4;
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      dst[n * 8] = o[n][cbase];
-      dst[n * 8 + 1] = o[n][cbase + 1];
+      for (int c = 0; c < D / 16; ++c) {
+        dst[c * 16] = o[2 * c][cbase];
+        dst[c * 16 + 1] = o[2 * c + 1][cbase];
+        dst[c * 16 + 2] = o[2 * c][cbase + 1];
+        dst[c * 16 + 3] = o[2 * c + 1][cbase + 1];
+      }
+    } else {
+      float* dst = os + (warp * kRows + rr) * D + (lane & 3) * 2;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        dst[n * 8] = o[n][cbase];
+        dst[n * 8 + 1] = o[n][cbase + 1];
+      }
     }
     if ((lane & 3) == 0) {
       ms[warp * kRows + rr] = m;
