@@ -104,6 +104,8 @@ constexpr int64_t kMinKeysPerSplitMma = cuda::mma_decode::kWarps * cuda::mma_dec
 constexpr int64_t kShortCtas = 64;
 constexpr int64_t kShortSplitKeys = 256;
 constexpr int kMaxSplits = 256;
+constexpr int64_t kFp8Ctas = 128;
+constexpr int64_t kFp8SplitKeys = 128;
 
 template <typename T, int D, int kRows, bool kFull>
 void launch_decode_kernel(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
@@ -249,6 +251,16 @@ int decode_num_splits(const DecodeParams& p, int64_t max_keys, c10::Device devic
     const int64_t short_s = ceil_div(kShortCtas, ctas);
     int64_t s = ceil_div(max_keys, short_s) <= kShortSplitKeys
                     ? short_s : choose_splits(ctas, slots, max_keys, kMinKeysPerSplitMma);
+    if (p.cache.fp8) {
+      // fp8 caches (forced splits, bench/fp8_splits.py, H100 run 3 of issue 20, Hq 32 Hk 8
+      // D 128): the fastest count was 4 at B = 8 (ctx 2048-32768) and B = 64 (ctx 8192:
+      // 409 us vs 458 with the rule above's 1 split), 16 at B = 1 (ctx 2048, 8192: 22.2
+      // us vs 36.0 with 43). Half the bytes per key make a split's fixed cost relatively
+      // dearer but leave the wave tail the same, so: at least 4 splits, ~128 CTAs, and at
+      // least kFp8SplitKeys keys per split.
+      s = std::max<int64_t>(4, ceil_div(kFp8Ctas, ctas));
+      s = std::min<int64_t>(s, std::max<int64_t>(1, max_keys / kFp8SplitKeys));
+    }
     if (s <= 1) return 1;
     // Whole tiles per warp: t = the tiles per warp s splits would give (rounded down, at
     // least 1), then the fewest splits with at most t.
