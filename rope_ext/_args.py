@@ -101,6 +101,13 @@ def _offsets_arg(offsets):
     return offsets, None
 
 
+def _factor_arg(attention_factor):
+    """attention_factor (multiplies cos and sin) as a float, after the type check."""
+    if isinstance(attention_factor, bool) or not isinstance(attention_factor, (int, float)):
+        raise TypeError(f"rope_ext: attention_factor must be a number, got {type(attention_factor).__name__}")
+    return float(attention_factor)
+
+
 def _freq_args(base, inv_freq, cos_sin_cache, rotary_dim):
     """(float base, rotary_dim or -1) after the checks shared by every op family."""
     if (inv_freq is not None or cos_sin_cache is not None) and base != DEFAULT_BASE:
@@ -142,12 +149,11 @@ def _op_options(layout, positions, offsets, base, impl, cu_seqlens, rotary_dim, 
     base, rotary_dim = _freq_args(base, inv_freq, cos_sin_cache, rotary_dim)
     if not isinstance(impl, str):
         raise TypeError(f"rope_ext: impl must be a str (one of 'auto', {', '.join(map(repr, IMPLS))}), got {type(impl).__name__}")
-    if isinstance(attention_factor, bool) or not isinstance(attention_factor, (int, float)):
-        raise TypeError(f"rope_ext: attention_factor must be a number, got {type(attention_factor).__name__}")
+    attention_factor = _factor_arg(attention_factor)
     if not (cp_group is None and type(cp_size) is int and type(cp_rank) is int and cp_size == 1 and cp_rank == 0):
         cp_size, cp_rank = _cp_args(cp_size, cp_rank, cp_group)
     return [positions, offsets_t, cu_seqlens, inv_freq, cos_sin_cache, offset, float(base), rotary_dim,
-            bool(interleaved), False, impl, float(attention_factor), cp_size, cp_rank,
+            bool(interleaved), False, impl, attention_factor, cp_size, cp_rank,
             [] if sections is None else _sections_arg(sections), bool(sections_interleaved)]
 
 

@@ -25,7 +25,7 @@ what they mean for rope_ext.apply_rope: same kernels' sin/cos, same HF float32 t
 import torch
 
 from ._ops import ops
-from ._args import DEFAULT_BASE, _freq_args, _offsets_arg
+from ._args import DEFAULT_BASE, _factor_arg, _freq_args, _offsets_arg
 from .api import apply_rope, apply_rope_qk
 
 #: attention_decode variants: "hybrid" = variant 5 (tensor cores, csrc/cuda/decode_mma.cuh),
@@ -63,12 +63,6 @@ def _scales(k_scale, v_scale):
             raise TypeError(f"rope_ext: {name} must be a float32 torch.Tensor ([1] or [Hk]) or None, got "
                             f"{type(t).__name__} (a tensor keeps the call CUDA-graph safe)")
     return k_scale, v_scale
-
-
-def _factor(attention_factor):
-    if isinstance(attention_factor, bool) or not isinstance(attention_factor, (int, float)):
-        raise TypeError(f"rope_ext: attention_factor must be a number, got {type(attention_factor).__name__}")
-    return float(attention_factor)
 
 
 def _check_tensors(**kw):
@@ -117,7 +111,7 @@ def append_kv(k, v, k_cache, v_cache, cache_seqlens, *, positions=None, block_ta
     k_scale, v_scale = _scales(k_scale, v_scale)
     ops.append_kv(k, v, k_cache, v_cache, cache_seqlens, cu_seqlens, positions, block_table, q, offsets_t, offset,
                   inv_freq, cos_sin_cache, base, rotary_dim, bool(interleaved), bool(rotate_k), k_scale, v_scale,
-                  _factor(attention_factor))
+                  _factor_arg(attention_factor))
 
 
 def append_mla(kv_c, k_pe, cache, cache_seqlens, *, positions=None, block_table=None, q_pe=None, cu_seqlens=None,
@@ -226,7 +220,7 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, positions=None, bloc
                                   inv_freq, cos_sin_cache, base, rotary_dim, bool(interleaved), softmax_scale,
                                   bool(causal), _int_or_none(max_seqlen, "max_seqlen"),
                                   _int_or_none(num_splits, "num_splits"), impl, k_scale, v_scale,
-                                  _factor(attention_factor))
+                                  _factor_arg(attention_factor))
     return (o, lse) if return_lse else o
 
 

@@ -72,7 +72,7 @@ void append_cpu_impl(const AppendParams& p) {
   const int64_t heads = p.Hq + 2 * p.cache.Hk;
   at::parallel_for(0, p.num_tokens, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, heads * r.D)),
                    [&](int64_t t0, int64_t t1) {
-    std::vector<float> sn(r.R / 2), cs(r.R / 2);
+    std::vector<float> sn(r.R / 2), cs(r.R / 2), kf(c.fp8 ? r.D : 0);
     for (int64_t t = t0; t < t1; ++t) {
       const AppendToken a = append_token(p, t);
       const int64_t idx = cache_len(p.cache, a.b) + a.j;
@@ -95,7 +95,6 @@ void append_cpu_impl(const AppendParams& p) {
           Fp8* kout = static_cast<Fp8*>(c.k) + ko + h * c.k_stride[2];
           Fp8* vout = static_cast<Fp8*>(c.v) + vo + h * c.v_stride[2];
           const float ks = c.k_scale[h * c.k_scale_stride], vs = c.v_scale[h * c.v_scale_stride];
-          std::vector<float> kf(r.D);
           load_row_f32<T>(r, krow, p.k_stride[3], kf.data(), p.rotate_k ? sn.data() : nullptr, cs.data());
           for (int d = 0; d < r.D; ++d) kout[d] = quantize(kf[d], ks);
           for (int64_t d = 0; d < p.Dv; ++d) vout[d] = quantize(static_cast<float>(vrow[d * p.v_stride[3]]), vs);
@@ -114,13 +113,14 @@ void append_cpu_impl(const AppendParams& p) {
   });
 }
 
-// Row `off` of a cache as fp32 (fp8: times its scale).
+// Row `off` (element offset of slot and head hk) of the K or V cache as fp32 (fp8: times
+// its scale).
 template <typename T>
-void load_cache_row(const KVCacheView& c, const void* base, int64_t off, const float* scale, int64_t scale_stride,
-                    int64_t hk, int D, float* out) {
+void load_cache_row(const KVCacheView& c, bool is_v, int64_t off, int64_t hk, int D, float* out) {
+  const void* base = is_v ? c.v : c.k;
   if (c.fp8) {
     const Fp8* x = static_cast<const Fp8*>(base) + off;
-    const float s = scale[hk * scale_stride];
+    const float s = is_v ? c.v_scale[hk * c.v_scale_stride] : c.k_scale[hk * c.k_scale_stride];
     for (int d = 0; d < D; ++d) out[d] = static_cast<float>(x[d]) * s;
   } else {
     const T* x = static_cast<const T*>(base) + off;
@@ -160,8 +160,7 @@ void decode_cpu_impl(const DecodeParams& p, bool full_fusion) {
           row_sincos(r, freq, attn_position(r, 0, 0, b, i), sn.data(), cs.data());
           load_row_f32<T>(r, k, 1, kf.data(), sn.data(), cs.data());
         } else {
-          load_cache_row<T>(p.cache, p.cache.k, ko + hk * p.cache.k_stride[2], p.cache.k_scale, p.cache.k_scale_stride,
-                            hk, D, kf.data());
+          load_cache_row<T>(p.cache, false, ko + hk * p.cache.k_stride[2], hk, D, kf.data());
         }
         float s = 0.f;
         for (int d = 0; d < D; ++d) s += qf[d] * kf[d];
@@ -180,8 +179,7 @@ void decode_cpu_impl(const DecodeParams& p, bool full_fusion) {
         if (scores[i] == ninf) continue;
         int64_t ko = 0, vo = 0;
         cache_slot(p.cache, b, i, &ko, &vo);  // valid: its score is finite
-        load_cache_row<T>(p.cache, p.cache.v, vo + hk * p.cache.v_stride[2], p.cache.v_scale, p.cache.v_scale_stride, hk,
-                          D, vf.data());
+        load_cache_row<T>(p.cache, true, vo + hk * p.cache.v_stride[2], hk, D, vf.data());
         const float e = std::exp(scores[i] - m);
         l += e;
         for (int d = 0; d < D; ++d) acc[d] += e * vf[d];
