@@ -7,8 +7,9 @@ Truths:
     bit-equal to torch's own conversion, (x.float() / scale).clamp(-448, 448)
     .to(torch.float8_e4m3fn);
   - rotated K is checked against the float64 rotation: each stored code is the e4m3
-    value nearest to truth / scale (half an e4m3 step, plus 1e-6 relative for the fp32
-    rotation; saturated to +-448 beyond the range);
+    value nearest to truth / scale (half an e4m3 step, plus 2e-6 of the row's largest
+    |truth| for the fp32 rotation, whose error scales with the pair's magnitude, not the
+    element's; saturated to +-448 beyond the range);
   - decode over an fp8 cache equals float64 attention over the float64 truth quantized
     the same way and dequantized (FP8_DECODE: the error the kernel adds is the 16-bit
     path's, ATTN_TOL); against the un-quantized truth, within the bound the storage
@@ -55,7 +56,10 @@ def assert_fp8_rounding(codes, truth, what):
     e = torch.floor(torch.log2(t.abs().clamp_min(2.0 ** -6)))
     half_step = torch.exp2(e - 3) / 2
     err = (c - t).abs()
-    bad = ~sat & ~(err <= half_step * (1 + 1e-6) + t.abs() * 1e-6)
+    # The fp32 rotation's error scales with the row's magnitude (x cos - y sin), not with
+    # |t|: a truth within that of a tie may round either way (CI once saw -3.875 -> -4).
+    slack = t.abs().amax(-1, keepdim=True) * 2e-6
+    bad = ~sat & ~(err <= half_step + slack)
     assert not bad.any(), (f"{what}: {int(bad.sum())} codes are not the nearest e4m3 value; e.g. truth "
                            f"{t[bad][0].item():.6g} stored {c[bad][0].item():.6g}")
 
