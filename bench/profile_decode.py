@@ -1,29 +1,63 @@
-"""Decode calls for ncu (issue 18: find where the time goes):
+"""Decode and append calls for ncu (issues 18 and 20: where the time goes):
 
-    ncu --profile-from-start off -k regex:decode python bench/profile_decode.py
+    ncu --profile-from-start off -k regex:"decode|append|merge" python bench/profile_decode.py [CASE ...]
 
-Profiles one call of each decode variant at B = 1, ctx 512 (latency-bound) and B = 64,
-ctx 8192 (bandwidth-bound), Hq 32, Hk 8, D 128, bf16, contiguous cache, after warm-up;
-the profiler range covers only those calls."""
+Profiles one call of each case after warm-up (the profiler range covers only those
+calls), Hq 32, Hk 8, D 128, bf16 q, contiguous cache. Cases (default: all):
+  bf16_b1_512, bf16_b1_32768, bf16_b8_8192, fp8_b8_8192, fp8_b8_32768, fp8_b64_8192,
+  append_8192 (append_kv without q, T = 8192 tokens), append_16."""
+import sys
+
 import torch
 
 import rope_ext
 
 Hq, Hk, D = 32, 8, 128
-calls = []
-for B, ctx in ((1, 512), (64, 8192)):
-    kc = torch.randn(B, ctx, Hk, D, device="cuda", dtype=torch.bfloat16)
+dev = "cuda"
+FP8 = torch.float8_e4m3fn
+
+
+def decode_case(cache, B, ctx):
+    kc = torch.randn(B, ctx, Hk, D, device=dev, dtype=torch.bfloat16)
     vc = torch.randn_like(kc)
-    q = torch.randn(B, 1, Hq, D, device="cuda", dtype=torch.bfloat16)
-    lens = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
-    for impl in ("hybrid", "hybrid_simt"):
-        calls.append(lambda q=q, kc=kc, vc=vc, lens=lens, impl=impl, ctx=ctx: rope_ext.attention_decode(
-            q, kc, vc, lens, impl=impl, max_seqlen=ctx))
+    kw = {}
+    if cache == "fp8":
+        kc, vc = kc.to(FP8), vc.to(FP8)
+        kw = dict(k_scale=torch.ones(1, device=dev), v_scale=torch.ones(1, device=dev))
+    q = torch.randn(B, 1, Hq, D, device=dev, dtype=torch.bfloat16)
+    lens = torch.full((B,), ctx, dtype=torch.int32, device=dev)
+    return lambda: rope_ext.attention_decode(q, kc, vc, lens, max_seqlen=ctx, **kw)
+
+
+def append_case(T):
+    k = torch.randn(1, T, Hk, D, device=dev, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    kc = torch.zeros(1, T, Hk, D, device=dev, dtype=torch.bfloat16)
+    vc = torch.zeros_like(kc)
+    lens = torch.zeros(1, dtype=torch.int32, device=dev)
+    return lambda: rope_ext.append_kv(k, v, kc, vc, lens)
+
+
+CASES = {
+    "bf16_b1_512": lambda: decode_case("bf16", 1, 512),
+    "bf16_b1_32768": lambda: decode_case("bf16", 1, 32768),
+    "bf16_b8_8192": lambda: decode_case("bf16", 8, 8192),
+    "fp8_b8_8192": lambda: decode_case("fp8", 8, 8192),
+    "fp8_b8_32768": lambda: decode_case("fp8", 8, 32768),
+    "fp8_b64_8192": lambda: decode_case("fp8", 64, 8192),
+    "append_8192": lambda: append_case(8192),
+    "append_16": lambda: append_case(16),
+}
+names = sys.argv[1:] or list(CASES)
+calls = [CASES[n]() for n in names]
 for f in calls:
     f()
 torch.cuda.synchronize()
 torch.cuda.cudart().cudaProfilerStart()
-for f in calls:
+for n, f in zip(names, calls):
+    torch.cuda.nvtx.range_push(n)
     f()
+    torch.cuda.nvtx.range_pop()
 torch.cuda.synchronize()
 torch.cuda.cudart().cudaProfilerStop()
+print("profiled:", " ".join(names))

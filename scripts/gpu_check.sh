@@ -4,14 +4,16 @@
 #   bash scripts/gpu_check.sh --sanitize           # + compute-sanitizer (memcheck/racecheck/initcheck)
 #   bash scripts/gpu_check.sh --no-tests --bench "--suite all --plot \$OUT/sweep.png"
 #   bash scripts/gpu_check.sh --tests tests/test_attention.py --bench "--suite attn --quick" --ncu-decode
-#   (--tests: what pytest runs, default the whole suite; --ncu-decode: ncu of the decode
-#   kernels, bench/profile_decode.py, into $OUT/ncu_decode.txt)
+#   bash scripts/gpu_check.sh --no-tests --bench "--suite fp8" --ncu-cases "fp8_b8_8192 append_8192"
+#   (--tests: what pytest runs, default the whole suite; --ncu-decode: ncu of the decode and
+#   append kernels, bench/profile_decode.py (every case, or those of --ncu-cases), into
+#   $OUT/ncu_decode.txt)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-$(pwd)/gpu_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-run_tests=1; sanitize=0; bench_args="--quick"; tests="tests"; ncu_decode=0
+run_tests=1; sanitize=0; bench_args="--quick"; tests="tests"; ncu_decode=0; ncu_cases=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --no-tests) run_tests=0 ;;
@@ -19,6 +21,7 @@ while [[ $# -gt 0 ]]; do
     --bench) bench_args=$2; shift ;;
     --tests) tests=$2; shift ;;
     --ncu-decode) ncu_decode=1 ;;
+    --ncu-cases) ncu_decode=1; ncu_cases=$2; shift ;;
     *) echo "unknown option $1"; exit 2 ;;
   esac
   shift
@@ -39,9 +42,9 @@ if [[ $run_tests == 1 ]]; then
   $PY bench/accuracy.py > "$OUT/accuracy.txt" 2>&1; cat "$OUT/accuracy.txt"
 fi
 if [[ $ncu_decode == 1 ]]; then
-  ncu --profile-from-start off -k regex:decode --section SpeedOfLight --section LaunchStats --section Occupancy \
-      --section WarpStateStats --section MemoryWorkloadAnalysis $PY bench/profile_decode.py > "$OUT/ncu_decode.txt" 2>&1
-  grep -E "decode_(mma_)?kernel|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Grid Size" "$OUT/ncu_decode.txt" | head -60
+  ncu --profile-from-start off -k regex:"decode|append|merge" --section SpeedOfLight --section LaunchStats --section Occupancy \
+      --section WarpStateStats --section MemoryWorkloadAnalysis $PY bench/profile_decode.py $ncu_cases > "$OUT/ncu_decode.txt" 2>&1
+  grep -E "(decode|append|merge)[a-z_]*kernel|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Grid Size" "$OUT/ncu_decode.txt" | head -60
 fi
 if [[ $sanitize == 1 ]]; then
   bash scripts/sanitize.sh > "$OUT/sanitize.txt" 2>&1; san_rc=$?; cat "$OUT/sanitize.txt" | tail -12

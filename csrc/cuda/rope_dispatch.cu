@@ -144,14 +144,30 @@ int64_t lean_max_bytes(int64_t elem_size) {
   return elem_size == 4 ? int64_t(16) << 20 : int64_t(1) << 20;
 }
 
-template <typename T, bool kInterleaved>
+// Bytes per access of the lean kernel (16, 8 or 4; ROPE_EXT_LEAN_BYTES at import): an
+// A/B knob of issue 19 (bench/NOTES.md run 10).
+const int g_lean_bytes = [] {
+  const char* e = std::getenv("ROPE_EXT_LEAN_BYTES");
+  const int w = e ? std::atoi(e) : 16;
+  return (w == 4 || w == 8) ? w : 16;
+}();
+
+template <typename T, bool kInterleaved, int W>
 void launch_lean_u(const cuda::LeanParams& lp, int U, dim3 grid, int threads, cudaStream_t stream) {
   switch (U) {
-    case 1: cuda::rope_lean_kernel<T, kInterleaved, 1><<<grid, threads, 0, stream>>>(lp); break;
-    case 2: cuda::rope_lean_kernel<T, kInterleaved, 2><<<grid, threads, 0, stream>>>(lp); break;
-    case 4: cuda::rope_lean_kernel<T, kInterleaved, 4><<<grid, threads, 0, stream>>>(lp); break;
-    default: cuda::rope_lean_kernel<T, kInterleaved, 8><<<grid, threads, 0, stream>>>(lp); break;
+    case 1: cuda::rope_lean_kernel<T, kInterleaved, 1, W><<<grid, threads, 0, stream>>>(lp); break;
+    case 2: cuda::rope_lean_kernel<T, kInterleaved, 2, W><<<grid, threads, 0, stream>>>(lp); break;
+    case 4: cuda::rope_lean_kernel<T, kInterleaved, 4, W><<<grid, threads, 0, stream>>>(lp); break;
+    default: cuda::rope_lean_kernel<T, kInterleaved, 8, W><<<grid, threads, 0, stream>>>(lp); break;
   }
+}
+
+template <typename T, int W>
+void launch_lean_w(const cuda::LeanParams& lp, bool interleaved, int U, dim3 grid, int threads, cudaStream_t stream) {
+  if (interleaved)
+    launch_lean_u<T, true, W>(lp, U, grid, threads, stream);
+  else
+    launch_lean_u<T, false, W>(lp, U, grid, threads, stream);
 }
 
 template <typename T>
@@ -160,7 +176,9 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
   if (p.cu_seqlens.ptr && p.num_seqs != 1) return false;
   if (p.copy_tail && p.R != p.D) return false;
   if (p.B > 65535 || p.S > 65535) return false;
-  constexpr int V = 16 / sizeof(T);
+  // A GPT-J chunk holds whole pairs: at least 2 elements.
+  const int W = (p.interleaved && g_lean_bytes / int(sizeof(T)) < 2) ? 2 * int(sizeof(T)) : g_lean_bytes;
+  const int V = W / int(sizeof(T));
   const int chunks = rot_chunks(p, V);
   if (chunks < 1 || chunks > cuda::kLeanMaxThreads || (chunks & (chunks - 1))) return false;
   const int64_t rows = heads_total(p), tokens = p.B * p.S;
@@ -200,10 +218,17 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
   lp.rows_per_block = RB;
   const dim3 grid(static_cast<unsigned>(ceil_div(rows_u, int64_t(RB))), static_cast<unsigned>(p.S),
                   static_cast<unsigned>(p.B));
-  if (p.interleaved)
-    launch_lean_u<T, true>(lp, U, grid, RB * chunks, stream);
-  else
-    launch_lean_u<T, false>(lp, U, grid, RB * chunks, stream);
+  const int threads = RB * chunks;
+  if constexpr (sizeof(T) <= 4) {  // (no fp64 instances: it returned above)
+    if (W == 16)
+      launch_lean_w<T, 16>(lp, p.interleaved, U, grid, threads, stream);
+    else if (W == 8)
+      launch_lean_w<T, 8>(lp, p.interleaved, U, grid, threads, stream);
+    else if constexpr (sizeof(T) <= 2)
+      launch_lean_w<T, 4>(lp, p.interleaved, U, grid, threads, stream);
+    else  // fp32 with 4-byte words: one element, neox only (GPT-J took W = 8 above)
+      launch_lean_u<T, false, 4>(lp, U, grid, threads, stream);
+  }
   return true;
 }
 

@@ -41,7 +41,8 @@
 //              the position and the frequencies in flight with x. Common cases only:
 //              one position axis, positions / arange (+ offset(s)) / one packed
 //              sequence, frequencies as a tensor (inv_freq or the cached kBase table),
-//              no context parallelism, no pass-through tail to copy.
+//              no context parallelism, no pass-through tail to copy. Accesses of 16, 8
+//              or 4 bytes (W; fewer pairs, fewer sin/cos per thread as W shrinks).
 //
 // What was learned on the H100 (bench/NOTES.md has the numbers and the method):
 //   - Variant 3's x loads must be uint4: a struct copy of Vec<bf16, 8> compiled to
@@ -606,11 +607,20 @@ struct LeanParams {
 };
 constexpr int kLeanMaxThreads = 128;
 
-template <typename T, bool kInterleaved, int U>
+// 16-, 8- or 4-byte accesses (W): narrower chunks give a thread fewer pairs, so fewer
+// sin/cos on its path and less code (the A/B of issue 19, bench/NOTES.md run 10).
+template <int W> struct LeanWord;
+template <> struct LeanWord<16> { using type = uint4; };
+template <> struct LeanWord<8> { using type = uint2; };
+template <> struct LeanWord<4> { using type = uint32_t; };
+
+template <typename T, bool kInterleaved, int U, int W>
 __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid_constant__ LeanParams p) {
-  constexpr int V = 16 / sizeof(T);
+  constexpr int V = W / sizeof(T);
   constexpr int P = kInterleaved ? V / 2 : V;
+  static_assert(P >= 1, "a chunk holds at least one pair");
   using VecT = Vec<T, V>;
+  using Word = typename LeanWord<W>::type;
   const int c = threadIdx.x & ((1 << p.cshift) - 1);
   const int r0 = blockIdx.x * (p.rows_per_block * U) + (threadIdx.x >> p.cshift);
   const int64_t b = blockIdx.z, s = blockIdx.y;
@@ -618,7 +628,7 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
 
   // 1. The x loads. Selects, not p.in[t]: a runtime index into the parameters would
   //    copy them to local memory.
-  VecT xa[U], xb[U];
+  Word xa[U], xb[U];
   T* out[U];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
@@ -630,8 +640,8 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
                   s * (k ? p.in_ss[1] : p.in_ss[0]) + h * (k ? p.in_sh[1] : p.in_sh[0]);
     out[u] = static_cast<T*>(k ? p.out[1] : p.out[0]) + b * (k ? p.out_sb[1] : p.out_sb[0]) +
              s * (k ? p.out_ss[1] : p.out_ss[0]) + h * (k ? p.out_sh[1] : p.out_sh[0]);
-    xa[u] = load_vec<VecT>(in + d0);
-    if (!kInterleaved) xb[u] = load_vec<VecT>(in + d1);
+    xa[u] = *reinterpret_cast<const Word*>(in + d0);
+    if (!kInterleaved) xb[u] = *reinterpret_cast<const Word*>(in + d1);
   }
 
   // 2. Position and frequencies, loads in flight with x's; then the chunk's P sin/cos
@@ -658,9 +668,12 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     if (r0 + u * p.rows_per_block >= p.rows) break;
-    rotate_chunk<T, kInterleaved>(xa[u], xb[u], sn, cs);
-    store_vec(out[u] + d0, xa[u]);
-    if (!kInterleaved) store_vec(out[u] + d1, xb[u]);
+    VecT va, vb;
+    *reinterpret_cast<Word*>(&va) = xa[u];
+    if (!kInterleaved) *reinterpret_cast<Word*>(&vb) = xb[u];
+    rotate_chunk<T, kInterleaved>(va, vb, sn, cs);
+    *reinterpret_cast<Word*>(out[u] + d0) = *reinterpret_cast<const Word*>(&va);
+    if (!kInterleaved) *reinterpret_cast<Word*>(out[u] + d1) = *reinterpret_cast<const Word*>(&vb);
   }
 }
 
