@@ -32,6 +32,8 @@ void set_tile_rows_per_thread(int n);
 void set_flat_rows_per_thread(int n);
 // Tests/bench: the largest tensor (bytes) auto gives variant 6, lean (-1 = its defaults).
 void set_lean_max_bytes(int64_t n);
+// Tests/bench: variant 6's access width, 16, 8 or 4 bytes (anything else: its defaults).
+void set_lean_bytes(int64_t w);
 #endif
 
 }  // namespace rope_ext

@@ -61,6 +61,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "tuning: rows per thread of variant 5, flat (0 = default)");
   m.def("set_lean_max_bytes", &rope_ext::set_lean_max_bytes,
         "tests/bench: largest tensor (bytes) auto runs with variant 6, lean (-1 = defaults, 0 = never)");
+  m.def("set_lean_bytes", &rope_ext::set_lean_bytes,
+        "tests/bench: variant 6's access width in bytes (16, 8 or 4; anything else = the defaults)");
   m.attr("with_cuda") = true;
 #else
   m.attr("with_cuda") = false;

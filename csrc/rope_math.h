@@ -24,6 +24,32 @@ namespace rope_ext {
 template <typename T>
 using acc_t = typename std::conditional<std::is_same<T, double>::value, double, float>::type;
 
+// One pair's rotation, y0 = x0 c - x1 s and y1 = x1 c + x0 s, with one rounding order on
+// the GPU: the second product rounded, then one fma. Left to itself nvcc contracts each
+// expression into an fma one way or the other and may choose differently in two
+// unrollings of the same source (the lean kernel at 8-byte accesses differed from the
+// tiles in the last bit, bench/NOTES.md issue 19 run 10); every kernel rotates through
+// these, so they give the same bits. The host keeps the plain expressions (no FMA unit
+// assumed on x86-64).
+template <typename A>
+ROPE_HD A rot_y0(A x0, A x1, A c, A s) {
+#ifdef __CUDA_ARCH__
+  if constexpr (std::is_same<A, double>::value) return __fma_rn(x0, c, -__dmul_rn(x1, s));
+  else return __fmaf_rn(x0, c, -__fmul_rn(x1, s));
+#else
+  return x0 * c - x1 * s;
+#endif
+}
+template <typename A>
+ROPE_HD A rot_y1(A x0, A x1, A c, A s) {
+#ifdef __CUDA_ARCH__
+  if constexpr (std::is_same<A, double>::value) return __fma_rn(x1, c, __dmul_rn(x0, s));
+  else return __fmaf_rn(x1, c, __fmul_rn(x0, s));
+#else
+  return x1 * c + x0 * s;
+#endif
+}
+
 ROPE_HD int64_t load_index(const IndexArray& a, int64_t elem_offset) {
   return a.is64 ? static_cast<const int64_t*>(a.ptr)[elem_offset]
                 : static_cast<int64_t>(static_cast<const int32_t*>(a.ptr)[elem_offset]);
@@ -327,8 +353,8 @@ ROPE_HD void rotate_pair(const RopeParams& p, const TensorView& v, const RowOffs
   using A = acc_t<T>;
   const A x0 = static_cast<A>(in[o.in + d0 * v.in_stride[3]]);
   const A x1 = static_cast<A>(in[o.in + d1 * v.in_stride[3]]);
-  out[o.out + d0 * v.out_stride[3]] = static_cast<T>(x0 * c - x1 * s);
-  out[o.out + d1 * v.out_stride[3]] = static_cast<T>(x1 * c + x0 * s);
+  out[o.out + d0 * v.out_stride[3]] = static_cast<T>(rot_y0<A>(x0, x1, c, s));
+  out[o.out + d1 * v.out_stride[3]] = static_cast<T>(rot_y1<A>(x0, x1, c, s));
 }
 
 template <typename T>

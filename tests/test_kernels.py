@@ -177,13 +177,16 @@ LEAN_CASES = [
 ]
 
 
-@pytest.fixture
-def lean_up_to_32mb():
-    """auto gives lean tensors up to 32 MB here (its defaults stop at 1 MB for 16-bit
-    types, 16 MB for fp32: measured), so every rows-per-thread choice runs through it."""
+@pytest.fixture(params=[16, 8, 4], ids=lambda w: f"{w}B")
+def lean_up_to_32mb(request):
+    """auto gives lean tensors up to 32 MB here (its defaults stop at 16 MB for fp32:
+    measured), so every rows-per-thread choice runs through it, at each access width (its
+    defaults pick 8 or 16 bytes by size; 4 is an A/B instance)."""
     rope_ext._C.set_lean_max_bytes(32 << 20)
+    rope_ext._C.set_lean_bytes(request.param)
     yield
     rope_ext._C.set_lean_max_bytes(-1)
+    rope_ext._C.set_lean_bytes(-1)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

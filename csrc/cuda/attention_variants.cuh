@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(kAppendThreads, 3) append_kv_kernel(const __gr
             const float sn = sin_tab[m.tl * half + i0 + e], cs = cos_tab[m.tl * half + i0 + e];
             const int j0 = kInterleaved ? 2 * e : e;
             const float x0 = fa[j0], x1 = kInterleaved ? fa[j0 + 1] : fb[e];
-            const float y0 = x0 * cs - x1 * sn, y1 = x1 * cs + x0 * sn;
+            const float y0 = rot_y0(x0, x1, cs, sn), y1 = rot_y1(x0, x1, cs, sn);
             fa[j0] = y0;
             (kInterleaved ? fa[j0 + 1] : fb[e]) = y1;
           }
@@ -337,7 +337,7 @@ __device__ __forceinline__ void rotate_key_chunk(const RopeParams& r, const Vec<
       float sn, cs;
       pair_sincos(r, pos, i0 + e, freq[e], &sn, &cs);
       const float own = kf[e], other = static_cast<float>(pv.v[e]);
-      kf[e] = first ? own * cs - other * sn : own * cs + other * sn;
+      kf[e] = first ? rot_y0(own, other, cs, sn) : rot_y1(other, own, cs, sn);
     }
   } else {
     if (lane * kDecodeFeatures >= r.R) return;
@@ -346,8 +346,8 @@ __device__ __forceinline__ void rotate_key_chunk(const RopeParams& r, const Vec<
       float sn, cs;
       pair_sincos(r, pos, lane * (kDecodeFeatures / 2) + e, freq[e], &sn, &cs);
       const float x0 = kf[2 * e], x1 = kf[2 * e + 1];
-      kf[2 * e] = x0 * cs - x1 * sn;
-      kf[2 * e + 1] = x1 * cs + x0 * sn;
+      kf[2 * e] = rot_y0(x0, x1, cs, sn);
+      kf[2 * e + 1] = rot_y1(x0, x1, cs, sn);
     }
   }
 }
@@ -400,8 +400,8 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_min_ctas<kRows, kFullFu
     int d0, d1;
     pair_dims(r, i, &d0, &d1);
     const float x0 = qs[rr * D + d0], x1 = qs[rr * D + d1];
-    qs[rr * D + d0] = x0 * cs - x1 * sn;
-    qs[rr * D + d1] = x1 * cs + x0 * sn;
+    qs[rr * D + d0] = rot_y0(x0, x1, cs, sn);
+    qs[rr * D + d1] = rot_y1(x0, x1, cs, sn);
   }
   __syncthreads();
   const float qscale = p.softmax_scale * kLog2e;  // scores in log2 units: exp2 below

@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
     if (rr < nrows && u < half) {
       const int jj = (row0 + rr) / G - j0;
       const float cs = tab_s[jj * (D / 2) + u], sn = tab_s[(kRows + jj) * (D / 2) + u];
-      const float y0 = x0 * cs - x1 * sn, y1 = x1 * cs + x0 * sn;
+      const float y0 = rot_y0(x0, x1, cs, sn), y1 = rot_y1(x0, x1, cs, sn);
       x0 = y0;
       x1 = y1;
     }

@@ -67,8 +67,8 @@ __device__ __forceinline__ void rotate_unit(float* e, int i0, const float* ct, c
     int a, b;
     pair_slots<kInterleaved, V>(j, &a, &b);
     const float x0 = e[a], x1 = e[b], c = ct[i0 + j], sn = st[i0 + j];
-    e[a] = x0 * c - x1 * sn;
-    e[b] = x1 * c + x0 * sn;
+    e[a] = rot_y0(x0, x1, c, sn);
+    e[b] = rot_y1(x0, x1, c, sn);
   }
 }
 

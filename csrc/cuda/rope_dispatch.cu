@@ -126,31 +126,38 @@ void launch_flat(const RopeParams& p, int device, cudaStream_t stream) {
 }
 
 // Variant 6 (lean): auto's kernel for small tensors, where the case is one it covers
-// (rope_variants.cuh). Up to which size (bytes of x read), from the H100 latency suite
-// (bench/NOTES.md issue 19, run 9, lean vs the tiles with it switched off, us): fp32
-// [1,S,32,128] 0.25 MB 5.4 vs 5.8, 1 MB 5.8 vs 6.3, 4 MB 7.8 vs 8.1, 16 MB 15.3 vs 17.1;
-// bf16 level at 0.12-0.5 MB (5.3 / 5.8 both), W5 (q + k, 16 tokens) 5.7 vs 5.9, but 2 MB
-// 7.4 vs 7.1 and 8 MB 11.3 vs 10.5 (8 sin/cos per thread: twice fp32's). So: fp32 up to
-// 16 MB, 16-bit types up to 1 MB. ROPE_EXT_LEAN_MAX_BYTES at import, or
-// set_lean_max_bytes (tests: every rows-per-thread choice through lean), overrides both;
-// 0 turns lean off (the bench's A/B), -1 restores the defaults.
+// (rope_variants.cuh). Up to which size (bytes of x read) and with which access width,
+// from the H100 latency suite (bench/NOTES.md issue 19: run 9 for the sizes, run 1 of
+// 2026-11-24 for the widths; us, lean at 16 / 8 / 4 bytes, the tiles):
+//   bf16 [1,S,32,128]: 0.12 MB 5.4 / 4.8 / 4.8, tiles 5.6; 2 MB 7.5 / 6.7 / 6.7, 7.3;
+//                      8 MB 11.2 / 10.5 / 10.9, 10.9; 32 MB 28.6 / 28.5 / 28.2, 28.8;
+//   fp32: 0.25 MB 5.3 / 4.8 / 5.0, 6.0; 4 MB 7.9 / 7.5 / 7.7, 8.2; 16 MB 15.8 / 16.5 / 16.9, 17.1;
+//   W5 (q + k, 16 tokens) 5.9 / 5.2 / 5.1.
+// A 16-byte bf16 thread computes 8 sin/cos, an 8-byte one 4: the chain to the first
+// store is shorter (841 vs 500 SASS instructions), and below ~8 MB that chain, not DRAM,
+// sets the time. So: 8 bytes for 16-bit types up to 32 MB; fp32 8 bytes up to 4 MB, 16
+// bytes up to 16 MB. ROPE_EXT_LEAN_MAX_BYTES / ROPE_EXT_LEAN_BYTES at import, or
+// set_lean_max_bytes / set_lean_bytes (tests: every width and rows-per-thread choice),
+// override them; a size of 0 turns lean off (the bench's A/B), -1 restores the defaults.
 std::atomic<int64_t> g_lean_max_bytes{[] {
   const char* e = std::getenv("ROPE_EXT_LEAN_MAX_BYTES");
   return e ? std::atoll(e) : int64_t(-1);
 }()};
+std::atomic<int> g_lean_bytes{[] {
+  const char* e = std::getenv("ROPE_EXT_LEAN_BYTES");
+  const int w = e ? std::atoi(e) : -1;
+  return (w == 4 || w == 8 || w == 16) ? w : -1;
+}()};
 int64_t lean_max_bytes(int64_t elem_size) {
   const int64_t v = g_lean_max_bytes.load(std::memory_order_relaxed);
   if (v >= 0) return v;
-  return elem_size == 4 ? int64_t(16) << 20 : int64_t(1) << 20;
+  return elem_size == 4 ? int64_t(16) << 20 : int64_t(32) << 20;
 }
-
-// Bytes per access of the lean kernel (16, 8 or 4; ROPE_EXT_LEAN_BYTES at import): an
-// A/B knob of issue 19 (bench/NOTES.md run 10).
-const int g_lean_bytes = [] {
-  const char* e = std::getenv("ROPE_EXT_LEAN_BYTES");
-  const int w = e ? std::atoi(e) : 16;
-  return (w == 4 || w == 8) ? w : 16;
-}();
+int lean_bytes(int64_t elem_size, int64_t bytes) {
+  const int w = g_lean_bytes.load(std::memory_order_relaxed);
+  if (w > 0) return w;
+  return (elem_size == 4 && bytes > (int64_t(4) << 20)) ? 16 : 8;
+}
 
 template <typename T, bool kInterleaved, int W>
 void launch_lean_u(const cuda::LeanParams& lp, int U, dim3 grid, int threads, cudaStream_t stream) {
@@ -176,13 +183,15 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
   if (p.cu_seqlens.ptr && p.num_seqs != 1) return false;
   if (p.copy_tail && p.R != p.D) return false;
   if (p.B > 65535 || p.S > 65535) return false;
+  const int64_t rows = heads_total(p), tokens = p.B * p.S;
+  const int64_t bytes = tokens * rows * p.D * static_cast<int64_t>(sizeof(T));
+  if (bytes > lean_max_bytes(sizeof(T))) return false;
   // A GPT-J chunk holds whole pairs: at least 2 elements.
-  const int W = (p.interleaved && g_lean_bytes / int(sizeof(T)) < 2) ? 2 * int(sizeof(T)) : g_lean_bytes;
+  const int wb = lean_bytes(sizeof(T), bytes);
+  const int W = (p.interleaved && wb / int(sizeof(T)) < 2) ? 2 * int(sizeof(T)) : wb;
   const int V = W / int(sizeof(T));
   const int chunks = rot_chunks(p, V);
   if (chunks < 1 || chunks > cuda::kLeanMaxThreads || (chunks & (chunks - 1))) return false;
-  const int64_t rows = heads_total(p), tokens = p.B * p.S;
-  if (tokens * rows * p.D * static_cast<int64_t>(sizeof(T)) > lean_max_bytes(sizeof(T))) return false;
   cuda::LeanParams lp{};
   for (int t = 0; t < p.num_tensors; ++t) {
     const TensorView& v = p.t[t];
@@ -278,6 +287,7 @@ void launch(const RopeParams& p, Impl impl, int device, cudaStream_t stream) {
 }  // namespace
 
 void set_lean_max_bytes(int64_t n) { g_lean_max_bytes.store(n < 0 ? -1 : n); }
+void set_lean_bytes(int64_t w) { g_lean_bytes.store((w == 4 || w == 8 || w == 16) ? int(w) : -1); }
 void set_tile_rows_per_thread(int n) { g_tile_rows_per_thread.store(n < 0 ? 0 : n); }
 void set_flat_rows_per_thread(int n) { g_flat_rows_per_thread.store(n < 0 ? 0 : n); }
 

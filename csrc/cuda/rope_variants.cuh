@@ -42,7 +42,10 @@
 //              one position axis, positions / arange (+ offset(s)) / one packed
 //              sequence, frequencies as a tensor (inv_freq or the cached kBase table),
 //              no context parallelism, no pass-through tail to copy. Accesses of 16, 8
-//              or 4 bytes (W; fewer pairs, fewer sin/cos per thread as W shrinks).
+//              or 4 bytes (W; fewer pairs, fewer sin/cos per thread as W shrinks): 8
+//              bytes took 0.5-0.8 us off 16-bit tensors up to 8 MB (0.12 MB bf16 5.4 ->
+//              4.8 us; a thread's chain of 8 sin/cos, not DRAM, was the time), 4 bytes
+//              nothing more (rope_dispatch.cu has the rule, bench/NOTES.md the run).
 //
 // What was learned on the H100 (bench/NOTES.md has the numbers and the method):
 //   - Variant 3's x loads must be uint4: a struct copy of Vec<bf16, 8> compiled to
@@ -121,7 +124,7 @@ __global__ void rope_naive_kernel(const __grid_constant__ RopeParams p) {
     using A = acc_t<T>;
     const A x = static_cast<A>(in[o.in + d * v.in_stride[3]]);
     const A y = static_cast<A>(in[o.in + partner * v.in_stride[3]]);
-    out[out_off] = static_cast<T>(first ? x * cs - y * sn : x * cs + y * sn);
+    out[out_off] = static_cast<T>(first ? rot_y0<A>(x, y, cs, sn) : rot_y1<A>(y, x, cs, sn));
   }
 }
 
@@ -199,15 +202,15 @@ __device__ __forceinline__ void rotate_chunk(VecT& a, VecT& b, const float* sn, 
 #pragma unroll
     for (int j = 0; j < V / 2; ++j) {
       const A x0 = static_cast<A>(a.v[2 * j]), x1 = static_cast<A>(a.v[2 * j + 1]);
-      a.v[2 * j] = static_cast<T>(x0 * cs[j] - x1 * sn[j]);
-      a.v[2 * j + 1] = static_cast<T>(x1 * cs[j] + x0 * sn[j]);
+      a.v[2 * j] = static_cast<T>(rot_y0<A>(x0, x1, cs[j], sn[j]));
+      a.v[2 * j + 1] = static_cast<T>(rot_y1<A>(x0, x1, cs[j], sn[j]));
     }
   } else {
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const A x0 = static_cast<A>(a.v[j]), x1 = static_cast<A>(b.v[j]);
-      a.v[j] = static_cast<T>(x0 * cs[j] - x1 * sn[j]);
-      b.v[j] = static_cast<T>(x1 * cs[j] + x0 * sn[j]);
+      a.v[j] = static_cast<T>(rot_y0<A>(x0, x1, cs[j], sn[j]));
+      b.v[j] = static_cast<T>(rot_y1<A>(x0, x1, cs[j], sn[j]));
     }
   }
 }
