@@ -14,6 +14,7 @@ Rows per point (µs; GB/s and % of copy count the KV bytes read: B * ctx * Hk * 
                               the CONTIGUOUS separate time of the same point)
     torch.compile(separate)
     step: rope_ext            append_kv(new k, v) + attention_decode(hybrid): one decode step
+    step: rope_ext one call   attention_decode(..., k=, v=): the same step in one launch
     step: separate            apply_rope_qk(q, k_new, in place) + cache write + SDPA (paged: a
                               gather of the blocks first); "step" rows are held against it
     step: torch.compile(separate)
@@ -198,6 +199,8 @@ def decode_suite(timer, bw, quick=False):
                 for name, (fn, why) in peers.items():
                     fns.append((name, (lambda f=fn: f(q, kc, vc, lens)) if fn else why))
             fns += [("step: rope_ext", step_rope_ext),
+                    ("step: rope_ext one call", lambda: rope_ext.attention_decode(
+                        q, kc, vc, before, block_table=bt, k=k_new, v=v_new, **hint)),
                     ("step: separate", lambda: separate_step(q, k_new, v_new, kc, vc, pos, idx, ctx, bt))]
             if CUDA:
                 fns.append(("step: torch.compile(separate)",

@@ -40,6 +40,10 @@ ROPE_HD bool cache_slot(const KVCacheView& c, int64_t b, int64_t i, int64_t* k_o
 
 ROPE_HD int64_t cache_len(const KVCacheView& c, int64_t b) { return load_index(c.seqlens, b * c.seqlens.stride); }
 
+// attention_decode: the keys sequence b holds for this call (the decode step's new
+// tokens included).
+ROPE_HD int64_t decode_seqlen(const DecodeParams& p, int64_t b) { return cache_len(p.cache, b) + p.appended; }
+
 // append_kv: token t (0 .. num_tokens) -> sequence b, index j inside the new tokens of
 // b, and the input row (row_b, row_t).
 struct AppendToken { int64_t b, j, row_b, row_t; };

@@ -271,13 +271,16 @@ void check_blocks(const KVCacheView& c, const at::Tensor& bt_host, int64_t b, in
 }
 
 // ---------------------------------------------------------------------------- append_kv
-void append_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache, const at::Tensor& v_cache,
-               const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& cu_seqlens,
-               const std::optional<at::Tensor>& positions, const std::optional<at::Tensor>& block_table,
-               const std::optional<at::Tensor>& q, const std::optional<at::Tensor>& offsets, int64_t offset,
-               const std::optional<at::Tensor>& inv_freq, const std::optional<at::Tensor>& cos_sin_cache, double base,
-               int64_t rotary_dim, bool interleaved, bool rotate_k, const std::optional<at::Tensor>& k_scale,
-               const std::optional<at::Tensor>& v_scale, double attention_factor) {
+// append_kv's validation and params (the decode step validates its append with it too).
+AppendParams append_setup(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
+                          const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
+                          const std::optional<at::Tensor>& cu_seqlens, const std::optional<at::Tensor>& positions,
+                          const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& q,
+                          const std::optional<at::Tensor>& offsets, int64_t offset,
+                          const std::optional<at::Tensor>& inv_freq, const std::optional<at::Tensor>& cos_sin_cache,
+                          double base, int64_t rotary_dim, bool interleaved, bool rotate_k,
+                          const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+                          double attention_factor) {
   const bool varlen = cu_seqlens.has_value();
   const int want = varlen ? 3 : 4;
   const char* shape_name = varlen ? "[Ttot, Hk, D] (varlen, with cu_seqlens)" : "[B, T, Hk, D]";
@@ -395,9 +398,13 @@ void append_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cac
     const at::Tensor last = at::where(lens > 0, sl + lens - 1, at::full_like(sl, std::numeric_limits<int64_t>::min() / 4));
     check_position_values(p.rope, positions, offsets, offset, last);
   }
+  return p;
+}
+
+void append_launch(const AppendParams& p, const at::Tensor& k) {
   // Nothing to write or rotate only without tokens, or without heads in both k and q
   // (Hk == 0 still rotates q; the kernels take either count as 0).
-  if (p.num_tokens == 0 || (Hk == 0 && p.Hq == 0)) return;
+  if (p.num_tokens == 0 || (p.cache.Hk == 0 && p.Hq == 0)) return;
   if (k.is_cuda()) {
 #ifdef ROPE_EXT_WITH_CUDA
     append_kv_cuda(p, k.scalar_type(), k.device());
@@ -407,6 +414,19 @@ void append_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cac
   } else {
     append_kv_cpu(p, k.scalar_type());
   }
+}
+
+void append_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache, const at::Tensor& v_cache,
+               const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& cu_seqlens,
+               const std::optional<at::Tensor>& positions, const std::optional<at::Tensor>& block_table,
+               const std::optional<at::Tensor>& q, const std::optional<at::Tensor>& offsets, int64_t offset,
+               const std::optional<at::Tensor>& inv_freq, const std::optional<at::Tensor>& cos_sin_cache, double base,
+               int64_t rotary_dim, bool interleaved, bool rotate_k, const std::optional<at::Tensor>& k_scale,
+               const std::optional<at::Tensor>& v_scale, double attention_factor) {
+  append_launch(append_setup(k, v, k_cache, v_cache, cache_seqlens, cu_seqlens, positions, block_table, q, offsets,
+                             offset, inv_freq, cos_sin_cache, base, rotary_dim, interleaved, rotate_k, k_scale, v_scale,
+                             attention_factor),
+                k);
 }
 
 // ---------------------------------------------------------------------------- attention_decode
@@ -420,17 +440,28 @@ DecodeImpl parse_decode_impl(const std::string& name) {
   TORCH_CHECK_VALUE(false, m + "; got '" + name + "'");
 }
 
-std::tuple<at::Tensor, at::Tensor> attention_decode(
+// auto -> hybrid: K rotated once when written (append_kv) and Q rotated on load; the
+// full fusion re-rotates every key on every read (variant 3, attention_variants.cuh).
+DecodeImpl decode_impl_of(const std::string& impl) {
+  const DecodeImpl which = parse_decode_impl(impl);
+  return which == DecodeImpl::kAuto ? DecodeImpl::kHybrid : which;
+}
+
+void check_split_args(int64_t max_seqlen, int64_t num_splits) {
+  TORCH_CHECK_VALUE(max_seqlen >= 0, msg("rope_ext: max_seqlen must be >= 0 (0: the cache capacity), got ", max_seqlen));
+  TORCH_CHECK_VALUE(num_splits >= 0, msg("rope_ext: num_splits must be >= 0 (0: chosen from the shapes), got ", num_splits));
+}
+
+// attention_decode's validation and params. `appended`: new tokens this call adds at
+// cache_seqlens[b] (the decode step), which every check and reader counts in.
+DecodeParams decode_setup(
     const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
     const std::optional<at::Tensor>& positions, const std::optional<at::Tensor>& block_table,
     const std::optional<at::Tensor>& offsets, int64_t offset, const std::optional<at::Tensor>& inv_freq,
     const std::optional<at::Tensor>& cos_sin_cache, double base, int64_t rotary_dim, bool interleaved,
-    std::optional<double> softmax_scale, bool causal, int64_t max_seqlen, int64_t num_splits, const std::string& impl,
-    const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale, double attention_factor) {
-  // auto -> hybrid: K rotated once when written (append_kv) and Q rotated on load; the
-  // full fusion re-rotates every key on every read (variant 3, attention_variants.cuh).
-  DecodeImpl which = parse_decode_impl(impl);
-  if (which == DecodeImpl::kAuto) which = DecodeImpl::kHybrid;
+    std::optional<double> softmax_scale, bool causal, const std::string& impl, const std::optional<at::Tensor>& k_scale,
+    const std::optional<at::Tensor>& v_scale, double attention_factor, int64_t appended) {
+  const DecodeImpl which = decode_impl_of(impl);
   const bool full_fusion = which == DecodeImpl::kFullFusion;
   TORCH_CHECK_VALUE(q.dim() == 4, msg("rope_ext: q must be 4-D [B, q_len, Hq, D], got shape ", shape_str(q)));
   check_float(q, "q");
@@ -445,8 +476,6 @@ std::tuple<at::Tensor, at::Tensor> attention_decode(
                     "(and 'auto') only, got impl='", impl, "'"));
   TORCH_CHECK_VALUE(cache.Hk > 0 && Hq % cache.Hk == 0, msg("rope_ext: the query heads Hq = ", Hq,
                     " must be a multiple of the cache's kv heads Hk = ", cache.Hk, " (GQA)"));
-  TORCH_CHECK_VALUE(max_seqlen >= 0, msg("rope_ext: max_seqlen must be >= 0 (0: the cache capacity), got ", max_seqlen));
-  TORCH_CHECK_VALUE(num_splits >= 0, msg("rope_ext: num_splits must be >= 0 (0: chosen from the shapes), got ", num_splits));
   DecodeParams p;
   fill_rotary(p.rope, q, D, rotary_dim, interleaved, inv_freq, cos_sin_cache, base, attention_factor);
   p.cache = cache;
@@ -457,6 +486,7 @@ std::tuple<at::Tensor, at::Tensor> attention_decode(
   p.Hq = Hq;
   p.G = Hq / cache.Hk;
   p.causal = causal;
+  p.appended = appended;
   const double scale = softmax_scale ? *softmax_scale : 1.0 / std::sqrt(static_cast<double>(D));
   TORCH_CHECK_VALUE(std::isfinite(scale), msg("rope_ext: softmax_scale must be finite, got ", scale));
   p.softmax_scale = static_cast<float>(scale);
@@ -467,7 +497,7 @@ std::tuple<at::Tensor, at::Tensor> attention_decode(
                       "query positions must follow the same rule: give offsets, not positions (or use impl='hybrid')");
 
   if (check_values_of(q)) {
-    const at::Tensor sl = host_long(cache_seqlens);
+    const at::Tensor sl = host_long(cache_seqlens) + appended;
     const int64_t* s = sl.data_ptr<int64_t>();
     const at::Tensor bt = cache.paged ? host_long(*block_table) : at::Tensor();
     for (int64_t b = 0; b < B; ++b) {
@@ -484,15 +514,6 @@ std::tuple<at::Tensor, at::Tensor> attention_decode(
     // Keys (full fusion) and queries take positions up to seqlen - 1 + offset.
     check_position_values(p.rope, positions, offsets, offset, (sl - 1).clamp_min(0));
   }
-
-  at::Tensor o = at::empty({B, q_len, Hq, D}, q.options().memory_format(at::MemoryFormat::Contiguous));
-  at::Tensor lse = at::empty({B, q_len, Hq}, q.options().dtype(at::kFloat));
-  maybe_poison(o);
-  maybe_poison(lse);
-  p.o = o.data_ptr();
-  p.lse = lse.data_ptr<float>();
-  if (o.numel() == 0) return {o, lse};
-  const int64_t rows = p.G * q_len;
   if (q.is_cuda()) {
 #ifdef ROPE_EXT_WITH_CUDA
     TORCH_CHECK_VALUE(D == 64 || D == 128 || D == 256, msg("rope_ext: attention_decode on CUDA supports head dims 64, "
@@ -507,10 +528,33 @@ std::tuple<at::Tensor, at::Tensor> attention_decode(
       TORCH_CHECK_VALUE(interleaved ? R % 8 == 0 : (R / 2) % 8 == 0, msg("rope_ext: impl='full_fusion' rotates keys in "
                         "8-feature chunks: rotary_dim must be a multiple of ", interleaved ? 8 : 16, ", got ", R));
     }
+#else
+    TORCH_CHECK(false, "rope_ext was built without CUDA; rebuild with nvcc available (see README)");
+#endif
+  }
+  return p;
+}
+
+// Allocates o and lse (and the split workspace) and runs the decode kernels of `impl`.
+std::tuple<at::Tensor, at::Tensor> decode_run(DecodeParams& p, const at::Tensor& q, const std::string& impl,
+                                              int64_t max_seqlen, int64_t num_splits) {
+  const DecodeImpl which = decode_impl_of(impl);
+  const int64_t B = p.B, q_len = p.q_len, Hq = p.Hq, D = p.rope.D;
+  const KVCacheView& cache = p.cache;
+  at::Tensor o = at::empty({B, q_len, Hq, D}, q.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor lse = at::empty({B, q_len, Hq}, q.options().dtype(at::kFloat));
+  maybe_poison(o);
+  maybe_poison(lse);
+  p.o = o.data_ptr();
+  p.lse = lse.data_ptr<float>();
+  if (o.numel() == 0) return {o, lse};
+  const int64_t rows = p.G * q_len;
+  if (q.is_cuda()) {
+#ifdef ROPE_EXT_WITH_CUDA
     const int kr = decode_rows_per_cta(rows, which);
     p.rows_per_group = kr;
     p.row_groups = static_cast<int32_t>((rows + kr - 1) / kr);
-    const int64_t max_keys = max_seqlen > 0 ? std::min<int64_t>(max_seqlen, cache.capacity) : cache.capacity;
+    const int64_t max_keys = max_seqlen > 0 ? std::min<int64_t>(max_seqlen + p.appended, cache.capacity) : cache.capacity;
     int splits = num_splits > 0 ? static_cast<int>(std::min<int64_t>(num_splits, 1024))
                                 : decode_num_splits(p, max_keys, q.device(), q.scalar_type(), which);
     p.num_splits = std::max(1, splits);
@@ -527,9 +571,80 @@ std::tuple<at::Tensor, at::Tensor> attention_decode(
 #endif
   } else {
     p.rows_per_group = static_cast<int32_t>(rows);
-    attention_decode_cpu(p, q.scalar_type(), full_fusion);
+    attention_decode_cpu(p, q.scalar_type(), which == DecodeImpl::kFullFusion);
   }
   return {o, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor> attention_decode(
+    const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
+    const std::optional<at::Tensor>& positions, const std::optional<at::Tensor>& block_table,
+    const std::optional<at::Tensor>& offsets, int64_t offset, const std::optional<at::Tensor>& inv_freq,
+    const std::optional<at::Tensor>& cos_sin_cache, double base, int64_t rotary_dim, bool interleaved,
+    std::optional<double> softmax_scale, bool causal, int64_t max_seqlen, int64_t num_splits, const std::string& impl,
+    const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale, double attention_factor) {
+  check_split_args(max_seqlen, num_splits);
+  DecodeParams p = decode_setup(q, k_cache, v_cache, cache_seqlens, positions, block_table, offsets, offset, inv_freq,
+                                cos_sin_cache, base, rotary_dim, interleaved, softmax_scale, causal, impl, k_scale,
+                                v_scale, attention_factor, 0);
+  return decode_run(p, q, impl, max_seqlen, num_splits);
+}
+
+// ---------------------------------------------------------------------------- the decode step
+// attention_decode with the step's new k, v: append them (K rotated; fp8: quantized) at
+// cache_seqlens[b] + j, then attend over cache_seqlens[b] + q_len keys (cache_seqlens is
+// not modified, as for append_kv). One launch where variant 5 runs (CUDA, impl hybrid /
+// auto, q_len <= 16, k and v rows 16-byte aligned with contiguous features): its last
+// split builds the new keys' tile itself. Elsewhere append_kv's kernel, then the decode.
+bool rows_16b_aligned(const at::Tensor& t) {
+  if (t.stride(3) != 1 && t.size(3) != 1) return false;
+  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16) return false;
+  for (int d = 0; d < 3; ++d)
+    if ((t.stride(d) * t.element_size()) % 16 && t.size(d) > 1) return false;
+  return true;
+}
+
+std::tuple<at::Tensor, at::Tensor> attention_decode_append(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache, const at::Tensor& v_cache,
+    const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& positions,
+    const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& offsets, int64_t offset,
+    const std::optional<at::Tensor>& inv_freq, const std::optional<at::Tensor>& cos_sin_cache, double base,
+    int64_t rotary_dim, bool interleaved, std::optional<double> softmax_scale, bool causal, int64_t max_seqlen,
+    int64_t num_splits, const std::string& impl, const std::optional<at::Tensor>& k_scale,
+    const std::optional<at::Tensor>& v_scale, double attention_factor) {
+  TORCH_CHECK_VALUE(q.dim() == 4, msg("rope_ext: q must be 4-D [B, q_len, Hq, D], got shape ", shape_str(q)));
+  TORCH_CHECK_VALUE(k.dim() == 4 && k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
+                    msg("rope_ext: k must be [B, q_len, Hk, D] = [", q.size(0), ", ", q.size(1), ", Hk, ", q.size(3),
+                        "] (one new token per query token), got shape ", shape_str(k)));
+  TORCH_CHECK_TYPE(k.scalar_type() == q.scalar_type(), msg("rope_ext: k must have the dtype of q (", q.scalar_type(),
+                   "), got ", k.scalar_type()));
+  check_split_args(max_seqlen, num_splits);
+  const DecodeImpl which = decode_impl_of(impl);
+  const bool full_fusion = which == DecodeImpl::kFullFusion;
+  // The append's checks (shapes, dtypes, aliasing, capacity and block values), then the decode's.
+  const AppendParams ap = append_setup(k, v, k_cache, v_cache, cache_seqlens, std::nullopt, positions, block_table,
+                                       std::nullopt, offsets, offset, inv_freq, cos_sin_cache, base, rotary_dim,
+                                       interleaved, !full_fusion, k_scale, v_scale, attention_factor);
+  for (const auto* c : {&k_cache, &v_cache})
+    TORCH_CHECK_VALUE(!may_share(q, *c), "rope_ext: q must not share memory with the caches");
+  const int64_t q_len = q.size(1);
+  DecodeParams p = decode_setup(q, k_cache, v_cache, cache_seqlens, positions, block_table, offsets, offset, inv_freq,
+                                cos_sin_cache, base, rotary_dim, interleaved, softmax_scale, causal, impl, k_scale,
+                                v_scale, attention_factor, q_len);
+  // (No query rows: no decode kernel runs, so the append runs on its own.)
+  const bool one_launch = q.is_cuda() && q.numel() > 0 && which == DecodeImpl::kHybrid && q_len <= 16 &&
+                          rows_16b_aligned(k) && rows_16b_aligned(v);
+  if (one_launch) {
+    p.k_new = k.data_ptr();
+    p.v_new = v.data_ptr();
+    for (int d = 0; d < 3; ++d) {
+      p.kn_stride[d] = k.stride(d);
+      p.vn_stride[d] = v.stride(d);
+    }
+  } else {
+    append_launch(ap, k);
+  }
+  return decode_run(p, q, impl, max_seqlen, num_splits);
 }
 
 // append_kv writes k_cache, v_cache and q (when given): bump their version counters, as
@@ -555,15 +670,18 @@ void bump_written_optional(const c10::OperatorHandle& op, c10::DispatchKeySet ks
 TORCH_LIBRARY_IMPL(rope_ext, CPU, m) {
   m.impl("append_kv", &rope_ext::append_kv);
   m.impl("attention_decode", &rope_ext::attention_decode);
+  m.impl("attention_decode_append", &rope_ext::attention_decode_append);
 }
 
 TORCH_LIBRARY_IMPL(rope_ext, ADInplaceOrView, m) {
   m.impl("append_kv", torch::CppFunction::makeFromBoxedFunction<&rope_ext::bump_written_optional>());
+  m.impl("attention_decode_append", torch::CppFunction::makeFromBoxedFunction<&rope_ext::bump_written_optional>());
 }
 
 #ifdef ROPE_EXT_WITH_CUDA
 TORCH_LIBRARY_IMPL(rope_ext, CUDA, m) {
   m.impl("append_kv", &rope_ext::append_kv);
   m.impl("attention_decode", &rope_ext::attention_decode);
+  m.impl("attention_decode_append", &rope_ext::attention_decode_append);
 }
 #endif

@@ -92,6 +92,16 @@ struct DecodeParams {
   int32_t num_splits = 1;
   float softmax_scale = 1.f;
   bool causal = true;
+  // The decode step (attention_decode with k, v): the q_len new tokens go (or went: the
+  // paths that append first) to cache indices cache_seqlens[b] + j, and every reader sees
+  // cache_seqlens[b] + appended keys (decode_seqlen). k_new / v_new set: variant 5 writes
+  // them itself, in the same launch (rows [B, q_len, Hk, D], features contiguous,
+  // 16-byte aligned; strides b, j, head).
+  int64_t appended = 0;
+  const void* k_new = nullptr;
+  const void* v_new = nullptr;
+  int64_t kn_stride[3] = {0, 0, 0};
+  int64_t vn_stride[3] = {0, 0, 0};
   RopeParams rope;  // last, as in AppendParams
 };
 

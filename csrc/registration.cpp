@@ -35,6 +35,12 @@ TORCH_LIBRARY(rope_ext, m) {
         "Tensor? block_table, Tensor? offsets, int offset, Tensor? inv_freq, Tensor? cos_sin_cache, float base, "
         "int rotary_dim, bool interleaved, float? softmax_scale, bool causal, int max_seqlen, int num_splits, "
         "str impl, Tensor? k_scale, Tensor? v_scale, float attention_factor) -> (Tensor, Tensor)");
+  // The decode step: append k, v (rotated K) at cache_seqlens, then attend (one launch on CUDA).
+  m.def("attention_decode_append(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+        "Tensor cache_seqlens, Tensor? positions, Tensor? block_table, Tensor? offsets, int offset, Tensor? inv_freq, "
+        "Tensor? cos_sin_cache, float base, int rotary_dim, bool interleaved, float? softmax_scale, bool causal, "
+        "int max_seqlen, int num_splits, str impl, Tensor? k_scale, Tensor? v_scale, float attention_factor) "
+        "-> (Tensor, Tensor)");
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -123,7 +123,8 @@ torch.library.register_autograd("rope_ext::norm_rope", _norm_rope_backward, setu
 
 
 # The attention family (csrc/attention_ops.cpp). append_kv mutates its caches (and q):
-# no outputs. Neither op has a backward (rope_attention's separate path is differentiable).
+# no outputs; attention_decode_append (the decode step) mutates its caches too. None
+# has a backward (rope_attention's separate path is differentiable).
 @torch.library.register_fake("rope_ext::append_kv")
 def _append_kv_fake(k, v, k_cache, v_cache, *args):
     return None
@@ -134,3 +135,8 @@ def _attention_decode_fake(q, *args):
     B, q_len, Hq, D = q.shape
     return (torch.empty((B, q_len, Hq, D), dtype=q.dtype, device=q.device),
             torch.empty((B, q_len, Hq), dtype=torch.float32, device=q.device))
+
+
+@torch.library.register_fake("rope_ext::attention_decode_append")
+def _attention_decode_append_fake(q, k, v, k_cache, v_cache, *args):
+    return _attention_decode_fake(q)

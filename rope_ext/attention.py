@@ -171,8 +171,9 @@ def _int_or_none(v, name):
 def attention_decode(q, k_cache, v_cache, cache_seqlens, *, positions=None, block_table=None, offsets=None,
                      softmax_scale=None, return_lse=False, causal=True, base=DEFAULT_BASE, inv_freq=None,
                      cos_sin_cache=None, rotary_dim=None, interleaved=False, max_seqlen=None, num_splits=None,
-                     impl="auto", k_scale=None, v_scale=None, attention_factor=1.0):
-    """Decode attention with Q-RoPE fused into the kernel's Q load.
+                     impl="auto", k_scale=None, v_scale=None, attention_factor=1.0, k=None, v=None):
+    """Decode attention with Q-RoPE fused into the kernel's Q load; with k and v, the
+    whole decode step (append the new K/V, then attend) in one launch.
 
     q: [B, q_len, Hq, D] UN-rotated (q_len <= 16 is the designed range; Hq a multiple
        of Hk: GQA); float16/bfloat16 (float32 too on the CPU); fp32 accumulation.
@@ -191,9 +192,19 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, positions=None, bloc
     k_scale, v_scale: with fp8 (torch.float8_e4m3fn) caches, float32 [1] or [Hk]: keys and
        values are read as element * scale (exact in the MMA's 16-bit inputs; k_scale
        folds into the score scale, v_scale into the output). impl "hybrid"/"auto" only.
+    k, v: the step's new keys and values [B, q_len, Hk, D] (un-rotated K; any strides,
+       e.g. head slices of one fused projection), as flash-attn's flash_attn_with_kvcache
+       takes them: K is rotated (fp8: quantized) and both are written at cache indices
+       cache_seqlens[b] + j, exactly as append_kv writes them, and the query tokens attend
+       over cache_seqlens[b] + q_len keys. Here cache_seqlens counts the tokens BEFORE the
+       step (not modified: add q_len yourself afterwards). On CUDA with impl "auto" /
+       "hybrid", q_len <= 16 and 16-byte aligned rows with contiguous features this is one
+       launch (the kernel's last split builds the new keys' tile itself); otherwise
+       append_kv's kernel runs first.
     softmax_scale: default 1 / sqrt(D). return_lse: also return lse [B, q_len, Hq]
        (float32, natural log).
-    max_seqlen: optional host-side bound on cache_seqlens (an int): the split count is
+    max_seqlen: optional host-side bound on cache_seqlens (an int; with k, v: before the
+       step): the split count is
        chosen from it instead of the capacity. Never read from the device (CUDA-graph safe).
     num_splits: force the number of key splits (CUDA; default: chosen from the shapes).
     impl: "auto" (= "hybrid": the cache holds rotated K; tensor-core kernel), "hybrid_simt"
@@ -216,11 +227,16 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, positions=None, bloc
     if not isinstance(impl, str):
         raise TypeError(f"rope_ext: impl must be a str ('auto' or one of {DECODE_IMPLS}), got {type(impl).__name__}")
     k_scale, v_scale = _scales(k_scale, v_scale)
-    o, lse = ops.attention_decode(q, k_cache, v_cache, cache_seqlens, positions, block_table, offsets_t, offset,
-                                  inv_freq, cos_sin_cache, base, rotary_dim, bool(interleaved), softmax_scale,
-                                  bool(causal), _int_or_none(max_seqlen, "max_seqlen"),
-                                  _int_or_none(num_splits, "num_splits"), impl, k_scale, v_scale,
-                                  _factor_arg(attention_factor))
+    if (k is None) != (v is None):
+        raise ValueError("rope_ext: give k and v together (the decode step's new tokens), or neither")
+    opts = (positions, block_table, offsets_t, offset, inv_freq, cos_sin_cache, base, rotary_dim, bool(interleaved),
+            softmax_scale, bool(causal), _int_or_none(max_seqlen, "max_seqlen"), _int_or_none(num_splits, "num_splits"),
+            impl, k_scale, v_scale, _factor_arg(attention_factor))
+    if k is None:
+        o, lse = ops.attention_decode(q, k_cache, v_cache, cache_seqlens, *opts)
+    else:
+        _check_tensors(k=k, v=v)
+        o, lse = ops.attention_decode_append(q, k, v, k_cache, v_cache, cache_seqlens, *opts)
     return (o, lse) if return_lse else o
 
 

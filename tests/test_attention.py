@@ -106,10 +106,36 @@ def key_positions(mode, B, cap, device):
     raise ValueError(mode)
 
 
+def same_bits(a, b):
+    """Bit-equal tensors (NaN-filled caches included)."""
+    view = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return a.dtype == b.dtype and torch.equal(a.view(view), b.view(view))
+
+
+def decode_step(step, q, kd, vd, kc, vc, prefix, shared, *, rotate_k=True, **decode_kw):
+    """The decode step two ways; returns (o, lse). step "two": append_kv, then
+    attention_decode over prefix + q_len keys. "one": attention_decode(k=kd, v=vd) over
+    prefix (one launch where variant 5 runs), its cache writes held bit for bit to
+    append_kv's (run on a copy). shared: the keywords both ops take (block_table,
+    positions / offsets, frequencies, scales)."""
+    prefix = prefix.to(torch.int32)
+    q_len = q.shape[1]
+    if step == "two":
+        rope_ext.append_kv(kd, vd, kc, vc, prefix, rotate_k=rotate_k, **shared)
+        return rope_ext.attention_decode(q, kc, vc, prefix + q_len, return_lse=True, **shared, **decode_kw)
+    kc2, vc2 = kc.clone(), vc.clone()
+    rope_ext.append_kv(kd, vd, kc2, vc2, prefix, rotate_k=rotate_k, **shared)
+    seq = prefix.clone()
+    out = rope_ext.attention_decode(q, kc, vc, seq, return_lse=True, k=kd, v=vd, **shared, **decode_kw)
+    assert torch.equal(seq, prefix), "cache_seqlens is not modified"
+    assert same_bits(kc, kc2) and same_bits(vc, vc2), "the step writes the cache as append_kv does"
+    return out
+
+
 def fill_and_decode(device, dtype, *, paged, G, q_len, Hk=2, D=64, B=3, cap=80, cfg="default", pos_mode="default",
-                    impl="auto", num_splits=None, max_seqlen=None, block_size=16, causal=True):
-    """Prefill (varlen append_kv), one decode-step append (batched), attention_decode;
-    returns (o, lse, want_o, want_lse, v_scale)."""
+                    impl="auto", num_splits=None, max_seqlen=None, block_size=16, causal=True, step="two"):
+    """Prefill (varlen append_kv), then the decode step (decode_step: append + decode, or
+    attention_decode with k, v); returns (o, lse, want_o, want_lse, v_scale)."""
     Hq = G * Hk
     full = impl == "full_fusion"
     rkw = rope_kwargs(cfg, D, device)
@@ -133,24 +159,45 @@ def fill_and_decode(device, dtype, *, paged, G, q_len, Hk=2, D=64, B=3, cap=80, 
     vd = torch.stack([v_full[b, sel[b]] for b in range(B)])
     qpos = torch.gather(kpos, 1, sel)
     dkw = dict(pkw) if pkw is not None else dict(positions=qpos)
-    rope_ext.append_kv(kd, vd, kc, vc, prefix.to(torch.int32), block_table=bt, rotate_k=not full, **dkw, **rkw)
-    o, lse = rope_ext.attention_decode(q, kc, vc, lens.to(torch.int32), block_table=bt, return_lse=True, impl=impl,
-                                       num_splits=num_splits, max_seqlen=max_seqlen, causal=causal, **dkw, **rkw)
+    o, lse = decode_step(step, q, kd, vd, kc, vc, prefix, dict(block_table=bt, **dkw, **rkw), rotate_k=not full,
+                         impl=impl, num_splits=num_splits, max_seqlen=max_seqlen, causal=causal)
     want_o, want_lse = ref.rope_attention_float64(q, k_full, v_full, qpos, kpos, lens, causal=causal, **rkw)
     return o, lse, want_o, want_lse, v_full.abs().max().item()
 
 
 # ---------------------------------------------------------------------------- append_kv then decode
+@pytest.mark.parametrize("step", ["two", "one"], ids=["append+decode", "one_call"])
 @pytest.mark.parametrize("q_len", [1, 5, 16])
 @pytest.mark.parametrize("G", [1, 4, 8])
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
-def test_append_then_decode_matches_float64(device, paged, G, q_len):
-    """append_kv (varlen prefill + batched decode step) then attention_decode equals
-    float64 rope + attention over the whole sequence; random cache lengths (1 .. capacity),
-    shuffled block tables, GQA ratios 1/4/8, q_len 1..16, causal inside the q block."""
+def test_append_then_decode_matches_float64(device, paged, G, q_len, step):
+    """append_kv (varlen prefill) then the decode step (append_kv + attention_decode, or
+    attention_decode with k, v) equals float64 rope + attention over the whole sequence;
+    random cache lengths (q_len .. capacity: an empty history too), shuffled block tables,
+    GQA ratios 1/4/8, q_len 1..16, causal inside the q block."""
     for dtype in decode_dtypes(device):
-        o, lse, wo, wl, vs = fill_and_decode(device, dtype, paged=paged, G=G, q_len=q_len)
+        o, lse, wo, wl, vs = fill_and_decode(device, dtype, paged=paged, G=G, q_len=q_len, step=step)
         assert_attn_close(o, lse, wo, wl, vs, f"{dtype}")
+
+
+@pytest.mark.parametrize("impl", ["auto", "hybrid_simt", "full_fusion"])
+def test_decode_step_beyond_one_launch(device, impl):
+    """The decode step where one launch does not apply (q_len > 16, the older kernels,
+    k and v misaligned views): append_kv's kernel, then the decode; same results."""
+    o, lse, wo, wl, vs = fill_and_decode(device, torch.bfloat16, paged=True, G=2, q_len=17, cap=90, impl=impl,
+                                         step="one")
+    assert_attn_close(o, lse, wo, wl, vs, f"q_len 17 {impl}")
+    B, Hk, D, dt = 2, 2, 64, torch.bfloat16
+    kc, vc, _ = new_cache(B, 20, Hk, D, dt, device, paged=False)
+    kc[:, :5], vc[:, :5] = randn((B, 5, Hk, D), dt, device), randn((B, 5, Hk, D), dt, device)
+    buf = randn((B * Hk * D * 2 + 1,), dt, device)
+    k, v = buf[1:B * Hk * D + 1].view(B, 1, Hk, D), buf[B * Hk * D + 1:].view(B, 1, Hk, D)  # 2-byte aligned rows
+    q = randn((B, 1, 4, D), dt, device)
+    sl = torch.tensor([5, 3], dtype=torch.int32, device=device)
+    o, lse = decode_step("one", q, k, v, kc, vc, sl, {}, rotate_k=impl != "full_fusion", impl=impl)
+    kc2, vc2 = kc.clone(), vc.clone()
+    want = decode_step("two", q, k, v, kc2, vc2, sl, {}, rotate_k=impl != "full_fusion", impl=impl)
+    assert torch.equal(o, want[0]) and torch.equal(lse, want[1]), "misaligned k, v: the two-launch road, same bits"
 
 
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
@@ -174,12 +221,14 @@ def test_equals_rope_plus_sdpa(device, paged):
     assert err <= ATTN_TOL[dt] * va.abs().max().item(), err
 
 
+@pytest.mark.parametrize("step", ["two", "one"], ids=["append+decode", "one_call"])
 @pytest.mark.parametrize("cfg", list(ROPE_CFGS))
 @pytest.mark.parametrize("pos_mode", ["default", "offset_int", "offset_tensor", "explicit"])
-def test_rotary_options(device, cfg, pos_mode):
+def test_rotary_options(device, cfg, pos_mode, step):
     """Partial rotary, GPT-J pairs, scaled inv_freq, a cos/sin cache; positions = cache
     index, + int / per-sequence offsets, or explicit positions unrelated to the index."""
-    o, lse, wo, wl, vs = fill_and_decode(device, torch.bfloat16, paged=True, G=4, q_len=3, cfg=cfg, pos_mode=pos_mode)
+    o, lse, wo, wl, vs = fill_and_decode(device, torch.bfloat16, paged=True, G=4, q_len=3, cfg=cfg, pos_mode=pos_mode,
+                                         step=step)
     assert_attn_close(o, lse, wo, wl, vs, f"{cfg} {pos_mode}")
 
 
@@ -191,8 +240,9 @@ def test_head_dims(device, D):
         assert_attn_close(o, lse, wo, wl, vs, f"D={D} paged={paged}")
 
 
-def test_non_causal(device):
-    o, lse, wo, wl, vs = fill_and_decode(device, torch.bfloat16, paged=False, G=2, q_len=4, causal=False)
+@pytest.mark.parametrize("step", ["two", "one"], ids=["append+decode", "one_call"])
+def test_non_causal(device, step):
+    o, lse, wo, wl, vs = fill_and_decode(device, torch.bfloat16, paged=False, G=2, q_len=4, causal=False, step=step)
     assert_attn_close(o, lse, wo, wl, vs, "causal=False")
 
 
@@ -478,6 +528,16 @@ def bad_cases(dev):
         ("rotary_dim odd", lambda: rope_ext.append_kv(k, v, kc, vc, sl, rotary_dim=7), ValueError, "rotary_dim", False),
         ("not a tensor", lambda: rope_ext.append_kv(k, v, kc, vc, [2, 5]), TypeError, "cache_seqlens must be a torch.Tensor",
          False),
+        ("step k without v", lambda: rope_ext.attention_decode(q, kc, vc, sl, k=k[:, :1]), ValueError,
+         "k and v together", False),
+        ("step k tokens vs q", lambda: rope_ext.attention_decode(q, kc, vc, sl, k=k, v=v), ValueError,
+         "one new token per query token", False),
+        ("step k dtype", lambda: rope_ext.attention_decode(q, kc, vc, sl, k=k[:, :1].half(), v=v[:, :1].half()),
+         TypeError, "k must have the dtype of q", False),
+        ("step cache too small", lambda: rope_ext.attention_decode(q, kc, vc, torch.tensor([2, 16], **i32), k=k[:, :1],
+                                                                   v=v[:, :1]), ValueError, "cache is too small", True),
+        ("step bad num_splits", lambda: rope_ext.attention_decode(q, kc, vc, sl, k=k[:, :1], v=v[:, :1], num_splits=-1),
+         ValueError, "num_splits must be", False),
     ], (kc, vc, pk, pv, k, v, q)
 
 
@@ -582,10 +642,16 @@ def op_samples(device):
                               10000.0, 32, False, None, False, 0, 0, "full_fusion", None, None, 1.0)),
         ("attention_decode", (q, fk, fv, sl + 3, None, None, None, 0, None, None, 10000.0, -1, False, None, True, 0, 0,
                               "auto", ks, vs, 1.1)),
+        ("attention_decode_append", (q, k, v, kc, vc, sl, None, None, None, 0, None, None, 10000.0, -1, False, None,
+                                     True, 0, 0, "auto", None, None, 1.0)),
+        ("attention_decode_append", (q, k, v, pk, pv, sl, pos, bt, None, 0, f, None, 10000.0, -1, True, 0.3, True, 12, 3,
+                                     "hybrid", None, None, 1.0)),
+        ("attention_decode_append", (q, k, v, fk, fv, sl, None, None, None, 0, None, None, 10000.0, -1, False, None, True,
+                                     0, 0, "auto", ks, vs, 1.1)),
     ]
 
 
-@pytest.mark.parametrize("i", range(9))
+@pytest.mark.parametrize("i", range(12))
 def test_opcheck(device, i):
     name, args = op_samples(device)[i]
     # test_schema runs the op under torch's SchemaCheckMode, which multiplies the inputs
@@ -609,6 +675,10 @@ def test_compile_fullgraph(device):
         o, lse = rope_ext.attention_decode(q, kc, vc, sl + k.shape[1], block_table=bt, return_lse=True)
         return o * 1, lse
 
+    def one_call(q, k, v, kc, vc, sl, bt):
+        o, lse = rope_ext.attention_decode(q, kc, vc, sl, block_table=bt, return_lse=True, k=k, v=v)
+        return o * 1, lse
+
     for paged in (False, True):
         kc, vc, bt = new_cache(B, 24, Hk, D, dt, device, paged=paged, block_size=8)
         kc.zero_()
@@ -622,6 +692,13 @@ def test_compile_fullgraph(device):
             for a, b in zip(want, got):
                 assert torch.equal(a, b), backend
             assert torch.equal(kc3, kc) and torch.equal(vc3, vc), f"{backend}: cache writes kept"
+            # The one-call step: the same cache writes; its output within the tolerance of
+            # the two-launch one (the new keys are summed in another order on CUDA).
+            torch._dynamo.reset()
+            kc4, vc4 = kc2.clone(), vc2.clone()
+            got = torch.compile(one_call, fullgraph=True, backend=backend)(q, k, v, kc4, vc4, sl, bt)
+            assert torch.equal(kc4, kc) and torch.equal(vc4, vc), f"{backend}: one-call cache writes kept"
+            assert (got[0].float() - want[0].float()).abs().max().item() <= ATTN_TOL[dt] * v.abs().max().item()
     # rope_attention's fused path (and the separate one) trace without a graph break too.
     kk, vv = randn((B, 2, Hk, D), dt, device), randn((B, 2, Hk, D), dt, device)
     pos = torch.randint(0, 99, (B, 2), device=device)
@@ -650,15 +727,22 @@ def test_cuda_graph_capture():
         rope_ext.append_kv(k, v, kc, vc, sl, block_table=bt)
         return rope_ext.attention_decode(q, kc, vc, sl_after, block_table=bt, return_lse=True)
 
+    kc1, vc1 = kc.clone(), vc.clone()
+
+    def one_call():  # the decode step in one launch, into its own copy of the cache
+        return rope_ext.attention_decode(q, kc1, vc1, sl, block_table=bt, return_lse=True, k=k, v=v)
+
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         for _ in range(2):
             step()
+            one_call()
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         o, lse = step()
+        o1, lse1 = one_call()
     for lens in ([7, 0, 300, 511], [1, 2, 3, 4]):
         sl.copy_(torch.tensor(lens, dtype=torch.int32))
         sl_after.copy_(sl + 1)
@@ -670,6 +754,8 @@ def test_cuda_graph_capture():
         rope_ext.append_kv(k, v, kc2, vc2, sl, block_table=bt)
         want_o, want_lse = rope_ext.attention_decode(q, kc2, vc2, sl_after, block_table=bt, return_lse=True)
         assert torch.equal(kc, kc2) and torch.equal(o, want_o) and torch.equal(lse, want_lse), lens
+        assert torch.equal(kc1, kc2) and torch.equal(vc1, vc2), f"one call: cache writes {lens}"
+        assert_attn_close(o1, lse1, want_o.double(), want_lse.double(), v.abs().max().item(), f"one call {lens}")
 
 
 def test_reference_matches_sdpa():
@@ -689,11 +775,12 @@ def test_exports():
 
 # ---------------------------------------------------------------------------- decode kernels on CUDA
 @cuda
+@pytest.mark.parametrize("step", ["two", "one"], ids=["append+decode", "one_call"])
 @pytest.mark.parametrize("impl", ["hybrid", "hybrid_simt"])
 @pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("G,q_len,Hk", [(1, 1, 4), (4, 1, 2), (8, 1, 1), (4, 3, 2), (8, 2, 1), (1, 16, 2), (4, 16, 1),
                                         (8, 16, 1)])
-def test_decode_kernel_matrix_cuda(impl, D, G, q_len, Hk):
+def test_decode_kernel_matrix_cuda(impl, D, G, q_len, Hk, step):
     """Each CUDA decode kernel against the float64 truth: head dims 64/128/256, GQA
     groups 1/4/8 (Hk 1 too), q_len 1..16 (variant 5: up to 8 rows, 9..16 rows, several
     16-row groups), contiguous and paged caches with block sizes 1, 16 and 64, random
@@ -701,19 +788,20 @@ def test_decode_kernel_matrix_cuda(impl, D, G, q_len, Hk):
     for paged, bs in ((False, 16), (True, 1), (True, 16), (True, 64)):
         dtype = torch.float16 if bs == 16 else torch.bfloat16
         o, lse, wo, wl, vs = fill_and_decode("cuda", dtype, paged=paged, G=G, q_len=q_len, Hk=Hk, D=D, cap=150,
-                                             block_size=bs, impl=impl)
+                                             block_size=bs, impl=impl, step=step)
         assert_attn_close(o, lse, wo, wl, vs, f"{impl} D={D} G={G} q_len={q_len} paged={paged} block={bs}")
 
 
 @cuda
+@pytest.mark.parametrize("step", ["two", "one"], ids=["append+decode", "one_call"])
 @pytest.mark.parametrize("num_splits", [1, 3, 5, 19, 40, 1024])
-def test_tensor_core_splits_cuda(num_splits):
+def test_tensor_core_splits_cuda(num_splits, step):
     """Variant 5 with forced split counts: splits round up to whole 16-key tiles, so high
     counts leave splits with no key at all (lse -inf partials) that the combine ignores;
     lengths 1 and a few keys sit inside one tile."""
     for B, cap in ((3, 300), (4, 17)):
         o, lse, wo, wl, vs = fill_and_decode("cuda", torch.bfloat16, paged=True, G=4, q_len=1, B=B, cap=cap, D=128,
-                                             num_splits=num_splits, impl="hybrid")
+                                             num_splits=num_splits, impl="hybrid", step=step)
         assert_attn_close(o, lse, wo, wl, vs, f"num_splits={num_splits} cap={cap}")
 
 

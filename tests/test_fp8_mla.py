@@ -22,7 +22,7 @@ import torch
 import rope_ext
 from rope_ext import reference as ref
 from conftest import DEVICES, assert_close_f64, randn
-from test_attention import ATTN_TOL, LSE_TOL, assert_attn_close
+from test_attention import ATTN_TOL, LSE_TOL, assert_attn_close, decode_step
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -128,9 +128,11 @@ def test_fp8_append(device, kdtype, cfg, paged, per_head):
 
 
 # ---------------------------------------------------------------------------- fp8 decode
-def fp8_fill_and_decode(device, dtype, *, paged, G, q_len, per_head, D=64, Hk=2, B=3, cap=80, num_splits=None):
-    """Prefill (varlen) and one decode step into fp8 caches, then attention_decode; returns
-    (o, lse, truth over the quantized cache (o, lse), truth without quantization (o), max|v|)."""
+def fp8_fill_and_decode(device, dtype, *, paged, G, q_len, per_head, D=64, Hk=2, B=3, cap=80, num_splits=None,
+                        step="two"):
+    """Prefill (varlen) into fp8 caches, then the decode step (test_attention.decode_step:
+    append + decode, or attention_decode with k, v); returns (o, lse, truth over the
+    quantized cache (o, lse), truth without quantization (o), max|v|, the storage bound)."""
     Hq = G * Hk
     lens = torch.randint(q_len, cap + 1, (B,))
     lens[0] = cap
@@ -159,8 +161,7 @@ def fp8_fill_and_decode(device, dtype, *, paged, G, q_len, per_head, D=64, Hk=2,
     sel = prefix[:, None] + torch.arange(q_len, device=device)[None]
     kd = torch.stack([k_full[b, sel[b]] for b in range(B)])
     vd = torch.stack([v_full[b, sel[b]] for b in range(B)])
-    rope_ext.append_kv(kd, vd, kc, vc, prefix.to(torch.int32), **fkw)
-    o, lse = rope_ext.attention_decode(q, kc, vc, lens.to(torch.int32), return_lse=True, num_splits=num_splits, **fkw)
+    o, lse = decode_step(step, q, kd, vd, kc, vc, prefix, fkw, num_splits=num_splits)
     # The truth: float64 rope, torch's quantization, dequantized; then float64 attention.
     kpos = torch.arange(cap, device=device)[None].expand(B, cap)
     qpos = torch.gather(kpos, 1, sel)
@@ -182,13 +183,14 @@ def fp8_fill_and_decode(device, dtype, *, paged, G, q_len, per_head, D=64, Hk=2,
     return o, lse, want_o, want_lse, plain_o, v_full.abs().max().item(), storage
 
 
+@pytest.mark.parametrize("step", ["two", "one"], ids=["append+decode", "one_call"])
 @pytest.mark.parametrize("q_len", [1, 4])
 @pytest.mark.parametrize("G", [1, 4, 8])
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_fp8_decode(device, dtype, paged, G, q_len):
+def test_fp8_decode(device, dtype, paged, G, q_len, step):
     o, lse, want_o, want_lse, plain_o, vmax, storage = fp8_fill_and_decode(device, dtype, paged=paged, G=G,
-                                                                           q_len=q_len, per_head=G != 4)
+                                                                           q_len=q_len, per_head=G != 4, step=step)
     assert_attn_close(o, lse, want_o, want_lse, vmax, "fp8 decode vs float64 over the quantized cache")
     err = (o.double().cpu() - plain_o.cpu()).abs().max().item()
     bound = storage + ATTN_TOL[dtype] * vmax
@@ -196,11 +198,12 @@ def test_fp8_decode(device, dtype, paged, G, q_len):
 
 
 @cuda
+@pytest.mark.parametrize("step", ["two", "one"], ids=["append+decode", "one_call"])
 @pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("splits", [1, 3, None])
-def test_fp8_decode_head_dims_and_splits(D, splits):
+def test_fp8_decode_head_dims_and_splits(D, splits, step):
     o, lse, want_o, want_lse, _, vmax, _ = fp8_fill_and_decode("cuda", torch.bfloat16, paged=True, G=4, q_len=2,
-                                                            per_head=True, D=D, num_splits=splits, cap=160)
+                                                            per_head=True, D=D, num_splits=splits, cap=160, step=step)
     assert_attn_close(o, lse, want_o, want_lse, vmax, f"fp8 decode D={D} splits={splits}")
 
 

@@ -142,7 +142,7 @@ void decode_cpu_impl(const DecodeParams& p, bool full_fusion) {
       const int64_t hq = row % p.Hq, j = (row / p.Hq) % p.q_len, b = row / (p.Hq * p.q_len);
       const int64_t hk = hq / p.G;
       T* o = static_cast<T*>(p.o) + row * D;
-      const int64_t seqlen = cache_len(p.cache, b);
+      const int64_t seqlen = decode_seqlen(p, b);
       const int64_t n = decode_key_limit(p, seqlen, j);
       // The query, rotated in fp32, the softmax scale folded in.
       row_sincos(r, freq, attn_position(r, b, j, b, seqlen - p.q_len + j), sn.data(), cs.data());

@@ -372,7 +372,7 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_min_ctas<kRows, kFullFu
   const int rows_total = static_cast<int>(p.G * p.q_len);
   const int row0 = rg * p.rows_per_group;
   const int nrows = min(p.rows_per_group, rows_total - row0);
-  const int64_t seqlen = cache_len(p.cache, b);
+  const int64_t seqlen = decode_seqlen(p, b);
   const int G = static_cast<int>(p.G);
 
   extern __shared__ float4 decode_smem[];

@@ -205,7 +205,14 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   const int G = static_cast<int>(p.G);
   const int row0 = rg * kRows;
   const int nrows = min(kRows, static_cast<int>(p.G * p.q_len) - row0);
-  const int64_t seqlen = cache_len(p.cache, b);
+  const int64_t seqlen = decode_seqlen(p, b);
+  // The decode step in this launch (p.k_new): the q_len new keys [old, seqlen) are one
+  // extra tile of the last split, built by its last warp (the one with the fewest cached
+  // tiles) from k_new / v_new after its cached tiles; row group 0 also writes them into
+  // the cache. The cached keys [0, old) are split as usual.
+  const bool fused_append = p.k_new != nullptr;
+  const int64_t old = seqlen - (fused_append ? p.q_len : 0);
+  const bool new_tile = fused_append && split == p.num_splits - 1 && warp == kWarps - 1;
 
   // Q first: its loads depend on nothing, so they overlap the seqlen -> key range ->
   // K/V chain below (they were a DRAM round trip of their own after the sin/cos phase).
@@ -235,7 +242,7 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
 
   // Keys: rows see [0, lim(row)), nondecreasing in the row's token; this split takes
   // [kbeg, kend) of [0, n_keys), in whole tiles (so tiles align with 16-slot pages).
-  const int n_keys = static_cast<int>(max(int64_t(0), decode_key_limit(p, seqlen, (row0 + nrows - 1) / G)));
+  const int n_keys = static_cast<int>(min(old, max(int64_t(0), decode_key_limit(p, seqlen, (row0 + nrows - 1) / G))));
   const int per_split = ((n_keys + p.num_splits - 1) / p.num_splits + kTileKeys - 1) / kTileKeys * kTileKeys;
   const int kbeg = min(n_keys, split * per_split);
   const int kend = min(n_keys, kbeg + per_split);
@@ -346,6 +353,23 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
     q_s[swz<D>(rr, c1 >> 3) + (c1 & 7)] = static_cast<M>(x1);
   }
   __syncthreads();
+  // The new rows (raw, in T) into the sin/cos table's space, free from here on: K rows
+  // [16][D], then V rows. Their own cp.async group, older than the loop's, so the ring's
+  // waits (and the wait before the new tile) cover it.
+  const T* kn_s = reinterpret_cast<const T*>(tab_s);
+  const T* vn_s = kn_s + kRows * D;
+  if (new_tile) {
+    constexpr int RC = D / 8;  // 16-byte chunks per row of T
+    for (int e = lane; e < 2 * static_cast<int>(p.q_len) * RC; e += 32) {
+      const int is_v = e >= static_cast<int>(p.q_len) * RC, f = is_v ? e - static_cast<int>(p.q_len) * RC : e;
+      const int j = f / RC, c = f - j * RC;
+      const T* src = static_cast<const T*>(is_v ? p.v_new : p.k_new) +
+                     b * (is_v ? p.vn_stride[0] : p.kn_stride[0]) + j * (is_v ? p.vn_stride[1] : p.kn_stride[1]) +
+                     hk * (is_v ? p.vn_stride[2] : p.kn_stride[2]) + c * 8;
+      cp_async16(const_cast<T*>((is_v ? vn_s : kn_s) + j * D + c * 8), src, true);
+    }
+    cp_async_commit();
+  }
 
   // ---- this lane's rows (MMA accumulator layout): r_lo = lane / 4, r_hi = r_lo + 8.
   const int r_lo = lane >> 2, r_hi = r_lo + 8;
@@ -362,18 +386,82 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m_lo = ninf, m_hi = ninf, l_lo = 0.f, l_hi = 0.f;  // l: this lane's partial row sums
 
+  // The new tile (keys old .. old + q_len - 1) into ring slot `slot`: K rotated in fp32
+  // and rounded once to the cache type (fp8: divided by k_scale, saturated), exactly as
+  // append_kv stores it; V converted likewise. V rows past q_len are zeroed (a masked
+  // key's P is 0, and 0 * garbage could be NaN); K rows past q_len are masked scores and
+  // may hold anything. Row group 0 writes the new slots into the cache.
+  auto build_new_tile = [&](int slot) {
+    C* Kd = my_ring + slot * 2 * TILE;
+    C* Vd = Kd + TILE;
+    const int nq = static_cast<int>(p.q_len);
+    for (int e = nq * CH + lane; e < kTileKeys * CH; e += 32)  // (row, 16-byte chunk) past q_len
+      *reinterpret_cast<uint4*>(Vd + ring_at(e / CH, e % CH)) = make_uint4(0u, 0u, 0u, 0u);
+    const float ks = kFp8 ? cv.k_scale[hk * cv.k_scale_stride] : 1.f;
+    const float vs = kFp8 ? cv.v_scale[hk * cv.v_scale_stride] : 1.f;
+    auto to_c = [&](float x, float sc) -> C {
+      if constexpr (kFp8) return static_cast<C>(__nv_cvt_float_to_fp8(x / sc, __NV_SATFINITE, __NV_E4M3));
+      else return static_cast<C>(x);
+    };
+    auto tile_at = [&](int row, int d) { return ring_at(row, d / EC) + d % EC; };
+    for (int e = lane; e < nq * (D / 2); e += 32) {
+      const int j = e / (D / 2), u = e - j * (D / 2);
+      int d0, d1;
+      q_unit_dims(u, &d0, &d1);
+      float x0 = static_cast<float>(kn_s[j * D + d0]), x1 = static_cast<float>(kn_s[j * D + d1]);
+      if (u < half) {
+        float sn, cs;
+        pair_sincos(r, attn_position(r, b, j, b, old + j), u, inv_freq_of(r, u), &sn, &cs);
+        const float y0 = rot_y0(x0, x1, cs, sn), y1 = rot_y1(x0, x1, cs, sn);
+        x0 = y0;
+        x1 = y1;
+      }
+      const C k0 = to_c(x0, ks), k1 = to_c(x1, ks);
+      const C v0 = to_c(static_cast<float>(vn_s[j * D + d0]), vs), v1 = to_c(static_cast<float>(vn_s[j * D + d1]), vs);
+      Kd[tile_at(j, d0)] = k0;
+      Kd[tile_at(j, d1)] = k1;
+      Vd[tile_at(j, d0)] = v0;
+      Vd[tile_at(j, d1)] = v1;
+      int64_t ko, vo;
+      if (rg == 0 && cache_slot(cv, b, old + j, &ko, &vo)) {
+        C* kg = static_cast<C*>(cv.k) + ko + hk * cv.k_stride[2];
+        C* vg = static_cast<C*>(cv.v) + vo + hk * cv.v_stride[2];
+        kg[d0] = k0;
+        kg[d1] = k1;
+        vg[d0] = v0;
+        vg[d1] = v1;
+      }
+    }
+    // Bit j: new key j has a slot (one past the capacity or in an invalid block is
+    // dropped, as append_kv drops it).
+    int64_t ko, vo;
+    const bool has_slot = lane < nq && cache_slot(cv, b, old + lane, &ko, &vo);
+    return __ballot_sync(0xffffffffu, has_slot) & 0xffffu;
+  };
+
   // ldmatrix row addresses: lane l feeds row l % 8 of matrix l / 8.
   const int mi = lane >> 3, mr = lane & 7;
-  for (int t = 0; t < my_tiles; ++t) {
-    if (t + NS - 1 < my_tiles) issue(t + NS - 1, next);
-    cp_async_commit();
-    next = slot_of(t + NS);
-    cp_async_wait<NS - 1>();
-    __syncwarp();
+  const int n_steps = my_tiles + (new_tile ? 1 : 0);
+  for (int t = 0; t < n_steps; ++t) {
+    uint32_t vmask;
+    int key0;
+    if (t < my_tiles) {
+      if (t + NS - 1 < my_tiles) issue(t + NS - 1, next);
+      cp_async_commit();
+      next = slot_of(t + NS);
+      cp_async_wait<NS - 1>();
+      __syncwarp();
+      vmask = mask_s[warp * NS + t % NS];
+      key0 = kbeg + (warp + t * kWarps) * kTileKeys;
+    } else {  // the new tile: its raw rows have landed once every group has
+      cp_async_wait<0>();
+      __syncwarp();
+      vmask = build_new_tile(t % NS);
+      key0 = static_cast<int>(old);
+      __syncwarp();
+    }
     const C* Ks = my_ring + (t % NS) * 2 * TILE;
     const C* Vs = Ks + TILE;
-    const uint32_t vmask = mask_s[warp * NS + t % NS];
-    const int key0 = kbeg + (warp + t * kWarps) * kTileKeys;
 
     // S = Q K^T: [16 rows] x [16 keys] as two n-tiles of 8 keys.
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
