@@ -594,8 +594,9 @@ std::tuple<at::Tensor, at::Tensor> attention_decode(
 // attention_decode with the step's new k, v: append them (K rotated; fp8: quantized) at
 // cache_seqlens[b] + j, then attend over cache_seqlens[b] + q_len keys (cache_seqlens is
 // not modified, as for append_kv). One launch where variant 5 runs (CUDA, impl hybrid /
-// auto, q_len <= 16, k and v rows 16-byte aligned with contiguous features): its last
-// split builds the new keys' tile itself. Elsewhere append_kv's kernel, then the decode.
+// auto, q_len <= 8 with G * q_len <= 16, k and v rows 16-byte aligned with contiguous
+// features): its last split builds the new keys' tile itself. Elsewhere append_kv's
+// kernel, then the decode.
 bool rows_16b_aligned(const at::Tensor& t) {
   if (t.stride(3) != 1 && t.size(3) != 1) return false;
   if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16) return false;
@@ -632,8 +633,10 @@ std::tuple<at::Tensor, at::Tensor> attention_decode_append(
                                 cos_sin_cache, base, rotary_dim, interleaved, softmax_scale, causal, impl, k_scale,
                                 v_scale, attention_factor, q_len);
   // (No query rows: no decode kernel runs, so the append runs on its own.)
-  const bool one_launch = q.is_cuda() && q.numel() > 0 && which == DecodeImpl::kHybrid && q_len <= 16 &&
-                          rows_16b_aligned(k) && rows_16b_aligned(v);
+  // (Variant 5 keeps the new rows in its Q sin/cos table's spare rows: at most 8 tokens,
+  // one 16-row group of G * q_len query rows.)
+  const bool one_launch = q.is_cuda() && q.numel() > 0 && which == DecodeImpl::kHybrid && q_len <= 8 &&
+                          p.G * q_len <= 16 && rows_16b_aligned(k) && rows_16b_aligned(v);
   if (one_launch) {
     p.k_new = k.data_ptr();
     p.v_new = v.data_ptr();

@@ -198,9 +198,9 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, positions=None, bloc
        cache_seqlens[b] + j, exactly as append_kv writes them, and the query tokens attend
        over cache_seqlens[b] + q_len keys. Here cache_seqlens counts the tokens BEFORE the
        step (not modified: add q_len yourself afterwards). On CUDA with impl "auto" /
-       "hybrid", q_len <= 16 and 16-byte aligned rows with contiguous features this is one
-       launch (the kernel's last split builds the new keys' tile itself); otherwise
-       append_kv's kernel runs first.
+       "hybrid", q_len <= 8 with G * q_len <= 16 (G = Hq / Hk) and 16-byte aligned rows
+       with contiguous features this is one launch (the kernel's last split builds the new
+       keys' tile itself); otherwise append_kv's kernel runs first.
     softmax_scale: default 1 / sqrt(D). return_lse: also return lse [B, q_len, Hq]
        (float32, natural log).
     max_seqlen: optional host-side bound on cache_seqlens (an int; with k, v: before the

@@ -182,7 +182,7 @@ def test_append_then_decode_matches_float64(device, paged, G, q_len, step):
 
 @pytest.mark.parametrize("impl", ["auto", "hybrid_simt", "full_fusion"])
 def test_decode_step_beyond_one_launch(device, impl):
-    """The decode step where one launch does not apply (q_len > 16, the older kernels,
+    """The decode step where one launch does not apply (q_len > 8, the older kernels,
     k and v misaligned views): append_kv's kernel, then the decode; same results."""
     o, lse, wo, wl, vs = fill_and_decode(device, torch.bfloat16, paged=True, G=2, q_len=17, cap=90, impl=impl,
                                          step="one")

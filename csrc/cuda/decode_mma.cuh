@@ -208,8 +208,8 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   const int64_t seqlen = decode_seqlen(p, b);
   // The decode step in this launch (p.k_new): the q_len new keys [old, seqlen) are one
   // extra tile of the last split, built by its last warp (the one with the fewest cached
-  // tiles) from k_new / v_new after its cached tiles; row group 0 also writes them into
-  // the cache. The cached keys [0, old) are split as usual.
+  // tiles) from k_new / v_new after its cached tiles, and written into the cache. The
+  // cached keys [0, old) are split as usual. (The host: one row group, q_len <= 8.)
   const bool fused_append = p.k_new != nullptr;
   const int64_t old = seqlen - (fused_append ? p.q_len : 0);
   const bool new_tile = fused_append && split == p.num_splits - 1 && warp == kWarps - 1;
@@ -315,6 +315,25 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
     }
     if (lane == 0) mask_s[warp * NS + t % NS] = m;
   };
+  // The decode step's new rows (raw, in T), by the warp that builds their tile: K rows
+  // into the Q cos table's rows 8.., V rows into its sin rows 8.. (the host takes this
+  // road only for one row group of at most 8 tokens, whose table rows are 0..7), copied
+  // with the first ring tiles so their DRAM trip overlaps them. The new keys' sin/cos are
+  // the query tokens' (the same positions): rows 0..q_len-1 of the same table.
+  const T* kn_s = reinterpret_cast<const T*>(tab_s + 8 * (D / 2));
+  const T* vn_s = reinterpret_cast<const T*>(tab_s + (kRows + 8) * (D / 2));
+  if (new_tile) {
+    constexpr int RC = D / 8;  // 16-byte chunks per row of T
+    const int nq = static_cast<int>(p.q_len);
+    for (int e = lane; e < 2 * nq * RC; e += 32) {
+      const bool is_v = e >= nq * RC;
+      const int f = is_v ? e - nq * RC : e, j = f / RC, c = f - j * RC;
+      const T* src = static_cast<const T*>(is_v ? p.v_new : p.k_new) +
+                     b * (is_v ? p.vn_stride[0] : p.kn_stride[0]) + j * (is_v ? p.vn_stride[1] : p.kn_stride[1]) +
+                     hk * (is_v ? p.vn_stride[2] : p.kn_stride[2]) + c * 8;
+      cp_async16(const_cast<T*>((is_v ? vn_s : kn_s) + j * D + c * 8), src, true);
+    }
+  }
   Slot next = slot_of(0);
 #pragma unroll
   for (int t = 0; t < NS - 1; ++t) {
@@ -353,24 +372,6 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
     q_s[swz<D>(rr, c1 >> 3) + (c1 & 7)] = static_cast<M>(x1);
   }
   __syncthreads();
-  // The new rows (raw, in T) into the sin/cos table's space, free from here on: K rows
-  // [16][D], then V rows. Their own cp.async group, older than the loop's, so the ring's
-  // waits (and the wait before the new tile) cover it.
-  const T* kn_s = reinterpret_cast<const T*>(tab_s);
-  const T* vn_s = kn_s + kRows * D;
-  if (new_tile) {
-    constexpr int RC = D / 8;  // 16-byte chunks per row of T
-    for (int e = lane; e < 2 * static_cast<int>(p.q_len) * RC; e += 32) {
-      const int is_v = e >= static_cast<int>(p.q_len) * RC, f = is_v ? e - static_cast<int>(p.q_len) * RC : e;
-      const int j = f / RC, c = f - j * RC;
-      const T* src = static_cast<const T*>(is_v ? p.v_new : p.k_new) +
-                     b * (is_v ? p.vn_stride[0] : p.kn_stride[0]) + j * (is_v ? p.vn_stride[1] : p.kn_stride[1]) +
-                     hk * (is_v ? p.vn_stride[2] : p.kn_stride[2]) + c * 8;
-      cp_async16(const_cast<T*>((is_v ? vn_s : kn_s) + j * D + c * 8), src, true);
-    }
-    cp_async_commit();
-  }
-
   // ---- this lane's rows (MMA accumulator layout): r_lo = lane / 4, r_hi = r_lo + 8.
   const int r_lo = lane >> 2, r_hi = r_lo + 8;
   auto row_limit = [&](int rr) {
@@ -390,7 +391,8 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   // and rounded once to the cache type (fp8: divided by k_scale, saturated), exactly as
   // append_kv stores it; V converted likewise. V rows past q_len are zeroed (a masked
   // key's P is 0, and 0 * garbage could be NaN); K rows past q_len are masked scores and
-  // may hold anything. Row group 0 writes the new slots into the cache.
+  // may hold anything. The new slots are written into the cache too (rg is 0: one row
+  // group on this road).
   auto build_new_tile = [&](int slot) {
     C* Kd = my_ring + slot * 2 * TILE;
     C* Vd = Kd + TILE;
@@ -404,14 +406,17 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
       else return static_cast<C>(x);
     };
     auto tile_at = [&](int row, int d) { return ring_at(row, d / EC) + d % EC; };
-    for (int e = lane; e < nq * (D / 2); e += 32) {
+    // Lane j < q_len looks up new key j's slot once (one that does not exist, past the
+    // capacity or in an invalid block, is dropped, as append_kv drops it).
+    int64_t my_ko = 0, my_vo = 0;
+    const bool my_ok = lane < nq && cache_slot(cv, b, old + lane, &my_ko, &my_vo);
+    for (int e = lane; e < nq * (D / 2); e += 32) {  // (D / 2 >= 32: every lane takes each trip)
       const int j = e / (D / 2), u = e - j * (D / 2);
       int d0, d1;
       q_unit_dims(u, &d0, &d1);
       float x0 = static_cast<float>(kn_s[j * D + d0]), x1 = static_cast<float>(kn_s[j * D + d1]);
       if (u < half) {
-        float sn, cs;
-        pair_sincos(r, attn_position(r, b, j, b, old + j), u, inv_freq_of(r, u), &sn, &cs);
+        const float cs = tab_s[j * (D / 2) + u], sn = tab_s[(kRows + j) * (D / 2) + u];
         const float y0 = rot_y0(x0, x1, cs, sn), y1 = rot_y1(x0, x1, cs, sn);
         x0 = y0;
         x1 = y1;
@@ -422,8 +427,9 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
       Kd[tile_at(j, d1)] = k1;
       Vd[tile_at(j, d0)] = v0;
       Vd[tile_at(j, d1)] = v1;
-      int64_t ko, vo;
-      if (rg == 0 && cache_slot(cv, b, old + j, &ko, &vo)) {
+      const bool ok = __shfl_sync(0xffffffffu, static_cast<int>(my_ok), j) != 0;
+      const int64_t ko = __shfl_sync(0xffffffffu, my_ko, j), vo = __shfl_sync(0xffffffffu, my_vo, j);
+      if (rg == 0 && ok) {
         C* kg = static_cast<C*>(cv.k) + ko + hk * cv.k_stride[2];
         C* vg = static_cast<C*>(cv.v) + vo + hk * cv.v_stride[2];
         kg[d0] = k0;
@@ -432,11 +438,7 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
         vg[d1] = v1;
       }
     }
-    // Bit j: new key j has a slot (one past the capacity or in an invalid block is
-    // dropped, as append_kv drops it).
-    int64_t ko, vo;
-    const bool has_slot = lane < nq && cache_slot(cv, b, old + lane, &ko, &vo);
-    return __ballot_sync(0xffffffffu, has_slot) & 0xffffu;
+    return __ballot_sync(0xffffffffu, my_ok) & 0xffffu;  // bit j: new key j exists
   };
 
   // ldmatrix row addresses: lane l feeds row l % 8 of matrix l / 8.
