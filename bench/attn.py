@@ -416,8 +416,10 @@ def attn_suite(timer, bw, quick=False, fp8_only=False):
           + ("" if CUDA else " [CPU: tiny shapes, wall clock]"))
     if fp8_only:
         return fp8_suite(timer, bw, quick)
-    return (decode_suite(timer, bw, quick) + append_suite(timer, bw, quick) + prefill_suite(timer, bw, quick)
-            + fp8_suite(timer, bw, quick))
+    # ATTN_PARTS="decode,append": only these parts (a short A/B run), like ATTN_BATCHES.
+    parts = dict(decode=decode_suite, append=append_suite, prefill=prefill_suite, fp8=fp8_suite)
+    wanted = os.environ.get("ATTN_PARTS", ",".join(parts)).split(",")
+    return [r for name in wanted for r in parts[name](timer, bw, quick)]
 
 
 def plot_attn(results, path):

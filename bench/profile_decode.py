@@ -4,7 +4,8 @@
 
 Profiles one call of each case after warm-up (the profiler range covers only those
 calls), Hq 32, Hk 8, D 128, bf16 q, contiguous cache. Cases (default: all):
-  bf16_b1_512, bf16_b1_32768, bf16_b8_8192, fp8_b8_8192, fp8_b8_32768, fp8_b64_8192,
+  bf16_b1_512, bf16_b1_8192, bf16_b1_32768, bf16_b8_8192, fp8_b8_8192, fp8_b8_32768,
+  fp8_b64_8192, step_b1_8192 (the decode step in one call: attention_decode with k, v),
   append_8192 (append_kv without q, T = 8192 tokens), append_16."""
 import sys
 
@@ -17,7 +18,7 @@ dev = "cuda"
 FP8 = torch.float8_e4m3fn
 
 
-def decode_case(cache, B, ctx):
+def decode_case(cache, B, ctx, step=False):
     kc = torch.randn(B, ctx, Hk, D, device=dev, dtype=torch.bfloat16)
     vc = torch.randn_like(kc)
     kw = {}
@@ -26,6 +27,9 @@ def decode_case(cache, B, ctx):
         kw = dict(k_scale=torch.ones(1, device=dev), v_scale=torch.ones(1, device=dev))
     q = torch.randn(B, 1, Hq, D, device=dev, dtype=torch.bfloat16)
     lens = torch.full((B,), ctx, dtype=torch.int32, device=dev)
+    if step:  # the last slot is the step's new token
+        k, v = torch.randn(B, 1, Hk, D, device=dev, dtype=q.dtype), torch.randn(B, 1, Hk, D, device=dev, dtype=q.dtype)
+        return lambda: rope_ext.attention_decode(q, kc, vc, lens - 1, max_seqlen=ctx, k=k, v=v, **kw)
     return lambda: rope_ext.attention_decode(q, kc, vc, lens, max_seqlen=ctx, **kw)
 
 
@@ -40,6 +44,8 @@ def append_case(T):
 
 CASES = {
     "bf16_b1_512": lambda: decode_case("bf16", 1, 512),
+    "bf16_b1_8192": lambda: decode_case("bf16", 1, 8192),
+    "step_b1_8192": lambda: decode_case("bf16", 1, 8192, step=True),
     "bf16_b1_32768": lambda: decode_case("bf16", 1, 32768),
     "bf16_b8_8192": lambda: decode_case("bf16", 8, 8192),
     "fp8_b8_8192": lambda: decode_case("fp8", 8, 8192),
