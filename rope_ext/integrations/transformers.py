@@ -55,6 +55,7 @@ import threading
 import torch
 
 from ..api import apply_rope, apply_rope_qk
+from ..frequencies import inv_freq as _inv_freq
 from ..norm_rope import rms_norm_rope, rms_norm_rope_qk
 
 # family (the package under transformers.models) -> options. mrope: M-RoPE layout of the
@@ -223,8 +224,23 @@ def _gptj_attention_forward(self, *args, **kwargs):
         stack.pop()
 
 
+def _gptj_rotary_forward(self, x, position_ids, *args, **kwargs):
+    """transformers >= 5.2x: GPT-J's rotary module (GPTJRotaryEmbedding) returns (sin, cos)
+    gathered from its table; here one carrier stands in for both (the frequencies of its
+    table, base 10000 over pos_embd_dim, cached per device)."""
+    if args or kwargs or not isinstance(position_ids, torch.Tensor):
+        return _call_inner(self, x, position_ids, *args, **kwargs)
+    freqs = self.__dict__.setdefault("_rope_ext_freqs", {})
+    f = freqs.get(position_ids.device)
+    if f is None:
+        f = freqs[position_ids.device] = _inv_freq(self.pos_embd_dim, _GPTJ_BASE, device=position_ids.device)
+    c = RopeCarrier(position_ids, f, 1.0)
+    return c, c
+
+
 _FORWARDS = {
     "rotary": _rotary_forward,
+    "gptj_rotary": _gptj_rotary_forward,
     "rotary_dynamic": _rotary_forward_dynamic,
     "qk_norm_attention": _qk_norm_attention_forward,
     "deferred_norm": _deferred_norm_forward,
@@ -286,6 +302,12 @@ def _make_apply(original):
 
 def _make_apply_gptj(original):
     def apply_rotary_pos_emb(tensor, sin, cos, *args, **kwargs):
+        if isinstance(sin, RopeCarrier):  # the rotary module's carrier (transformers >= 5.2x)
+            if args or kwargs or tensor.dim() != 4 or tensor.shape[-1] != sin.rotary_dim:
+                raise ValueError(f"rope_ext: GPT-J apply_rotary_pos_emb got a tensor of shape {tuple(tensor.shape)} "
+                                 f"and rotary dim {sin.rotary_dim}: not the [B, S, H, rotary_dim] call the patch "
+                                 "covers; unpatch(model) restores HF's")
+            return apply_rope(tensor, sin.positions, layout="bshd", interleaved=True, inv_freq=sin.inv_freq)
         stack = _gptj_stack()
         if not stack or args or kwargs:
             return original(tensor, sin, cos, *args, **kwargs)
@@ -413,7 +435,12 @@ def _plan(model, architecture):
         # without them here only lends other modules (e.g. an RMSNorm class reused by
         # another family's model): skipped unless asked for by name.
         if opts.get("gptj"):
+            # Older transformers: each attention gathers its sin/cos; newer (5.2x): one
+            # GPTJRotaryEmbedding hands (sin, cos) to the attentions.
             holders = [(n, m) for n, m in mods if _is_text(m, "Attention") and hasattr(m, "pos_embd_dim")]
+            gptj_rotary = not holders
+            if gptj_rotary:
+                holders = [(n, m) for n, m in mods if _is_text(m, "RotaryEmbedding") and hasattr(m, "pos_embd_dim")]
         else:
             holders = [(n, m) for n, m in mods if _is_text(m, "RotaryEmbedding")]
         # Their consumers must be this family's attentions too: a rotary class borrowed by
@@ -445,6 +472,10 @@ def _plan(model, architecture):
                 steps.append(lambda m=m, modeling=modeling, name=names[0]:
                              setattr(m, "rotary_fn", getattr(modeling, name)))
 
+        if opts.get("gptj") and gptj_rotary:
+            for n, m in holders:
+                steps.append(lambda m=m: _override(m, "gptj_rotary"))
+            continue
         if opts.get("gptj"):
             for n, m in holders:
                 params = list(inspect.signature(type(m).forward).parameters)[1:]  # after self
@@ -535,7 +566,8 @@ def unpatch(model):
         d.pop("forward", None)
         if inner is not None:
             m.forward = inner
-        for k in ("_rope_ext_mrope", "_rope_ext_norm_offset", "_rope_ext_defer", "_rope_ext_pos_index"):
+        for k in ("_rope_ext_mrope", "_rope_ext_norm_offset", "_rope_ext_defer", "_rope_ext_pos_index",
+                  "_rope_ext_freqs"):
             d.pop(k, None)
     return model
 
