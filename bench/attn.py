@@ -27,7 +27,7 @@ FP8 (issue 20; also alone: --suite fp8): decode over a float8_e4m3fn cache again
 cache at the same point (% copy of each cache's own bytes: fp8 moves half), the fp8
 append_kv and append_mla (DeepSeek-V3 shapes) against rope + quantize + index_put.
 Timing (CUDA): each call captured alone in a CUDA graph, the L2 flushed before every
-replay, the median (bench/run.py's graph_us); % copy against a 1 GiB copy timed the same
+replay, the median (bench/timing.py's graph_us); % copy against a 1 GiB copy timed the same
 way in the same run. CPU: tiny shapes, wall clock.
 """
 import os
@@ -409,8 +409,8 @@ def fp8_suite(timer, bw, quick=False):
 
 
 def attn_suite(timer, bw, quick=False, fp8_only=False):
-    """Issue 9's attention suite; `timer` and `bw` are bench/run.py's Timer and the copy
-    bandwidth it measured. Returns run.py-style results: dicts with 'workload' and 'rows'.
+    """Issue 9's attention suite; `timer` and `bw`: a bench/timing.py Timer (run.py's
+    graph timer for this suite) and the copy bandwidth run.py measured. Returns run.py-style results: dicts with 'workload' and 'rows'.
     fp8_only: issue 20's rows alone (bench/run.py --suite fp8)."""
     print("\nattention suite: decode (Q-RoPE fused) and append_kv (K-RoPE at cache write)"
           + ("" if CUDA else " [CPU: tiny shapes, wall clock]"))

@@ -10,7 +10,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rope_ext  # noqa: E402
-from run import graph_us  # noqa: E402
+from timing import graph_us  # noqa: E402
 
 if not torch.cuda.is_available():
     sys.exit("bench/fp8_splits.py needs a GPU")

@@ -25,9 +25,7 @@ that is missing or fails on a workload prints n/a, and the reason once.
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 import torch
 
@@ -35,48 +33,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import rope_ext  # noqa: E402
 from rope_ext import reference as ref  # noqa: E402
 from rope_ext._ops import ops  # noqa: E402
-
-CUDA = torch.cuda.is_available()
-DEV = "cuda" if CUDA else "cpu"
+from timing import (CUDA, DEV, Timer, copy_bandwidth, eager_us, graph_us, max_err, print_table,  # noqa: E402,F401
+                    same_size_copy, time_rows)
 GPU_SUITES = ("llm", "sweep", "variants")   # time CUDA kernels only: refused without a GPU
 CPU_SUITES = ("seed", "latency", "attn", "fp8")    # also run on the CPU (wall clock, small sizes)
-
-
-class Timer:
-    def __init__(self, reps, warmup=3):
-        self.reps, self.warmup = reps, warmup
-        self.flush = torch.empty(256 * 2**20, dtype=torch.uint8, device=DEV) if CUDA else None
-
-    def __call__(self, fn):
-        for _ in range(self.warmup):
-            fn()
-        if not CUDA:
-            ts = []
-            for _ in range(self.reps):
-                t0 = time.perf_counter()
-                fn()
-                ts.append(time.perf_counter() - t0)
-            return statistics.median(ts) * 1e6
-        ts = []
-        for _ in range(self.reps):
-            self.flush.fill_(1)  # evict x from L2: time the DRAM traffic, not the cache
-            # Keep the GPU busy while the host enqueues the call: the events then time
-            # the kernel(s), not the Python/dispatcher overhead before the launch.
-            torch.cuda._sleep(1_000_000)
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b) * 1e3)
-        return statistics.median(ts)
-
-
-def copy_bandwidth(timer, nbytes=2**30):
-    x = torch.randn(nbytes // 4, device=DEV)
-    y = torch.empty_like(x)
-    us = timer(lambda: y.copy_(x))
-    return 2 * nbytes / us / 1e3  # GB/s, read + write
 
 
 def hf_cos_sin(S, D, dtype, base=10000.0):
@@ -85,39 +45,6 @@ def hf_cos_sin(S, D, dtype, base=10000.0):
     ang = torch.arange(S, device=DEV).float()[:, None] * f
     emb = torch.cat([ang, ang], dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def same_size_copy(numel, dtype):
-    """y.copy_(x) of `numel` elements of `dtype`: the copy of a workload's own bytes."""
-    x = torch.randn(numel, device=DEV).to(dtype)
-    y = torch.empty_like(x)
-    return lambda: y.copy_(x)
-
-
-def time_rows(fns, nbytes, timer, bw, base, outs=None, want=None, ss_us=None):
-    """Times each (name, fn): µs, GB/s, % of copy, speedup over the row named `base`
-    (and max |out - want| where `outs` gives the output; % of the same-size copy where
-    its time ss_us is given). A variant that refuses the input gets a row saying why;
-    the sweep goes on."""
-    rows = []
-    for name, fn in fns:
-        try:
-            us = timer(fn)
-        except Exception as e:
-            rows.append(dict(impl=name, error=str(e).splitlines()[0][:80]))
-            continue
-        gbs = nbytes / us / 1e3
-        row = dict(impl=name, us=us, gbs=gbs, pct_copy=100 * gbs / bw)
-        if ss_us:
-            row["pct_ss"] = 100 * ss_us / us
-        if outs is not None and name in outs:
-            row["err"] = max_err(outs[name](), want)
-        rows.append(row)
-    base_us = next((r["us"] for r in rows if "us" in r and r["impl"].startswith(base)), None)
-    for r in rows:
-        if "us" in r:
-            r["speedup"] = base_us / r["us"] if base_us else float("nan")
-    return rows
 
 
 def workload_rows(x, rope_call, cos, sin, inverse, timer, bw):
@@ -154,24 +81,6 @@ def bshd_call(x, impl, inverse):
     return ops.rope(x, *op_opts(inverse, impl))
 
 
-def print_table(title, rows, ratio="x naive", err=False, ss_us=None):
-    """ss_us: the same-size copy's time, printed first and as each row's "% ss copy"."""
-    print(f"\n{title}")
-    ss = ss_us is not None
-    print(f"  {'impl':<36}{'time us':>10}{'GB/s':>8}{'% copy':>8}" + (f"{'% ss copy':>10}" if ss else "") +
-          f"{ratio:>10}" + ("  max err vs f64" if err else ""))
-    if ss:
-        print(f"  {'same-size copy (y.copy_(x))':<36}{ss_us:>10.1f}")
-    for r in rows:
-        if "error" in r:
-            print(f"  {r['impl']:<36}  n/a: {r['error']}")
-        else:
-            e = f"  {r['err']:.3g}" if "err" in r else ""
-            pss = f"{r['pct_ss']:>9.1f}%" if ss and "pct_ss" in r else (" " * 10 if ss else "")
-            print(f"  {r['impl']:<36}{r['us']:>10.1f}{r['gbs']:>8.0f}{r['pct_copy']:>7.1f}%{pss}{r['speedup']:>9.2f}x{e}")
-
-
-
 # ----------------------------------------------------------------------------- llm suite
 def qk_cache_compiled():
     """torch.compile of the cos/sin-cache form for q and k (vLLM style): gather cos/sin
@@ -185,10 +94,6 @@ def qk_cache_compiled():
         k.copy_(ref.apply_cos_sin(k, cos, sin))
     torch._dynamo.reset()
     return torch.compile(f, dynamic=False)
-
-
-def max_err(out, want):
-    return (out.double() - want).abs().max().item()
 
 
 def llm_suite(timer, bw, peers=None):
@@ -265,60 +170,6 @@ def llm_suite(timer, bw, peers=None):
         if T == 16 and CUDA:
             results.append(decode_latency(q, k, pos, cache, comp, peers))
     return results
-
-
-def graph_us(fn, reps=200, flush=None):
-    """µs of ONE call of fn captured in a CUDA graph, replayed `reps` times, each replay
-    after an L2 flush (a 256 MB write) with the GPU held busy while the host enqueues it;
-    the median. Device time of one call, launch included, host overhead excluded."""
-    flush = flush if flush is not None else _flush_buffer()
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    ts = []
-    for _ in range(reps):
-        flush.fill_(1)
-        torch.cuda._sleep(100_000)
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); g.replay(); b.record(); b.synchronize()  # noqa: E702
-        ts.append(a.elapsed_time(b) * 1e3)
-    del g
-    return statistics.median(ts)
-
-
-_FLUSH = []
-
-
-def _flush_buffer():
-    if not _FLUSH:
-        _FLUSH.append(torch.empty(256 * 2**20, dtype=torch.uint8, device=DEV))
-    return _FLUSH[0]
-
-
-def eager_us(fn, n=2000, runs=5):
-    """µs per call of back-to-back eager calls (host + launch + device, whichever is
-    longest), the median of `runs` runs of n calls."""
-    for _ in range(200):
-        fn()
-    out = []
-    for _ in range(runs):
-        if CUDA:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        if CUDA:
-            torch.cuda.synchronize()
-        out.append((time.perf_counter() - t0) / n * 1e6)
-    return statistics.median(out)
 
 
 def decode_latency(q, k, pos, cache, comp, peers=None):

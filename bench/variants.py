@@ -140,8 +140,8 @@ def variants_suite(timer, bw, time_rows, print_table, dev="cuda", small=False):
 
 
 if __name__ == "__main__":
-    import run as R
-    timer = R.Timer(reps=50)
-    bw = R.copy_bandwidth(timer)
-    print(f"copy bandwidth (2 GiB): {bw:.0f} GB/s")
-    variants_suite(timer, bw, R.time_rows, R.print_table)
+    import timing as T
+    timer = T.Timer(reps=50)
+    bw = T.copy_bandwidth(timer)
+    print(f"copy bandwidth (1 GiB): {bw:.0f} GB/s")
+    variants_suite(timer, bw, T.time_rows, T.print_table)
