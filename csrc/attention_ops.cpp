@@ -540,7 +540,6 @@ std::tuple<at::Tensor, at::Tensor> decode_run(DecodeParams& p, const at::Tensor&
                                               int64_t max_seqlen, int64_t num_splits) {
   const DecodeImpl which = decode_impl_of(impl);
   const int64_t B = p.B, q_len = p.q_len, Hq = p.Hq, D = p.rope.D;
-  const KVCacheView& cache = p.cache;
   at::Tensor o = at::empty({B, q_len, Hq, D}, q.options().memory_format(at::MemoryFormat::Contiguous));
   at::Tensor lse = at::empty({B, q_len, Hq}, q.options().dtype(at::kFloat));
   maybe_poison(o);
@@ -554,7 +553,8 @@ std::tuple<at::Tensor, at::Tensor> decode_run(DecodeParams& p, const at::Tensor&
     const int kr = decode_rows_per_cta(rows, which);
     p.rows_per_group = kr;
     p.row_groups = static_cast<int32_t>((rows + kr - 1) / kr);
-    const int64_t max_keys = max_seqlen > 0 ? std::min<int64_t>(max_seqlen + p.appended, cache.capacity) : cache.capacity;
+    const int64_t cap = p.cache.capacity;
+    const int64_t max_keys = max_seqlen > 0 ? std::min<int64_t>(max_seqlen + p.appended, cap) : cap;
     int splits = num_splits > 0 ? static_cast<int>(std::min<int64_t>(num_splits, 1024))
                                 : decode_num_splits(p, max_keys, q.device(), q.scalar_type(), which);
     p.num_splits = std::max(1, splits);

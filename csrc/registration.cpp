@@ -46,6 +46,16 @@ TORCH_LIBRARY(rope_ext, m) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "rope_ext: RoPE kernels (the ops live under torch.ops.rope_ext)";
   m.def("impl_names", &rope_ext::impl_names, "kernel variant names, in order");
+  m.def("layouts", [] {
+          // (name, dims, permutation to [B, S, H, D] or None, head dim), in code order.
+          std::vector<std::tuple<std::string, std::string, std::optional<std::vector<int64_t>>, int64_t>> out;
+          for (const auto& l : rope_ext::kLayouts)
+            out.emplace_back(l.name, l.dims,
+                             l.permuted ? std::optional<std::vector<int64_t>>(std::vector<int64_t>(l.perm, l.perm + 4))
+                                        : std::nullopt,
+                             l.head_dim);
+          return out;
+        }, "the rope layouts (rope_ops.h kLayouts), in code order");
   m.def("norm_rope_direct", &rope_ext::norm_rope_direct, "eager fast path of norm_rope (no dispatcher)");
   m.def("norm_rope_backward_direct", &rope_ext::norm_rope_backward_direct,
         "eager fast path of norm_rope_backward (no dispatcher)");

@@ -351,12 +351,9 @@ void rope_qk_(const at::Tensor& q, const at::Tensor& k, ROPE_ARGS) {
 }
 
 at::Tensor layout_view(const at::Tensor& x, int64_t layout, bool to_bshd) {
-  switch (layout) {
-    case 1: return x.permute({1, 0, 2, 3});
-    case 2: return x.permute({0, 2, 1, 3});
-    case 3: return to_bshd ? x.unsqueeze(0) : x.squeeze(0);
-    default: return x;
-  }
+  if (layout == kLayoutTHD) return to_bshd ? x.unsqueeze(0) : x.squeeze(0);
+  const LayoutInfo& l = kLayouts[layout];
+  return l.permuted ? x.permute(l.perm) : x;  // (each permutation is its own inverse)
 }
 
 }  // namespace
@@ -364,24 +361,23 @@ at::Tensor layout_view(const at::Tensor& x, int64_t layout, bool to_bshd) {
 // The eager fast path (rope_ext/api.py calls it when nothing needs the dispatcher: no
 // autograd, no torch.compile, no tensor subclass or mode): the same run() as the ops,
 // without the boxed dispatcher hops and the Python-side views, which cost most of a
-// decode-sized call (bench/overhead.py). layout: 0 bshd, 1 sbhd, 2 bhsd, 3 thd (ranks
-// checked by the caller; the permutations are rope_ext/api.py's _PERM, which the op
-// path keeps in Python so that autograd and torch.compile see the views). In place:
-// bumps the version counters as the ADInplaceOrView kernel below does for the ops.
+// decode-sized call (bench/overhead.py). layout: an index of kLayouts (rope_ops.h; ranks
+// checked by the caller; the op path applies the same permutations in Python, from
+// _C.layouts(), so that autograd and torch.compile see the views). In place: bumps the
+// version counters as the ADInplaceOrView kernel below does for the ops.
 std::vector<at::Tensor> rope_direct(const std::vector<at::Tensor>& xs, int64_t layout, bool inplace, ROPE_ARGS) {
   TORCH_CHECK_VALUE(xs.size() == 1 || xs.size() == 2, "rope_ext: one or two tensors");
+  TORCH_CHECK_VALUE(layout >= 0 && layout < kNumLayouts, msg("rope_ext: layout code must be in [0, ", kNumLayouts,
+                    "), got ", layout));
+  const LayoutInfo& l = kLayouts[layout];
   if (xs.size() == 2 && xs[0].dim() == xs[1].dim()) {
     // Reported in the caller's layout (make_params sees the [B, S, H, D] views); the
-    // same check and message as rope_ext/api.py's _check_qk_shapes on the op path.
-    static const char* dims[4] = {"[B, S, H, D]", "[S, B, H, D]", "[B, H, S, D]", "[T, H, D]"};
-    static const char* names[4] = {"bshd", "sbhd", "bhsd", "thd"};
-    const int64_t h = (layout == 2 || layout == 3) ? 1 : 2;
+    // same check and message as rope_ext/_args.py's _check_qk_shapes on the op path.
     bool ok = true;
     for (int64_t d = 0; d < xs[0].dim(); ++d)
-      if (d != h && xs[0].size(d) != xs[1].size(d)) ok = false;
-    TORCH_CHECK_VALUE(ok || layout < 0 || layout > 3, msg("rope_ext: q and k must agree in every dimension but heads (layout '",
-                      names[layout < 0 || layout > 3 ? 0 : layout], "' ", dims[layout < 0 || layout > 3 ? 0 : layout],
-                      "), got q ", shape_str(xs[0]), " and k ", shape_str(xs[1])));
+      if (d != l.head_dim && xs[0].size(d) != xs[1].size(d)) ok = false;
+    TORCH_CHECK_VALUE(ok, msg("rope_ext: q and k must agree in every dimension but heads (layout '", l.name, "' ",
+                              l.dims, "), got q ", shape_str(xs[0]), " and k ", shape_str(xs[1])));
   }
   std::vector<at::Tensor> x4;
   for (const auto& t : xs) x4.push_back(layout_view(t, layout, true));

@@ -12,6 +12,26 @@
 
 namespace rope_ext {
 
+// The layouts of the rope API, in code order (rope_direct's `layout` argument): name, the
+// caller's dims, the permutation to the kernels' [B, S, H, D] view (each its own inverse;
+// none for bshd; thd [T, H, D] takes a leading 1 instead) and the head dim. rope_ext/_args.py
+// builds LAYOUTS, its permutations and the codes from _C.layouts(): one list for both.
+struct LayoutInfo {
+  const char* name;
+  const char* dims;
+  bool permuted;
+  int64_t perm[4];
+  int64_t head_dim;
+};
+inline constexpr LayoutInfo kLayouts[] = {
+    {"bshd", "[B, S, H, D]", false, {0, 1, 2, 3}, 2},
+    {"sbhd", "[S, B, H, D]", true, {1, 0, 2, 3}, 2},
+    {"bhsd", "[B, H, S, D]", true, {0, 2, 1, 3}, 1},
+    {"thd", "[T, H, D]", false, {0, 1, 2, 3}, 1},
+};
+inline constexpr int64_t kNumLayouts = sizeof(kLayouts) / sizeof(kLayouts[0]);
+inline constexpr int64_t kLayoutTHD = 3;
+
 // The options shared by the rope ops (schema order after the tensors to rotate).
 struct Options {
   const std::optional<at::Tensor>& positions;

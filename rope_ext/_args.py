@@ -8,10 +8,15 @@ from . import _C
 
 #: Kernel variant names (csrc/cuda/rope_variants.cuh); "auto" (the default) picks among them.
 IMPLS = tuple(_C.impl_names())
+# The layouts, from the one list in csrc/rope_ops.h (kLayouts): name, dims, the permutation
+# to the kernels' [B, S, H, D] view (None: bshd, and thd, which takes a leading 1), head dim.
+_LAYOUT_TABLE = tuple(_C.layouts())
 #: bshd [B, S, H, D]; sbhd [S, B, H, D]; bhsd [B, H, S, D]; thd [T, H, D] (packed sequences).
-LAYOUTS = ("bshd", "sbhd", "bhsd", "thd")
-_PERM = {"bshd": None, "sbhd": (1, 0, 2, 3), "bhsd": (0, 2, 1, 3)}  # each its own inverse
-_DIMS = {"bshd": "[B, S, H, D]", "sbhd": "[S, B, H, D]", "bhsd": "[B, H, S, D]", "thd": "[T, H, D]"}
+LAYOUTS = tuple(name for name, *_ in _LAYOUT_TABLE)
+_PERM = {name: (tuple(perm) if perm else None) for name, _, perm, _ in _LAYOUT_TABLE}  # each its own inverse
+_DIMS = {name: dims for name, dims, _, _ in _LAYOUT_TABLE}
+_HEADS = {name: h for name, _, _, h in _LAYOUT_TABLE}  # the head dimension of each layout
+_LAYOUT_CODE = {name: i for i, name in enumerate(LAYOUTS)}  # rope_direct's layout argument
 
 
 DEFAULT_BASE = 10000.0
@@ -33,7 +38,6 @@ def _to_bshd(x, layout, name):
     return x if perm is None else x.permute(perm)
 
 
-_HEADS = {"bshd": 2, "sbhd": 2, "bhsd": 1, "thd": 1}  # the head dimension of each layout
 
 
 def _check_qk_shapes(q, k, layout):
@@ -165,7 +169,6 @@ def _check_inplace(t, name):
         )
 
 
-_LAYOUT_CODE = {"bshd": 0, "sbhd": 1, "bhsd": 2, "thd": 3}  # rope_direct's layout argument
 _function_mode_on = torch._C._is_torch_function_mode_enabled
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _is_compiling = torch.compiler.is_compiling

@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "launch_utils.h"
+#include "static_switch.h"
 #include "../attention.h"
 #include "attention_variants.cuh"
 #include "decode_mma.h"
@@ -19,16 +20,6 @@ using cuda_launch::ceil_div;
 using cuda_launch::sm_count;
 
 
-std::string msg_dtype(at::ScalarType dtype) {
-  return std::string("rope_ext: attention_decode on CUDA supports float16 and bfloat16, got ") + c10::toString(dtype);
-}
-
-template <typename F>
-void dispatch_half_types(at::ScalarType dtype, F&& f) {
-  if (dtype == at::kHalf) f(c10::Half());
-  else if (dtype == at::kBFloat16) f(c10::BFloat16());
-  else TORCH_CHECK_TYPE(false, msg_dtype(dtype));
-}
 
 // ---------------------------------------------------------------------------- 1. append_kv
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
@@ -73,15 +64,13 @@ void launch_append(const AppendParams& p, int device, cudaStream_t stream) {
 
 template <typename T>
 void append_typed(const AppendParams& p, int device, cudaStream_t stream) {
-  const bool vec = append_vector_ok(p, sizeof(T));
-  auto go = [&]<bool kFp8>() {
-    if (p.rope.interleaved) {
-      vec ? launch_append<T, true, true, kFp8>(p, device, stream) : launch_append<T, true, false, kFp8>(p, device, stream);
-    } else {
-      vec ? launch_append<T, false, true, kFp8>(p, device, stream) : launch_append<T, false, false, kFp8>(p, device, stream);
-    }
-  };
-  p.cache.fp8 ? go.template operator()<true>() : go.template operator()<false>();
+  ROPE_BOOL_SWITCH(p.cache.fp8, kFp8, [&] {
+    ROPE_BOOL_SWITCH(p.rope.interleaved, kInterleaved, [&] {
+      ROPE_BOOL_SWITCH(append_vector_ok(p, sizeof(T)), kVec, [&] {
+        launch_append<T, kInterleaved, kVec, kFp8>(p, device, stream);
+      });
+    });
+  });
 }
 
 // ---------------------------------------------------------------------------- 2-5. decode
@@ -119,23 +108,15 @@ void launch_decode_kernel(const DecodeParams& p, dim3 grid, cudaStream_t stream)
 // serves (dtype, head dim, rows per CTA, variant): the one place that lists them.
 template <typename F>
 void visit_decode(at::ScalarType dtype, int D, int rows, bool full, F&& f) {
-  dispatch_half_types(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    auto by_rows = [&]<int DD, bool FF>() {
-      switch (rows) {
-        case 1: f.template operator()<T, DD, 1, FF>(); break;
-        case 4: f.template operator()<T, DD, 4, FF>(); break;
-        default: f.template operator()<T, DD, 8, FF>(); break;
-      }
-    };
-    auto by_dim = [&]<bool FF>() {
-      switch (D) {
-        case 64: by_rows.template operator()<64, FF>(); break;
-        case 128: by_rows.template operator()<128, FF>(); break;
-        default: by_rows.template operator()<256, FF>(); break;
-      }
-    };
-    full ? by_dim.template operator()<true>() : by_dim.template operator()<false>();
+  ROPE_HALF_TYPES_SWITCH(dtype, T, [&] {
+    ROPE_BOOL_SWITCH(full, kFull, [&] {
+      ROPE_HEADDIM_SWITCH(D, kD, [&] {
+        // Rows per CTA: one of kRowChoices (1, 4, 8).
+        if (rows == 1) f.template operator()<T, kD, 1, kFull>();
+        else if (rows == 4) f.template operator()<T, kD, 4, kFull>();
+        else f.template operator()<T, kD, 8, kFull>();
+      });
+    });
   });
 }
 
@@ -144,16 +125,8 @@ void visit_decode(at::ScalarType dtype, int D, int rows, bool full, F&& f) {
 // kFp8>() is called for the one that serves.
 template <typename F>
 void visit_decode_mma(at::ScalarType dtype, int D, bool fp8, F&& f) {
-  dispatch_half_types(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    auto by_dim = [&]<bool kFp8>() {
-      switch (D) {
-        case 64: f.template operator()<T, 64, kFp8>(); break;
-        case 128: f.template operator()<T, 128, kFp8>(); break;
-        default: f.template operator()<T, 256, kFp8>(); break;
-      }
-    };
-    fp8 ? by_dim.template operator()<true>() : by_dim.template operator()<false>();
+  ROPE_HALF_TYPES_SWITCH(dtype, T, [&] {
+    ROPE_BOOL_SWITCH(fp8, kFp8, [&] { ROPE_HEADDIM_SWITCH(D, kD, [&] { f.template operator()<T, kD, kFp8>(); }); });
   });
 }
 
@@ -193,8 +166,7 @@ void launch_combine(const DecodeParams& p, at::ScalarType dtype, int device, cud
   const int major = cuda_launch::device_attribute<cudaDevAttrComputeCapabilityMajor>(device);
   constexpr int rows_per_block = cuda::kCombineThreads / 32;
   const int64_t rows = p.B * p.q_len * p.Hq;
-  dispatch_half_types(dtype, [&](auto tag) {
-    using T = decltype(tag);
+  ROPE_HALF_TYPES_SWITCH(dtype, T, [&] {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(static_cast<unsigned>(ceil_div(rows, rows_per_block)));
     cfg.blockDim = dim3(cuda::kCombineThreads);

@@ -16,6 +16,7 @@
 #include <cstdlib>
 
 #include "launch_utils.h"
+#include "static_switch.h"
 #include "../dispatch.h"
 #include "rope_variants.cuh"
 
@@ -159,24 +160,6 @@ int lean_bytes(int64_t elem_size, int64_t bytes) {
   return (elem_size == 4 && bytes > (int64_t(4) << 20)) ? 16 : 8;
 }
 
-template <typename T, bool kInterleaved, int W>
-void launch_lean_u(const cuda::LeanParams& lp, int U, dim3 grid, int threads, cudaStream_t stream) {
-  switch (U) {
-    case 1: cuda::rope_lean_kernel<T, kInterleaved, 1, W><<<grid, threads, 0, stream>>>(lp); break;
-    case 2: cuda::rope_lean_kernel<T, kInterleaved, 2, W><<<grid, threads, 0, stream>>>(lp); break;
-    case 4: cuda::rope_lean_kernel<T, kInterleaved, 4, W><<<grid, threads, 0, stream>>>(lp); break;
-    default: cuda::rope_lean_kernel<T, kInterleaved, 8, W><<<grid, threads, 0, stream>>>(lp); break;
-  }
-}
-
-template <typename T, int W>
-void launch_lean_w(const cuda::LeanParams& lp, bool interleaved, int U, dim3 grid, int threads, cudaStream_t stream) {
-  if (interleaved)
-    launch_lean_u<T, true, W>(lp, U, grid, threads, stream);
-  else
-    launch_lean_u<T, false, W>(lp, U, grid, threads, stream);
-}
-
 template <typename T>
 bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
   if (sizeof(T) == 8 || p.freq != FreqSource::kInvFreq || p.num_axes != 1 || p.cp_size != 1) return false;
@@ -229,14 +212,20 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
                   static_cast<unsigned>(p.B));
   const int threads = RB * chunks;
   if constexpr (sizeof(T) <= 4) {  // (no fp64 instances: it returned above)
-    if (W == 16)
-      launch_lean_w<T, 16>(lp, p.interleaved, U, grid, threads, stream);
-    else if (W == 8)
-      launch_lean_w<T, 8>(lp, p.interleaved, U, grid, threads, stream);
-    else if constexpr (sizeof(T) <= 2)
-      launch_lean_w<T, 4>(lp, p.interleaved, U, grid, threads, stream);
-    else  // fp32 with 4-byte words: one element, neox only (GPT-J took W = 8 above)
-      launch_lean_u<T, false, 4>(lp, U, grid, threads, stream);
+    // Access width W (16, 8 or 4 bytes), pairing, rows per thread U (1, 2, 4, 8). An fp32
+    // 4-byte word holds one element: neox only (GPT-J took W = 8 above).
+    auto go = [&]<int kW>() {
+      ROPE_BOOL_SWITCH(p.interleaved, kInterleaved, [&] {
+        if constexpr (!(kInterleaved && kW / int(sizeof(T)) < 2)) {
+          ROPE_POW2_UPTO8_SWITCH(U, kU, [&] {
+            cuda::rope_lean_kernel<T, kInterleaved, kU, kW><<<grid, threads, 0, stream>>>(lp);
+          });
+        }
+      });
+    };
+    if (W == 16) go.template operator()<16>();
+    else if (W == 8) go.template operator()<8>();
+    else go.template operator()<4>();
   }
   return true;
 }
