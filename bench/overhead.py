@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import rope_ext  # noqa: E402
 from rope_ext import _C, api  # noqa: E402
-from rope_ext._ops import ops  # noqa: E402
+from rope_ext._ops import OPT_NAMES, ops  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -62,7 +62,8 @@ def main():
         ("  of which: rope_direct, empty q/k (no launch)", lambda: _C.rope_direct([q0, k0], 3, True, *opts0)),
     ]
     q0, k0, pos0 = q[:0], k[:0], pos[:0]
-    opts0 = [pos0] + opts[1:]
+    opts0 = list(opts)
+    opts0[OPT_NAMES.index("positions")] = pos0
     name = torch.cuda.get_device_name() if DEV == "cuda" else "CPU"
     print(f"eager host cost per call, W5 shapes, {name}")
     for label, fn in rows:

@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import rope_ext  # noqa: E402
 from rope_ext import reference as ref  # noqa: E402
 from rope_ext._ops import ops  # noqa: E402
+from rope_ext._args import op_options  # noqa: E402
 from timing import (CUDA, DEV, Timer, copy_bandwidth, eager_us, graph_us, max_err, print_table,  # noqa: E402,F401
                     same_size_copy, time_rows)
 GPU_SUITES = ("llm", "sweep", "variants")   # time CUDA kernels only: refused without a GPU
@@ -68,9 +69,9 @@ def workload_rows(x, rope_call, cos, sin, inverse, timer, bw):
 
 
 def op_opts(inverse, impl):
-    """The rope op's options after x (csrc/registration.cpp, ROPE_SCHEMA_OPTS): positions
+    """The rope op's options after x (by name, in the compiled schema's order): positions
     0..S-1, base 10000, full rotary dim, neox, direction, impl."""
-    return [None, None, None, None, None, 0, 10000.0, -1, False, inverse, impl, 1.0, 1, 0, [], False]
+    return op_options(inverse=inverse, impl=impl)
 
 
 def seed_call(x, impl, inverse):

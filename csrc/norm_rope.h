@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "rope_options.h"
+
 #include "norm_rope_params.h"
 
 namespace rope_ext {
@@ -20,15 +22,11 @@ inline const std::vector<std::string>& norm_rope_impl_names() {
 }
 
 // The ops' eager entry points without the dispatcher (pybind11: rope_ext._C).
-#define ROPE_EXT_NORM_ROPE_DIRECT_ARGS                                                                          \
-  const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,       \
-      const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t, double, int64_t, bool, bool, \
-      const std::string&, double, int64_t, int64_t, at::IntArrayRef, bool
 std::vector<at::Tensor> norm_rope_direct(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& weights,
-                                         double eps, double weight_offset, ROPE_EXT_NORM_ROPE_DIRECT_ARGS);
+                                         double eps, double weight_offset ROPE_PARAM_TYPES);
 std::vector<at::Tensor> norm_rope_backward_direct(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& xs,
                                                   const std::vector<at::Tensor>& weights, double eps,
-                                                  double weight_offset, ROPE_EXT_NORM_ROPE_DIRECT_ARGS);
+                                                  double weight_offset ROPE_PARAM_TYPES);
 
 // Token groups per CPU work chunk (each chunk writes one row of the dw partial sums).
 int64_t norm_rope_cpu_groups_per_chunk(const NormRopeParams& np);

@@ -30,16 +30,8 @@ NormRopeImpl parse_norm_impl(const std::string& name) {
   return NormRopeImpl::kAuto;
 }
 
-#define NORM_ROPE_ARGS                                                                         \
-  const std::optional<at::Tensor>&positions, const std::optional<at::Tensor>&offsets,         \
-      const std::optional<at::Tensor>&cu_seqlens, const std::optional<at::Tensor>&inv_freq,   \
-      const std::optional<at::Tensor>&cos_sin_cache, int64_t offset, double base, int64_t rotary_dim, \
-      bool interleaved, bool inverse, const std::string &impl, double scale, int64_t cp_size,  \
-      int64_t cp_rank, at::IntArrayRef sections, bool sections_interleaved
-
 std::vector<at::Tensor> run_norm_rope(const std::vector<at::Tensor>* grads, const std::vector<at::Tensor>& xs,
-                                      const std::vector<at::Tensor>& weights, double eps, double weight_offset,
-                                      NORM_ROPE_ARGS) {
+                                      const std::vector<at::Tensor>& weights, double eps, double weight_offset ROPE_PARAMS) {
   const size_t n = xs.size();
   TORCH_CHECK_VALUE(n == 1 || n == 2, msg("rope_ext: norm_rope takes one tensor or (q, k), got ", n));
   TORCH_CHECK_VALUE(weights.size() == n, msg("rope_ext: one norm weight per tensor: got ", n, " tensors and ",
@@ -77,9 +69,10 @@ std::vector<at::Tensor> run_norm_rope(const std::vector<at::Tensor>* grads, cons
   std::vector<at::Tensor> outs;
   for (const auto& x : xs) outs.push_back(at::empty_like(x));
   // The rope part: in the backward the rotation runs back (sign -1) on dy.
+  // (The lambda's captures shadow inverse and impl; Options keeps referring to the
+  // caller's other arguments and to kAuto.)
   static const std::string kAuto = "auto";
-  const Options o{positions, offsets, cu_seqlens, inv_freq, cos_sin_cache, offset, base, rotary_dim, interleaved,
-                  bwd ? !inverse : inverse, kAuto, scale, cp_size, cp_rank, sections, sections_interleaved};
+  const Options o = [&, inverse = bwd ? !inverse : inverse, &impl = kAuto] { return ROPE_OPTIONS; }();
   Impl unused;
   NormRopeParams np;
   np.rope = make_params(bwd ? *grads : xs, outs, o, /*inplace=*/false, &unused);
@@ -164,38 +157,30 @@ std::vector<at::Tensor> run_norm_rope(const std::vector<at::Tensor>* grads, cons
   return outs;
 }
 
-std::vector<at::Tensor> norm_rope(at::TensorList xs, at::TensorList weights, double eps, double weight_offset,
-                                  NORM_ROPE_ARGS) {
-  return run_norm_rope(nullptr, xs.vec(), weights.vec(), eps, weight_offset, positions, offsets, cu_seqlens, inv_freq,
-                       cos_sin_cache, offset, base, rotary_dim, interleaved, inverse, impl, scale, cp_size, cp_rank,
-                       sections, sections_interleaved);
+std::vector<at::Tensor> norm_rope(at::TensorList xs, at::TensorList weights, double eps, double weight_offset ROPE_PARAMS) {
+  return run_norm_rope(nullptr, xs.vec(), weights.vec(), eps, weight_offset ROPE_FORWARD);
 }
 
 std::vector<at::Tensor> norm_rope_backward(at::TensorList grads, at::TensorList xs, at::TensorList weights, double eps,
-                                           double weight_offset, NORM_ROPE_ARGS) {
+                                           double weight_offset ROPE_PARAMS) {
   const std::vector<at::Tensor> g = grads.vec();
   TORCH_CHECK_VALUE(g.size() == xs.size(), msg("rope_ext: norm_rope_backward needs one gradient per tensor, got ",
                     g.size(), " for ", xs.size()));
-  return run_norm_rope(&g, xs.vec(), weights.vec(), eps, weight_offset, positions, offsets, cu_seqlens, inv_freq,
-                       cos_sin_cache, offset, base, rotary_dim, interleaved, inverse, impl, scale, cp_size, cp_rank,
-                       sections, sections_interleaved);
+  return run_norm_rope(&g, xs.vec(), weights.vec(), eps, weight_offset ROPE_FORWARD);
 }
 
 }  // namespace
 
 // The eager path without the dispatcher (rope_ext/norm_rope.py): the same functions.
 std::vector<at::Tensor> norm_rope_direct(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& weights,
-                                         double eps, double weight_offset, NORM_ROPE_ARGS) {
-  return norm_rope(xs, weights, eps, weight_offset, positions, offsets, cu_seqlens, inv_freq, cos_sin_cache, offset,
-                   base, rotary_dim, interleaved, inverse, impl, scale, cp_size, cp_rank, sections, sections_interleaved);
+                                         double eps, double weight_offset ROPE_PARAMS) {
+  return norm_rope(xs, weights, eps, weight_offset ROPE_FORWARD);
 }
 
 std::vector<at::Tensor> norm_rope_backward_direct(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& xs,
                                                   const std::vector<at::Tensor>& weights, double eps,
-                                                  double weight_offset, NORM_ROPE_ARGS) {
-  return norm_rope_backward(grads, xs, weights, eps, weight_offset, positions, offsets, cu_seqlens, inv_freq,
-                            cos_sin_cache, offset, base, rotary_dim, interleaved, inverse, impl, scale, cp_size,
-                            cp_rank, sections, sections_interleaved);
+                                                  double weight_offset ROPE_PARAMS) {
+  return norm_rope_backward(grads, xs, weights, eps, weight_offset ROPE_FORWARD);
 }
 
 TORCH_LIBRARY_IMPL(rope_ext, CPU, m) {

@@ -8,23 +8,19 @@
 #include "norm_rope.h"
 #include "op_utils.h"
 #include "rope_ops.h"
+#include "rope_options.h"
 
-// The options shared by the rope ops (the tensors to rotate come first); csrc/rope_ops.cpp
-// (Options) and rope_ext/_ops.py (_N_OPTS, _INVERSE, _IMPL) follow this order.
-#define ROPE_SCHEMA_OPTS                                                                        \
-  "Tensor? positions, Tensor? offsets, Tensor? cu_seqlens, Tensor? inv_freq, Tensor? cos_sin_cache, " \
-  "int offset, float base, int rotary_dim, bool interleaved, bool inverse, str impl, float scale, "   \
-  "int cp_size, int cp_rank, int[] sections, bool sections_interleaved"
-
+// The rope options' schema text (ROPE_SCHEMA_OPTS, with its leading comma) comes from
+// their one list, csrc/rope_options.h.
 TORCH_LIBRARY(rope_ext, m) {
-  m.def("rope(Tensor x, " ROPE_SCHEMA_OPTS ") -> Tensor");
-  m.def("rope_(Tensor(a!) x, " ROPE_SCHEMA_OPTS ") -> ()");
-  m.def("rope_qk(Tensor q, Tensor k, " ROPE_SCHEMA_OPTS ") -> (Tensor, Tensor)");
-  m.def("rope_qk_(Tensor(a!) q, Tensor(b!) k, " ROPE_SCHEMA_OPTS ") -> ()");
+  m.def("rope(Tensor x" ROPE_SCHEMA_OPTS ") -> Tensor");
+  m.def("rope_(Tensor(a!) x" ROPE_SCHEMA_OPTS ") -> ()");
+  m.def("rope_qk(Tensor q, Tensor k" ROPE_SCHEMA_OPTS ") -> (Tensor, Tensor)");
+  m.def("rope_qk_(Tensor(a!) q, Tensor(b!) k" ROPE_SCHEMA_OPTS ") -> ()");
   // Fused per-head RMSNorm + RoPE (norm_rope_ops.cpp): xs = [x] or [q, k], one weight each;
   // the backward returns the input grads, then the weight grads.
-  m.def("norm_rope(Tensor[] xs, Tensor[] weights, float eps, float weight_offset, " ROPE_SCHEMA_OPTS ") -> Tensor[]");
-  m.def("norm_rope_backward(Tensor[] grads, Tensor[] xs, Tensor[] weights, float eps, float weight_offset, "
+  m.def("norm_rope(Tensor[] xs, Tensor[] weights, float eps, float weight_offset" ROPE_SCHEMA_OPTS ") -> Tensor[]");
+  m.def("norm_rope_backward(Tensor[] grads, Tensor[] xs, Tensor[] weights, float eps, float weight_offset"
         ROPE_SCHEMA_OPTS ") -> Tensor[]");
   // The attention family (csrc/attention_ops.cpp; rope_ext/attention.py is the API).
   m.def("append_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, "

@@ -320,33 +320,21 @@ void run(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs
   }
 }
 
-#define ROPE_ARGS                                                                              \
-  const std::optional<at::Tensor>&positions, const std::optional<at::Tensor>&offsets,         \
-      const std::optional<at::Tensor>&cu_seqlens, const std::optional<at::Tensor>&inv_freq,   \
-      const std::optional<at::Tensor>&cos_sin_cache, int64_t offset, double base, int64_t rotary_dim, \
-      bool interleaved, bool inverse, const std::string &impl, double scale, int64_t cp_size,  \
-      int64_t cp_rank, at::IntArrayRef sections, bool sections_interleaved
-#define ROPE_OPTIONS                                                                            \
-  Options {                                                                                     \
-    positions, offsets, cu_seqlens, inv_freq, cos_sin_cache, offset, base, rotary_dim, interleaved, inverse, impl, \
-        scale, cp_size, cp_rank, sections, sections_interleaved                                 \
-  }
-
-at::Tensor rope(const at::Tensor& x, ROPE_ARGS) {
+at::Tensor rope(const at::Tensor& x ROPE_PARAMS) {
   at::Tensor out = at::empty_like(x);
   run({x}, {out}, ROPE_OPTIONS, false);
   return out;
 }
 
-void rope_(const at::Tensor& x, ROPE_ARGS) { run({x}, {x}, ROPE_OPTIONS, true); }
+void rope_(const at::Tensor& x ROPE_PARAMS) { run({x}, {x}, ROPE_OPTIONS, true); }
 
-std::tuple<at::Tensor, at::Tensor> rope_qk(const at::Tensor& q, const at::Tensor& k, ROPE_ARGS) {
+std::tuple<at::Tensor, at::Tensor> rope_qk(const at::Tensor& q, const at::Tensor& k ROPE_PARAMS) {
   at::Tensor qo = at::empty_like(q), ko = at::empty_like(k);
   run({q, k}, {qo, ko}, ROPE_OPTIONS, false);
   return {qo, ko};
 }
 
-void rope_qk_(const at::Tensor& q, const at::Tensor& k, ROPE_ARGS) {
+void rope_qk_(const at::Tensor& q, const at::Tensor& k ROPE_PARAMS) {
   run({q, k}, {q, k}, ROPE_OPTIONS, true);
 }
 
@@ -365,7 +353,7 @@ at::Tensor layout_view(const at::Tensor& x, int64_t layout, bool to_bshd) {
 // checked by the caller; the op path applies the same permutations in Python, from
 // _C.layouts(), so that autograd and torch.compile see the views). In place: bumps the
 // version counters as the ADInplaceOrView kernel below does for the ops.
-std::vector<at::Tensor> rope_direct(const std::vector<at::Tensor>& xs, int64_t layout, bool inplace, ROPE_ARGS) {
+std::vector<at::Tensor> rope_direct(const std::vector<at::Tensor>& xs, int64_t layout, bool inplace ROPE_PARAMS) {
   TORCH_CHECK_VALUE(xs.size() == 1 || xs.size() == 2, "rope_ext: one or two tensors");
   TORCH_CHECK_VALUE(layout >= 0 && layout < kNumLayouts, msg("rope_ext: layout code must be in [0, ", kNumLayouts,
                     "), got ", layout));

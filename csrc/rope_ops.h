@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "dispatch.h"
+#include "rope_options.h"
 #include "rope_params.h"
 
 namespace rope_ext {
@@ -32,25 +33,6 @@ inline constexpr LayoutInfo kLayouts[] = {
 inline constexpr int64_t kNumLayouts = sizeof(kLayouts) / sizeof(kLayouts[0]);
 inline constexpr int64_t kLayoutTHD = 3;
 
-// The options shared by the rope ops (schema order after the tensors to rotate).
-struct Options {
-  const std::optional<at::Tensor>& positions;
-  const std::optional<at::Tensor>& offsets;
-  const std::optional<at::Tensor>& cu_seqlens;
-  const std::optional<at::Tensor>& inv_freq;
-  const std::optional<at::Tensor>& cos_sin_cache;
-  int64_t offset;
-  double base;
-  int64_t rotary_dim;
-  bool interleaved;
-  bool inverse;
-  const std::string& impl;
-  double scale;
-  int64_t cp_size;
-  int64_t cp_rank;
-  at::IntArrayRef sections;
-  bool sections_interleaved;
-};
 
 // Validates q/k (ins, 4-D [B, S, H, D] views) with their outputs (outs[i] may be ins[i]
 // in place) and the options, and fills the params: positions, frequencies, strides.
@@ -76,12 +58,6 @@ void fill_frequencies(RopeParams& p, const at::Tensor& x, const std::optional<at
                       const std::optional<at::Tensor>& cos_sin_cache, double base, bool base_as_tensor = false);
 
 // rope_ext._C.rope_direct: the eager fast path of the rope ops (rope_ops.cpp).
-std::vector<at::Tensor> rope_direct(const std::vector<at::Tensor>& xs, int64_t layout, bool inplace,
-                                    const std::optional<at::Tensor>& positions, const std::optional<at::Tensor>& offsets,
-                                    const std::optional<at::Tensor>& cu_seqlens, const std::optional<at::Tensor>& inv_freq,
-                                    const std::optional<at::Tensor>& cos_sin_cache, int64_t offset, double base,
-                                    int64_t rotary_dim, bool interleaved, bool inverse, const std::string& impl,
-                                    double scale, int64_t cp_size, int64_t cp_rank, at::IntArrayRef sections,
-                                    bool sections_interleaved);
+std::vector<at::Tensor> rope_direct(const std::vector<at::Tensor>& xs, int64_t layout, bool inplace ROPE_PARAM_TYPES);
 
 }  // namespace rope_ext

@@ -2,9 +2,12 @@
 norm_rope.py, attention.py): layouts, positions/offsets, frequency source, context
 parallelism, sections, the option list of the rope ops. Private: rope_ext's public
 names are re-exported from api.py and the package."""
+import operator
+
 import torch
 
 from . import _C
+from ._ops import OPT_NAMES
 
 #: Kernel variant names (csrc/cuda/rope_variants.cuh); "auto" (the default) picks among them.
 IMPLS = tuple(_C.impl_names())
@@ -127,6 +130,31 @@ def _freq_args(base, inv_freq, cos_sin_cache, rotary_dim):
     return float(base), rotary_dim
 
 
+# The order in which _op_options computes the options; mapped onto the schema's order by
+# name (an identity unless csrc/rope_options.h was reordered).
+_COMPUTED = ("positions", "offsets", "cu_seqlens", "inv_freq", "cos_sin_cache", "offset", "base", "rotary_dim",
+             "interleaved", "inverse", "impl", "scale", "cp_size", "cp_rank", "sections", "sections_interleaved")
+if sorted(_COMPUTED) != sorted(OPT_NAMES):
+    raise ImportError(f"rope_ext: the compiled rope options {OPT_NAMES} are not the ones rope_ext/_args.py computes "
+                      f"{_COMPUTED}: the extension and the Python package are out of step (rebuild)")
+_TO_SCHEMA = None if _COMPUTED == OPT_NAMES else operator.itemgetter(*(_COMPUTED.index(n) for n in OPT_NAMES))
+_DEFAULTS = dict(positions=None, offsets=None, cu_seqlens=None, inv_freq=None, cos_sin_cache=None, offset=0,
+                 base=DEFAULT_BASE, rotary_dim=-1, interleaved=False, inverse=False, impl="auto", scale=1.0, cp_size=1,
+                 cp_rank=0, sections=[], sections_interleaved=False)
+
+
+def op_options(**values):
+    """An option list for the rope ops (schema order) from values by name, the rest at
+    their defaults: positions 0..S-1, base 10000, the full rotary dim, neox, forward,
+    auto. For tests and the bench; no checks."""
+    unknown = set(values) - set(_DEFAULTS)
+    if unknown:
+        raise TypeError(f"rope_ext: unknown rope options {sorted(unknown)}; known: {_COMPUTED}")
+    opts = [values.get(n, _DEFAULTS[n]) for n in _COMPUTED]
+    opts[_COMPUTED.index("sections")] = list(opts[_COMPUTED.index("sections")])
+    return opts if _TO_SCHEMA is None else list(_TO_SCHEMA(opts))
+
+
 def _op_options(layout, positions, offsets, base, impl, cu_seqlens, rotary_dim, interleaved, inv_freq,
                 cos_sin_cache, attention_factor=1.0, cp_size=1, cp_rank=0, cp_group=None, sections=None,
                 sections_interleaved=False):
@@ -156,9 +184,10 @@ def _op_options(layout, positions, offsets, base, impl, cu_seqlens, rotary_dim, 
     attention_factor = _factor_arg(attention_factor)
     if not (cp_group is None and type(cp_size) is int and type(cp_rank) is int and cp_size == 1 and cp_rank == 0):
         cp_size, cp_rank = _cp_args(cp_size, cp_rank, cp_group)
-    return [positions, offsets_t, cu_seqlens, inv_freq, cos_sin_cache, offset, float(base), rotary_dim,
+    opts = [positions, offsets_t, cu_seqlens, inv_freq, cos_sin_cache, offset, float(base), rotary_dim,
             bool(interleaved), False, impl, attention_factor, cp_size, cp_rank,
             [] if sections is None else _sections_arg(sections), bool(sections_interleaved)]
+    return opts if _TO_SCHEMA is None else list(_TO_SCHEMA(opts))
 
 
 def _check_inplace(t, name):

@@ -6,18 +6,25 @@ costs one dispatcher hop; here they get their fake (meta) implementations and th
 backward: the rotation by -theta, i.e. the same op with `inverse` flipped. The backward
 needs only grad_out, never the saved input.
 """
+import operator
+
 import torch
 
 from . import _C  # noqa: F401  (loads the library: registers torch.ops.rope_ext)
 
 ops = torch.ops.rope_ext
 
-# Op argument order after the tensors to rotate (see the schemas in csrc/registration.cpp).
-# positions, offsets, cu_seqlens, inv_freq, cos_sin_cache, offset, base, rotary_dim, interleaved, inverse, impl,
-# scale, cp_size, cp_rank, sections, sections_interleaved (csrc/registration.cpp, ROPE_SCHEMA_OPTS)
-_N_OPTS = 16
-_INVERSE = 9  # index of `inverse` in those options
-_IMPL = 10
+# The rope options (after the tensors an op rotates), in the registered schema's order,
+# read by name: csrc/rope_options.h is their one list, and a reorder there needs no change
+# here (tests/test_registration.py builds one and runs the gradient tests on it).
+_OPT_ARGS = ops.rope.default._schema.arguments[1:]
+OPT_NAMES = tuple(a.name for a in _OPT_ARGS)
+_N_OPTS = len(OPT_NAMES)
+_INVERSE = OPT_NAMES.index("inverse")
+_IMPL = OPT_NAMES.index("impl")
+_TENSOR_OPTS = tuple(i for i, a in enumerate(_OPT_ARGS) if str(a.type) == "Optional[Tensor]")
+#: The index and frequency tensors of an option list (a tuple, schema order).
+tensor_opts = operator.itemgetter(*_TENSOR_OPTS)
 
 
 @torch.library.register_fake("rope_ext::rope")
@@ -41,15 +48,17 @@ def _rope_qk_inplace_fake(q, k, *opts):
 
 
 def _save(ctx, opts):
-    tensors = opts[:5]
-    ctx.save_for_backward(*tensors)
-    ctx.scalars = opts[5:]
+    ctx.save_for_backward(*tensor_opts(opts))
+    ctx.opts = [None if i in _TENSOR_OPTS else v for i, v in enumerate(opts)]
 
 
 def _backward_opts(ctx):
-    scalars = list(ctx.scalars)
-    scalars[_INVERSE - 5] = not scalars[_INVERSE - 5]
-    return (*ctx.saved_tensors, *scalars)
+    """The options of the backward: the forward's, with `inverse` flipped."""
+    opts = list(ctx.opts)
+    for i, t in zip(_TENSOR_OPTS, ctx.saved_tensors):
+        opts[i] = t
+    opts[_INVERSE] = not opts[_INVERSE]
+    return opts
 
 
 def _grad_input(g, impl):
@@ -99,23 +108,26 @@ def _norm_rope_backward_fake(grads, xs, weights, eps, weight_offset, *opts):
 
 def _norm_rope_setup(ctx, inputs, output):
     xs, weights, eps, weight_offset = inputs[:4]
-    ctx.save_for_backward(*xs, *weights, *[t for t in inputs[4:9] if t is not None])
+    opts = inputs[4:]
+    ctx.save_for_backward(*xs, *weights, *[t for t in tensor_opts(opts) if t is not None])
     ctx.n = len(xs)
-    ctx.present = [t is not None for t in inputs[4:9]]
-    ctx.scalars = (eps, weight_offset) + tuple(inputs[9:])
+    ctx.present = [t is not None for t in tensor_opts(opts)]
+    ctx.eps, ctx.weight_offset = eps, weight_offset
+    ctx.opts = [None if i in _TENSOR_OPTS else v for i, v in enumerate(opts)]
     # The returned grads must mirror the inputs' pytree as torch.library sees it: an
     # empty int[] option is an empty list node, a non-empty one a leaf.
-    ctx.opt_grads = tuple([] if isinstance(v, (list, tuple)) and not v else None for v in inputs[4:])
+    ctx.opt_grads = tuple([] if isinstance(v, (list, tuple)) and not v else None for v in opts)
 
 
 def _norm_rope_backward(ctx, grads):
     n = ctx.n
     saved = list(ctx.saved_tensors)
     xs, weights, rest = saved[:n], saved[n:2 * n], iter(saved[2 * n:])
-    idx = [next(rest) if p else None for p in ctx.present]
-    eps, weight_offset, *scalars = ctx.scalars
-    grads = [torch.zeros_like(x) if g is None else _grad_input(g, scalars[_IMPL - 5]) for g, x in zip(grads, xs)]
-    out = ops.norm_rope_backward(grads, xs, weights, eps, weight_offset, *idx, *scalars)
+    opts = list(ctx.opts)
+    for i, p in zip(_TENSOR_OPTS, ctx.present):
+        opts[i] = next(rest) if p else None
+    grads = [torch.zeros_like(x) if g is None else _grad_input(g, opts[_IMPL]) for g, x in zip(grads, xs)]
+    out = ops.norm_rope_backward(grads, xs, weights, ctx.eps, ctx.weight_offset, *opts)
     return (list(out[:n]), list(out[n:]), None, None) + ctx.opt_grads
 
 

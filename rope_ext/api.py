@@ -7,7 +7,7 @@ C++ op (csrc/rope_ops.cpp), which checks the rest and launches one kernel.
 import torch
 
 from . import _C
-from ._ops import _IMPL, _INVERSE, _grad_input, ops
+from ._ops import _IMPL, _INVERSE, _grad_input, ops, tensor_opts
 from ._args import (  # the argument helpers, shared with norm_rope.py and attention.py
     IMPLS, LAYOUTS, DEFAULT_BASE, _to_bshd, _check_qk_shapes, _from_bshd, _op_options, _check_inplace, _LAYOUT_CODE,
     _function_mode_on, _dispatch_modes, _is_compiling, _functorch_on)
@@ -45,11 +45,11 @@ def _direct_ok(xs, rank, opts, allow_grad=False):
     for x in xs:
         if type(x) is not T or x.dim() != rank or (x.requires_grad and not allow_grad):
             return False
-    # The index and frequency tensors (opts[0:5]): None or plain tensors. Unrolled: this
-    # runs on every eager call.
-    a, b, c, d, e = opts[0], opts[1], opts[2], opts[3], opts[4]
-    return ((a is None or type(a) is T) and (b is None or type(b) is T) and (c is None or type(c) is T)
-            and (d is None or type(d) is T) and (e is None or type(e) is T))
+    # The index and frequency tensors: None or plain tensors (this runs on every eager call).
+    for t in tensor_opts(opts):
+        if t is not None and type(t) is not T:
+            return False
+    return True
 
 
 class _DirectRope(torch.autograd.Function):

@@ -12,7 +12,7 @@ weight's gradient in one pass).
 import torch
 
 from . import _C
-from ._ops import _IMPL, _grad_input, ops
+from ._ops import _IMPL, _grad_input, ops, tensor_opts
 from ._args import (DEFAULT_BASE, _check_qk_shapes, _dispatch_modes, _from_bshd, _function_mode_on, _functorch_on,
                     _op_options, _to_bshd)
 
@@ -61,7 +61,7 @@ def _eager_ok(tensors, opts):
     if torch.compiler.is_compiling() or _function_mode_on() or _dispatch_modes() or _functorch_on():
         return False
     return all(type(t) is torch.Tensor for t in tensors) and \
-        all(t is None or type(t) is torch.Tensor for t in opts[:5])
+        all(t is None or type(t) is torch.Tensor for t in tensor_opts(opts))
 
 
 class _NormRopeFn(torch.autograd.Function):

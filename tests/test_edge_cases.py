@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import rope_ext
+from rope_ext._args import op_options
 from rope_ext import reference as ref
 from conftest import assert_close_f64, randn
 
@@ -37,8 +38,7 @@ def test_rope_qk_one_tensor_with_zero_heads(device, empty, inplace):
         (a * gq).sum().add((b * gk).sum()).backward()
         assert_close_f64(ql.grad, ref.rope_float64(gq, pos, inverse=True), 16.0, "dq")
         assert_close_f64(kl.grad, ref.rope_float64(gk, pos, inverse=True), 16.0, "dk")
-        qo2, ko2 = torch.ops.rope_ext.rope_qk(q, k, pos, None, None, None, None, 0, 10000.0, -1, False, False,
-                                              "auto", 1.0, 1, 0, [], False)
+        qo2, ko2 = torch.ops.rope_ext.rope_qk(q, k, *op_options(positions=pos))
         assert_close_f64(ko2, wk, 16.0, "k via the op")
         assert_close_f64(qo2, wq, 16.0, "q via the op")
 

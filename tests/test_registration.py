@@ -6,15 +6,14 @@ import torch
 import rope_ext
 from rope_ext import reference as ref
 from conftest import assert_close_f64, randn
+from rope_ext._args import op_options
 
 OPS = torch.ops.rope_ext
 
 
-def opts(positions=None, offsets=None, cu_seqlens=None, inv_freq=None, cache=None, offset=0, base=10000.0,
-         rotary_dim=-1, interleaved=False, inverse=False, impl="auto", scale=1.0, cp_size=1, cp_rank=0, sections=(),
-         sections_interleaved=False):
-    return (positions, offsets, cu_seqlens, inv_freq, cache, offset, base, rotary_dim, interleaved, inverse, impl,
-            scale, cp_size, cp_rank, list(sections), sections_interleaved)
+def opts(cache=None, **values):
+    """The rope ops' options by name, in the compiled schema's order (rope_ext._args.op_options)."""
+    return op_options(cos_sin_cache=cache, **values)
 
 
 def samples(device):
