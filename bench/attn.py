@@ -7,6 +7,9 @@ cache and paged (block 16, shuffled block table), every sequence at the full con
 Rows per point (µs; GB/s and % of copy count the KV bytes read: B * ctx * Hk * D * 2 (k, v)
 * 2 bytes):
     rope_ext hybrid           attention_decode (variant 5: tensor cores, Q-RoPE on load)
+    rope_ext hybrid, combine kernel   the same with the split merge in a second kernel
+                              (B <= 8; auto merges <= 16 splits in a thread-block cluster)
+    rope_ext hybrid, N splits forced split counts (B <= 8)
     rope_ext hybrid_simt      variant 2 (the first hybrid kernel), for comparison
     rope_ext full fusion      variant 3 (K-RoPE in the loop; the cache holds un-rotated K)
     separate                  rope_ext.apply_rope(q) + SDPA (enable_gqa) over the contiguous
@@ -188,10 +191,14 @@ def decode_suite(timer, bw, quick=False):
 
             fns = [("rope_ext hybrid", dec("hybrid")), ("rope_ext hybrid_simt", dec("hybrid_simt")),
                    ("rope_ext full fusion", dec("full_fusion"))]
-            if CUDA and B <= 8 and ctx <= 2048:  # the split / no-split crossover (attention_dispatch.cu)
-                for ns in (1, 8):
+            if CUDA and B <= 8:
+                # The split merge: in the thread-block cluster (auto, <= 16 splits) or by the
+                # combine kernel (decode_merge.cuh), and forced split counts around the rule's.
+                fns.append(("rope_ext hybrid, combine kernel", _no_cluster(dec("hybrid"))))
+                for ns in ((1, 8, 16) if B == 1 else (1, 4, 8)) if ctx <= 2048 else ((16, 32) if B == 1 else (4, 8)):
                     fns.append((f"rope_ext hybrid, {ns} split{'s' if ns > 1 else ''}",
-                                lambda ns=ns: rope_ext.attention_decode(q, kc, vc, lens, block_table=bt, num_splits=ns)))
+                                lambda ns=ns: rope_ext.attention_decode(q, kc, vc, lens, block_table=bt, num_splits=ns,
+                                                                        **hint)))
             if not paged:
                 fns += [("separate", lambda: _separate_attn(q, kc, vc, ctx))]
                 if CUDA:
@@ -201,6 +208,8 @@ def decode_suite(timer, bw, quick=False):
             fns += [("step: rope_ext", step_rope_ext),
                     ("step: rope_ext one call", lambda: rope_ext.attention_decode(
                         q, kc, vc, before, block_table=bt, k=k_new, v=v_new, **hint)),
+                    ("step: rope_ext one call, combine kernel", _no_cluster(lambda: rope_ext.attention_decode(
+                        q, kc, vc, before, block_table=bt, k=k_new, v=v_new, **hint))),
                     ("step: separate", lambda: separate_step(q, k_new, v_new, kc, vc, pos, idx, ctx, bt))]
             if CUDA:
                 fns.append(("step: torch.compile(separate)",
@@ -217,6 +226,20 @@ def decode_suite(timer, bw, quick=False):
             if CUDA:
                 torch.cuda.empty_cache()
     return results
+
+
+def _no_cluster(fn):
+    """fn with attention_decode's split merge in the combine kernel (no cluster merge):
+    the A/B of decode_merge.cuh. The switch is read when a call launches (graph capture)."""
+    def run():
+        if CUDA:
+            rope_ext._C.set_decode_cluster_merge(False)
+        try:
+            return fn()
+        finally:
+            if CUDA:
+                rope_ext._C.set_decode_cluster_merge(True)
+    return run
 
 
 def _step_speedups(rows):

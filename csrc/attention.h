@@ -30,6 +30,11 @@ void append_kv_cuda(const AppendParams& p, at::ScalarType dtype, c10::Device dev
 int decode_rows_per_cta(int64_t rows, DecodeImpl impl);
 int decode_num_splits(const DecodeParams& p, int64_t max_keys, c10::Device device, at::ScalarType dtype,
                       DecodeImpl impl);
+// Whether variant 5's splits merge inside their thread-block cluster (no workspace, no
+// combine kernel): sm_90+, 2..16 splits, the cluster fits, and not turned off by
+// set_decode_cluster_merge(false) (tests and the bench: the combine kernel's road).
+bool decode_cluster_merge(const DecodeParams& p, c10::Device device, at::ScalarType dtype, DecodeImpl impl);
+void set_decode_cluster_merge(bool on);
 // Whether the vector kernels can read the caches (16-byte aligned rows); why not, if not.
 bool decode_cache_aligned(const KVCacheView& c, int64_t elem_size, std::string* why);
 void attention_decode_cuda(const DecodeParams& p, at::ScalarType dtype, c10::Device device, DecodeImpl impl);

@@ -558,8 +558,9 @@ std::tuple<at::Tensor, at::Tensor> decode_run(DecodeParams& p, const at::Tensor&
     int splits = num_splits > 0 ? static_cast<int>(std::min<int64_t>(num_splits, 1024))
                                 : decode_num_splits(p, max_keys, q.device(), q.scalar_type(), which);
     p.num_splits = std::max(1, splits);
+    p.cluster_merge = decode_cluster_merge(p, q.device(), q.scalar_type(), which);
     at::Tensor ws_o, ws_lse;
-    if (p.num_splits > 1) {
+    if (p.num_splits > 1 && !p.cluster_merge) {
       ws_o = at::empty({B, Hq, q_len, p.num_splits, D}, q.options().dtype(at::kFloat));
       ws_lse = at::empty({B, Hq, q_len, p.num_splits}, q.options().dtype(at::kFloat));
       p.ws_o = ws_o.data_ptr<float>();

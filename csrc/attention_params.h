@@ -90,6 +90,10 @@ struct DecodeParams {
   int32_t rows_per_group = 0;          // rows of one CTA (<= the kernel's kRows)
   int32_t row_groups = 1;
   int32_t num_splits = 1;
+  // Variant 5, num_splits > 1 on sm_90+: the splits of one row group form a thread-block
+  // cluster and merge through distributed shared memory at the end of the kernel (no
+  // workspace, no combine launch; decode_merge.cuh). Otherwise the combine kernel does it.
+  bool cluster_merge = false;
   float softmax_scale = 1.f;
   bool causal = true;
   // The decode step (attention_decode with k, v): the q_len new tokens go (or went: the

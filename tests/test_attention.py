@@ -806,6 +806,33 @@ def test_tensor_core_splits_cuda(num_splits, step):
 
 
 @cuda
+@pytest.mark.parametrize("step", ["two", "one"], ids=["append+decode", "one_call"])
+@pytest.mark.parametrize("D,G,q_len", [(128, 4, 1), (64, 8, 1), (256, 1, 3), (128, 4, 16)])
+def test_cluster_merge_and_combine_kernel_cuda(D, G, q_len, step):
+    """Variant 5's two split merges: in the thread-block cluster (2..16 splits, sm_90) and
+    by the combine kernel (rope_ext._C.set_decode_cluster_merge(False); always past 16
+    splits). Both against the float64 truth, and against each other (they differ only in
+    the order of the merge's fp32 sums); 4 row groups per kv head at q_len 16, G 4.
+    (fp8 caches: test_fp8_mla.test_fp8_decode_cluster_merge.)"""
+    kw = dict(paged=True, G=G, q_len=q_len, B=3, cap=300, D=D, impl="hybrid", step=step)
+    for ns in (2, 5, 8, 13, 16, 17):
+        got = []
+        for cluster in (True, False):
+            torch.manual_seed(ns)
+            rope_ext._C.set_decode_cluster_merge(cluster)
+            try:
+                o, lse, wo, wl, vs = fill_and_decode("cuda", torch.bfloat16, num_splits=ns, **kw)
+            finally:
+                rope_ext._C.set_decode_cluster_merge(True)
+            assert_attn_close(o, lse, wo, wl, vs, f"num_splits={ns} cluster={cluster}")
+            got.append((o.float(), lse))
+        (o1, l1), (o2, l2) = got
+        assert (o1 - o2).abs().max().item() <= 2 * ATTN_TOL[torch.bfloat16] * vs, f"num_splits={ns}: merges differ"
+        fin = torch.isfinite(l2)
+        assert torch.equal(torch.isfinite(l1), fin) and (l1[fin] - l2[fin]).abs().max().item() <= 1e-4, ns
+
+
+@cuda
 def test_tensor_core_short_and_empty_cuda():
     """Variant 5 with sequence lengths 0 and 1 in one batch (zeros and lse -inf for the
     empty one), against the float64 truth."""

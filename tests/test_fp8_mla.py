@@ -207,6 +207,23 @@ def test_fp8_decode_head_dims_and_splits(D, splits, step):
     assert_attn_close(o, lse, want_o, want_lse, vmax, f"fp8 decode D={D} splits={splits}")
 
 
+@cuda
+@pytest.mark.parametrize("step", ["two", "one"], ids=["append+decode", "one_call"])
+@pytest.mark.parametrize("cluster", [True, False], ids=["cluster_merge", "combine_kernel"])
+def test_fp8_decode_cluster_merge(cluster, step):
+    """fp8 caches through both split merges (the thread-block cluster and the combine
+    kernel, test_attention.test_cluster_merge_and_combine_kernel_cuda), 2..17 splits."""
+    rope_ext._C.set_decode_cluster_merge(cluster)
+    try:
+        for splits in (2, 7, 16, 17):
+            o, lse, want_o, want_lse, _, vmax, _ = fp8_fill_and_decode(
+                "cuda", torch.bfloat16, paged=True, G=4, q_len=2, per_head=True, D=128, num_splits=splits, cap=288,
+                step=step)
+            assert_attn_close(o, lse, want_o, want_lse, vmax, f"fp8 decode splits={splits} cluster={cluster}")
+    finally:
+        rope_ext._C.set_decode_cluster_merge(True)
+
+
 # ---------------------------------------------------------------------------- MLA
 YARN_DS = {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "beta_fast": 32,
            "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.707}

@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "launch_utils.h"
 #include "static_switch.h"
@@ -248,6 +249,23 @@ int decode_num_splits(const DecodeParams& p, int64_t max_keys, c10::Device devic
   return choose_splits(p.B * p.cache.Hk * p.row_groups, slots, max_keys, kMinKeysPerSplit);
 }
 
+namespace {
+std::atomic<bool> g_cluster_merge{true};
+}  // namespace
+void set_decode_cluster_merge(bool on) { g_cluster_merge.store(on); }
+
+bool decode_cluster_merge(const DecodeParams& p, c10::Device device, at::ScalarType dtype, DecodeImpl impl) {
+  if (impl != DecodeImpl::kHybrid || p.num_splits < 2 || p.num_splits > cuda::kMaxClusterSplits ||
+      !g_cluster_merge.load(std::memory_order_relaxed))
+    return false;
+  const c10::cuda::CUDAGuard guard(device);  // the occupancy query reads the current device
+  bool ok = false;
+  visit_decode_mma(dtype, p.rope.D, p.cache.fp8, [&]<typename T, int D, bool kFp8>() {
+    ok = decode_mma_cluster_ok<T, D, kFp8>(p.G * p.q_len, p.num_splits, device.index());
+  });
+  return ok;
+}
+
 bool decode_cache_aligned(const KVCacheView& c, int64_t elem_size, std::string* why) {
   const int64_t V = 16 / elem_size;
   if (!aligned16(c.k) || !aligned16(c.v)) {
@@ -283,7 +301,7 @@ void attention_decode_cuda(const DecodeParams& p, at::ScalarType dtype, c10::Dev
     visit_decode(dtype, p.rope.D, p.rows_per_group, impl == DecodeImpl::kFullFusion,
                  [&]<typename T, int D, int kRows, bool kFull>() { launch_decode_kernel<T, D, kRows, kFull>(p, grid, stream); });
   }
-  if (p.num_splits > 1) launch_combine(p, dtype, device.index(), stream);
+  if (p.num_splits > 1 && !p.cluster_merge) launch_combine(p, dtype, device.index(), stream);
 }
 
 }  // namespace rope_ext

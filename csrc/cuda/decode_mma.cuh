@@ -25,8 +25,11 @@
 //   - Paged caches: a tile's slots are looked up one tile ahead (one block-table read
 //     per tile when block_size is a multiple of 16), so the page size stays off the
 //     loop's critical path.
-//   - Split-KV partials are merged by the combine kernel (variant 4), launched as a
-//     programmatic dependent of this one (PDL): its launch overlaps this kernel.
+//   - Split-KV partials: with at most 16 splits on sm_90+ the splits of a row group are
+//     one thread-block cluster and merge through distributed shared memory at the end
+//     (decode_merge.cuh, cluster_merge_and_write): one launch. Otherwise the combine
+//     kernel (variant 4) merges them, launched as a programmatic dependent of this one
+//     (PDL): its launch overlaps this kernel.
 // Measured (H100, CUDA graph, cold L2, Hq 32 / Hk 8 / D 128 bf16; docs/attention.md):
 // B = 64, ctx 32768 2.78-2.81 ms = SDPA (102% of copy), paged 99%; B = 8 1.00-1.07x
 // SDPA; B = 1 1.17x at ctx 512, 0.98x at 32768 (65% of copy). Variant 2 takes 1.08-1.42x
@@ -86,6 +89,15 @@ constexpr bool merge_fits() {
 }
 static_assert(merge_fits<64, false>() && merge_fits<128, false>() && merge_fits<256, false>() &&
               merge_fits<64, true>() && merge_fits<128, true>() && merge_fits<256, true>(), "merge fits in the rings");
+// The cluster merge's parts (decode_merge.cuh) go after the merge's arrays, in the rings too.
+template <int D, bool kFp8>
+constexpr bool cluster_fits() {
+  return size_t(kWarps) * kRows * D * 4 + 2 * kWarps * kRows * 4 + size_t(kRows) * D * 4 + kRows * 4 <=
+         ring_bytes<D, kFp8>();
+}
+static_assert(cluster_fits<64, false>() && cluster_fits<128, false>() && cluster_fits<256, false>() &&
+              cluster_fits<64, true>() && cluster_fits<128, true>() && cluster_fits<256, true>(),
+              "cluster merge parts fit in the rings");
 
 // ---------------------------------------------------------------- PTX helpers
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
@@ -625,7 +637,15 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   put(r_lo, 0, m_lo, l_lo);
   if (kUpper) put(r_hi, 2, m_hi, l_hi);
   __syncthreads();
-  merge_and_write_rows<T, kWarps, kRows>(p, ms, ls, os, D, nrows, row0, hk, b, split, tid, kThreads);
+  if (p.cluster_merge) {  // the splits merge in their cluster (decode_merge.cuh)
+    float* part_o = ls + kWarps * kRows;  // [16][D], then [16] lse: past os / ms / ls (cluster_fits)
+    float* part_lse = part_o + kRows * D;
+    merge_and_write_rows<T, kWarps, kRows>(p, ms, ls, os, D, nrows, row0, hk, b, split, tid, kThreads, part_o,
+                                           part_lse);
+    cluster_merge_and_write<T>(p, part_o, part_lse, D, nrows, row0, hk, b, tid, kThreads);
+  } else {
+    merge_and_write_rows<T, kWarps, kRows>(p, ms, ls, os, D, nrows, row0, hk, b, split, tid, kThreads);
+  }
 }
 
 }  // namespace mma_decode

@@ -3,6 +3,8 @@
 #pragma once
 #include <c10/cuda/CUDAException.h>
 
+#include <atomic>
+
 #include "decode_mma.cuh"
 #include "launch_utils.h"
 
@@ -12,8 +14,9 @@ namespace mma_detail {
 template <typename T, int D, bool kUpper, bool kFp8>
 auto* kernel() { return &cuda::mma_decode::decode_mma_kernel<T, D, kUpper, kFp8>; }
 
-// The kernel takes more than the default 48 KB of dynamic shared memory: raise its limit
-// once per (instance, device).
+// The kernel takes more than the default 48 KB of dynamic shared memory, and clusters of
+// up to 16 CTAs (more than the portable 8) for the cluster merge: set both once per
+// (instance, device).
 template <typename T, int D, bool kUpper, bool kFp8>
 void allow_smem(int device) {
   static std::atomic<uint64_t> done{0};
@@ -21,16 +24,42 @@ void allow_smem(int device) {
   if (bit && (done.load(std::memory_order_relaxed) & bit)) return;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel<T, D, kUpper, kFp8>(), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(cuda::mma_decode::smem_bytes<D, kFp8>())));
+  if (cuda_launch::device_attribute<cudaDevAttrComputeCapabilityMajor>(device) >= 9)
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel<T, D, kUpper, kFp8>(), cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   if (bit) done.fetch_or(bit, std::memory_order_relaxed);
 }
+
+// The launch configuration; with p.cluster_merge, clusters of the num_splits CTAs of a
+// row group (grid x is num_splits * row_groups, split-major: blockIdx.x % num_splits).
+struct Config {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  Config(dim3 grid, cudaStream_t stream, size_t smem, int cluster) {
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(cuda::mma_decode::kThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = cluster > 1 ? 1 : 0;
+  }
+};
 }  // namespace mma_detail
 
 template <typename T, int D, bool kFp8>
 void launch_decode_mma(const DecodeParams& p, dim3 grid, cudaStream_t stream, int device) {
   auto go = [&]<bool kUpper>() {
     mma_detail::allow_smem<T, D, kUpper, kFp8>(device);
-    cuda::mma_decode::decode_mma_kernel<T, D, kUpper, kFp8>
-        <<<grid, cuda::mma_decode::kThreads, cuda::mma_decode::smem_bytes<D, kFp8>(), stream>>>(p);
+    constexpr size_t smem = cuda::mma_decode::smem_bytes<D, kFp8>();
+    if (p.cluster_merge) {
+      mma_detail::Config c(grid, stream, smem, p.num_splits);
+      C10_CUDA_CHECK(cudaLaunchKernelEx(&c.cfg, mma_detail::kernel<T, D, kUpper, kFp8>(), p));
+    } else {
+      cuda::mma_decode::decode_mma_kernel<T, D, kUpper, kFp8><<<grid, cuda::mma_decode::kThreads, smem, stream>>>(p);
+    }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
   p.G * p.q_len > 8 ? go.template operator()<true>() : go.template operator()<false>();
@@ -44,6 +73,36 @@ int decode_mma_ctas_per_sm(int64_t rows, int device) {
                                       cuda::mma_decode::kThreads, cuda::mma_decode::smem_bytes<D, kFp8>(), device);
   };
   return rows > 8 ? occ.template operator()<true>() : occ.template operator()<false>();
+}
+
+template <typename T, int D, bool kFp8>
+bool decode_mma_cluster_ok(int64_t rows, int splits, int device) {
+  if (splits < 2 || splits > cuda::kMaxClusterSplits ||
+      cuda_launch::device_attribute<cudaDevAttrComputeCapabilityMajor>(device) < 9)
+    return false;
+  // Whether one cluster of `splits` CTAs fits on the device at all (a GPC's SMs, shared
+  // memory): asked once per (instance, device, size); 1 yes, -1 no.
+  static std::atomic<int8_t> known[2][64][cuda::kMaxClusterSplits + 1] = {};
+  const bool upper = rows > 8;
+  auto ask = [&]<bool kUpper>() {
+    mma_detail::allow_smem<T, D, kUpper, kFp8>(device);
+    mma_detail::Config c(dim3(splits, 1, 1), nullptr, cuda::mma_decode::smem_bytes<D, kFp8>(), splits);
+    int n = 0;
+    const cudaError_t err = cudaOccupancyMaxActiveClusters(&n, mma_detail::kernel<T, D, kUpper, kFp8>(), &c.cfg);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();  // not an error of the caller's: take the combine kernel
+      return false;
+    }
+    return n > 0;
+  };
+  if (device < 0 || device >= 64) return upper ? ask.template operator()<true>() : ask.template operator()<false>();
+  std::atomic<int8_t>& k = known[upper][device][splits];
+  int8_t v = k.load(std::memory_order_relaxed);
+  if (!v) {
+    v = (upper ? ask.template operator()<true>() : ask.template operator()<false>()) ? 1 : -1;
+    k.store(v, std::memory_order_relaxed);
+  }
+  return v > 0;
 }
 
 }  // namespace rope_ext
