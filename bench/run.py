@@ -131,6 +131,13 @@ def llm_suite(timer, bw, peers=None):
             fns = [("torch.compile(cached)", lambda: comp(x, cos, s))] + [(f"rope_ext {i}", lambda i=i: call(i)) for i in impls]
             outs = {"torch.compile(cached)": lambda: comp(x, cos, s)}
             outs.update({f"rope_ext {i}": (lambda i=i: fix(call(i))) for i in impls})
+            if inverse:  # issue 19: the backward as training runs it, through autograd (grad of apply_rope)
+                xg = x.detach().requires_grad_()
+                y = rope_ext.apply_rope(xg, layout=layout)
+                g = torch.randn_like(y)
+                fns.append(("rope_ext auto, autograd backward",
+                            lambda: torch.autograd.grad(y, xg, g, retain_graph=True)[0]))
+                outs["rope_ext auto, autograd backward"] = lambda: torch.autograd.grad(y, xg, x, retain_graph=True)[0]
             table(f"{name} bf16 {list(shape)} {'backward' if inverse else 'forward'}", 2 * x.numel() * 2, fns, want, outs)
             del want
         del x

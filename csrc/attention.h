@@ -20,6 +20,14 @@ inline const std::vector<std::string>& decode_impl_names() {
   return names;
 }
 
+// The split plan of this thread's last CUDA attention_decode (attention_ops.cpp): tests
+// check which merge a case took (rope_ext._C.last_decode_plan()).
+struct DecodePlan {
+  int num_splits = 0;
+  bool cluster_merge = false;
+};
+DecodePlan& last_decode_plan();
+
 void append_kv_cpu(const AppendParams& p, at::ScalarType dtype);
 void attention_decode_cpu(const DecodeParams& p, at::ScalarType dtype, bool full_fusion);
 
@@ -30,10 +38,12 @@ void append_kv_cuda(const AppendParams& p, at::ScalarType dtype, c10::Device dev
 int decode_rows_per_cta(int64_t rows, DecodeImpl impl);
 int decode_num_splits(const DecodeParams& p, int64_t max_keys, c10::Device device, at::ScalarType dtype,
                       DecodeImpl impl);
-// Whether variant 5's splits merge inside their thread-block cluster (no workspace, no
-// combine kernel): sm_90+, 2..16 splits, the cluster fits, and not turned off by
-// set_decode_cluster_merge(false) (tests and the bench: the combine kernel's road).
-bool decode_cluster_merge(const DecodeParams& p, c10::Device device, at::ScalarType dtype, DecodeImpl impl);
+// Whether variant 5's p.num_splits splits merge inside their thread-block cluster (no
+// workspace, no combine kernel): sm_90+, 2..16 splits, at most one CTA per SM, at most 512
+// keys per split (measured: attention_dispatch.cu), the cluster fits, and not turned off
+// by set_decode_cluster_merge(false) (tests and the bench: the combine kernel's road).
+bool decode_cluster_merge(const DecodeParams& p, int64_t max_keys, c10::Device device, at::ScalarType dtype,
+                          DecodeImpl impl);
 void set_decode_cluster_merge(bool on);
 // Whether the vector kernels can read the caches (16-byte aligned rows); why not, if not.
 bool decode_cache_aligned(const KVCacheView& c, int64_t elem_size, std::string* why);

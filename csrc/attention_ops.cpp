@@ -25,6 +25,13 @@
 #include "rope_ops.h"
 
 namespace rope_ext {
+
+// The split plan of this thread's last CUDA decode launch (tests: which merge ran).
+DecodePlan& last_decode_plan() {
+  static thread_local DecodePlan plan;
+  return plan;
+}
+
 namespace {
 
 // A strided view whose elements are all distinct: sorted by stride, each dimension
@@ -558,7 +565,8 @@ std::tuple<at::Tensor, at::Tensor> decode_run(DecodeParams& p, const at::Tensor&
     int splits = num_splits > 0 ? static_cast<int>(std::min<int64_t>(num_splits, 1024))
                                 : decode_num_splits(p, max_keys, q.device(), q.scalar_type(), which);
     p.num_splits = std::max(1, splits);
-    p.cluster_merge = decode_cluster_merge(p, q.device(), q.scalar_type(), which);
+    p.cluster_merge = decode_cluster_merge(p, max_keys, q.device(), q.scalar_type(), which);
+    last_decode_plan() = DecodePlan{p.num_splits, p.cluster_merge};
     at::Tensor ws_o, ws_lse;
     if (p.num_splits > 1 && !p.cluster_merge) {
       ws_o = at::empty({B, Hq, q_len, p.num_splits, D}, q.options().dtype(at::kFloat));

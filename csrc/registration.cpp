@@ -65,6 +65,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         }, "the default frequency table the kernels use for `base` (HF's float32 formula)");
   m.def("set_poison", [](bool on) { rope_ext::poison_outputs() = on; },
         "tests: fill outputs with NaN before each kernel so unwritten elements show");
+  m.def("last_decode_plan", [] {
+          const auto& d = rope_ext::last_decode_plan();
+          return std::make_tuple(d.num_splits, d.cluster_merge);
+        }, "tests: (num_splits, cluster_merge) of this thread's last CUDA attention_decode");
   m.def("set_value_checks", [](bool on) { rope_ext::device_value_checks() = on; },
         "check positions/offsets/cu_seqlens values of CUDA tensors too (synchronizes)");
 #ifdef ROPE_EXT_WITH_CUDA

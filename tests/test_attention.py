@@ -814,7 +814,8 @@ def test_cluster_merge_and_combine_kernel_cuda(D, G, q_len, step):
     splits). Both against the float64 truth, and against each other (they differ only in
     the order of the merge's fp32 sums); 4 row groups per kv head at q_len 16, G 4.
     (fp8 caches: test_fp8_mla.test_fp8_decode_cluster_merge.)"""
-    kw = dict(paged=True, G=G, q_len=q_len, B=3, cap=300, D=D, impl="hybrid", step=step)
+    # B * Hk * row groups * splits <= the SM count, so the cluster merge is taken (<= 16 splits).
+    kw = dict(paged=True, G=G, q_len=q_len, B=1 if q_len == 16 else 3, cap=300, D=D, impl="hybrid", step=step)
     for ns in (2, 5, 8, 13, 16, 17):
         got = []
         for cluster in (True, False):
@@ -822,8 +823,10 @@ def test_cluster_merge_and_combine_kernel_cuda(D, G, q_len, step):
             rope_ext._C.set_decode_cluster_merge(cluster)
             try:
                 o, lse, wo, wl, vs = fill_and_decode("cuda", torch.bfloat16, num_splits=ns, **kw)
+                plan = rope_ext._C.last_decode_plan()
             finally:
                 rope_ext._C.set_decode_cluster_merge(True)
+            assert plan == (ns, cluster and ns <= 16), (ns, cluster, plan)
             assert_attn_close(o, lse, wo, wl, vs, f"num_splits={ns} cluster={cluster}")
             got.append((o.float(), lse))
         (o1, l1), (o2, l2) = got

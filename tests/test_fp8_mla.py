@@ -219,6 +219,7 @@ def test_fp8_decode_cluster_merge(cluster, step):
             o, lse, want_o, want_lse, _, vmax, _ = fp8_fill_and_decode(
                 "cuda", torch.bfloat16, paged=True, G=4, q_len=2, per_head=True, D=128, num_splits=splits, cap=288,
                 step=step)
+            assert rope_ext._C.last_decode_plan() == (splits, cluster and splits <= 16), (splits, cluster)
             assert_attn_close(o, lse, want_o, want_lse, vmax, f"fp8 decode splits={splits} cluster={cluster}")
     finally:
         rope_ext._C.set_decode_cluster_merge(True)

@@ -43,23 +43,26 @@ bool append_vector_ok(const AppendParams& p, int64_t elem_size) {
 
 template <typename T, bool kInterleaved, bool kVec, bool kFp8>
 void launch_append(const AppendParams& p, int device, cudaStream_t stream) {
-  const int half = p.rope.R / 2;
-  // Tokens per block: the block's threads own kAppendItems items each (every item of a
-  // token stays in one block), at least 2 blocks per SM where the token count allows,
-  // and a sin/cos table that fits in 32 KB.
   constexpr int V = kVec ? 16 / static_cast<int>(sizeof(T)) : (kInterleaved ? 2 : 1);
   const int64_t n_rot = p.rope.interleaved ? p.rope.R / V : p.rope.R / 2 / V;
   const int64_t per_token = p.cache.Hk * ((p.rotate_k ? n_rot + (p.rope.D - p.rope.R) / V : p.rope.D / V) + p.Dv / V) +
                             p.Hq * n_rot;
-  const int64_t cap = int64_t(cuda::kAppendThreads) * cuda::kAppendItems;  // items a block holds at once
-  int64_t tpb = std::max<int64_t>(1, cap / std::max<int64_t>(1, per_token));
-  tpb = std::min<int64_t>(tpb, std::max<int64_t>(1, p.num_tokens / (2 * sm_count(device))));
-  tpb = std::min<int64_t>(tpb, std::max<int64_t>(1, 32 * 1024 / (8 * std::max(1, half))));
-  const size_t smem = tpb * sizeof(cuda::AppendSlot) + 2 * sizeof(float) * tpb * half;
-  const int64_t blocks = ceil_div(p.num_tokens, tpb);
+  // Warps per token (a power of two, at most a block's 8): enough that a lane holds at
+  // most one batch of items, and enough warps in the grid to fill the GPU (~16 per SM)
+  // when there are few tokens, but not more than give every lane an item.
+  const int64_t want = std::max({ceil_div(per_token, 32 * cuda::kAppendBatch),
+                                 ceil_div(16 * sm_count(device), std::max<int64_t>(1, p.num_tokens)), int64_t(1)});
+  const int64_t most = std::max<int64_t>(1, std::min<int64_t>(cuda::kAppendWarps, ceil_div(per_token, 32)));
+  int log_wpt = 0;
+  while ((int64_t(1) << log_wpt) < std::min(want, most) && log_wpt < 3) ++log_wpt;
+  // The kernel packs a work item into one int (cuda::AppendItem): heads < 2^18, features < 1024.
+  TORCH_CHECK_VALUE(p.Hq < (1 << 18) && p.cache.Hk < (1 << 18) && p.rope.D <= 1024 && p.Dv <= 1024,
+                    "rope_ext: append_kv supports up to 2^18 - 1 heads and head dims up to 1024");
+  const size_t smem = sizeof(float2) * cuda::kAppendWarps * (p.rope.R / 2);
+  const int64_t blocks = ceil_div(p.num_tokens << log_wpt, cuda::kAppendWarps);
   TORCH_CHECK_VALUE(blocks < (int64_t(1) << 31), "rope_ext: append_kv: too many tokens for one launch");
   cuda::append_kv_kernel<T, kInterleaved, kVec, kFp8>
-      <<<static_cast<unsigned>(blocks), cuda::kAppendThreads, smem, stream>>>(p, static_cast<int>(tpb));
+      <<<static_cast<unsigned>(blocks), cuda::kAppendWarps * 32, smem, stream>>>(p, log_wpt);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -95,6 +98,8 @@ constexpr int64_t kShortCtas = 64;
 constexpr int64_t kShortSplitKeys = 256;
 constexpr int kMaxSplits = 256;
 constexpr int64_t kFp8Ctas = 128;
+// The cluster merge's limit of keys per split (cluster_merge_pays below).
+constexpr int64_t kClusterSplitKeys = 512;
 constexpr int64_t kFp8SplitKeys = 128;
 
 template <typename T, int D, int kRows, bool kFull>
@@ -210,12 +215,41 @@ int decode_rows_per_cta(int64_t rows, DecodeImpl impl) {
   return kRowChoices[sizeof(kRowChoices) / sizeof(int) - 1];
 }
 
+namespace {
+std::atomic<bool> g_cluster_merge{true};
+
+// Whether `s` splits of `max_keys` keys may merge in a thread-block cluster (measured,
+// H100 run 1 of the session of 2026-11-24 evening, Hq 32 / Hk 8 / D 128): at B = 1 (64-128
+// CTAs, one per SM) it beat the combine kernel by ~1.9 us at ctx 512-2048 (12.8 vs 14.6,
+// 16.9 vs 18.8), level at ctx 8192; with two CTAs per SM (B = 8, 4 splits, 256 CTAs) it
+// lost 25-35% (27.3 vs 20.2 us at ctx 512, 533 vs 393 paged at ctx 32768), and with 2048
+// keys per split at B = 1 ctx 32768 it lost too (80.7 vs 68.8 for 32 splits + combine).
+bool cluster_merge_pays(int64_t ctas, int s, int64_t max_keys, int sms) {
+  return s >= 2 && s <= cuda::kMaxClusterSplits && ctas * s <= sms && ceil_div(max_keys, s) <= kClusterSplitKeys;
+}
+}  // namespace
+
 int decode_num_splits(const DecodeParams& p, int64_t max_keys, c10::Device device, at::ScalarType dtype,
                       DecodeImpl impl) {
   const c10::cuda::CUDAGuard guard(device);  // the occupancy query reads the current device
   const int dev = device.index();
   int occ = 1;
   if (impl == DecodeImpl::kHybrid) {
+    // Few kv heads in the grid (B = 1): as many splits as one CTA per SM allows (<= 16, >=
+    // 64 keys each), merged in their cluster, where that measured fastest (ctx 512: 8
+    // splits 12.8 us vs 16 splits 14.0; ctx 2048: 16 splits 15.6 vs 8 16.9; ctx 8192: 16
+    // splits 28.0 vs the efficiency rule's 32 + combine 31.1).
+    const int64_t ctas0 = std::max<int64_t>(1, p.B * p.cache.Hk * p.row_groups);
+    const int sms = sm_count(dev);
+    const int sc = static_cast<int>(std::min<int64_t>({cuda::kMaxClusterSplits, sms / ctas0,
+                                                        ceil_div(max_keys, kMinKeysPerSplitMma)}));
+    if (g_cluster_merge.load(std::memory_order_relaxed) && cluster_merge_pays(ctas0, sc, max_keys, sms)) {
+      bool ok = false;
+      visit_decode_mma(dtype, p.rope.D, p.cache.fp8, [&]<typename T, int D, bool kFp8>() {
+        ok = decode_mma_cluster_ok<T, D, kFp8>(p.G * p.q_len, sc, dev);
+      });
+      if (ok) return sc;
+    }
     visit_decode_mma(dtype, p.rope.D, p.cache.fp8, [&]<typename T, int D, bool kFp8>() {
       occ = decode_mma_ctas_per_sm<T, D, kFp8>(p.G * p.q_len, dev);
     });
@@ -249,14 +283,13 @@ int decode_num_splits(const DecodeParams& p, int64_t max_keys, c10::Device devic
   return choose_splits(p.B * p.cache.Hk * p.row_groups, slots, max_keys, kMinKeysPerSplit);
 }
 
-namespace {
-std::atomic<bool> g_cluster_merge{true};
-}  // namespace
 void set_decode_cluster_merge(bool on) { g_cluster_merge.store(on); }
 
-bool decode_cluster_merge(const DecodeParams& p, c10::Device device, at::ScalarType dtype, DecodeImpl impl) {
-  if (impl != DecodeImpl::kHybrid || p.num_splits < 2 || p.num_splits > cuda::kMaxClusterSplits ||
-      !g_cluster_merge.load(std::memory_order_relaxed))
+bool decode_cluster_merge(const DecodeParams& p, int64_t max_keys, c10::Device device, at::ScalarType dtype,
+                          DecodeImpl impl) {
+  if (impl != DecodeImpl::kHybrid || !g_cluster_merge.load(std::memory_order_relaxed) ||
+      !cluster_merge_pays(std::max<int64_t>(1, p.B * p.cache.Hk * p.row_groups), p.num_splits, max_keys,
+                          sm_count(device.index())))
     return false;
   const c10::cuda::CUDAGuard guard(device);  // the occupancy query reads the current device
   bool ok = false;
