@@ -43,26 +43,23 @@ bool append_vector_ok(const AppendParams& p, int64_t elem_size) {
 
 template <typename T, bool kInterleaved, bool kVec, bool kFp8>
 void launch_append(const AppendParams& p, int device, cudaStream_t stream) {
+  const int half = p.rope.R / 2;
+  // Tokens per block: the block's threads own kAppendItems items each (every item of a
+  // token stays in one block), at least 2 blocks per SM where the token count allows,
+  // and a sin/cos table that fits in 32 KB.
   constexpr int V = kVec ? 16 / static_cast<int>(sizeof(T)) : (kInterleaved ? 2 : 1);
   const int64_t n_rot = p.rope.interleaved ? p.rope.R / V : p.rope.R / 2 / V;
   const int64_t per_token = p.cache.Hk * ((p.rotate_k ? n_rot + (p.rope.D - p.rope.R) / V : p.rope.D / V) + p.Dv / V) +
                             p.Hq * n_rot;
-  // Warps per token (a power of two, at most a block's 8): enough that a lane holds at
-  // most one batch of items, and enough warps in the grid to fill the GPU (~16 per SM)
-  // when there are few tokens, but not more than give every lane an item.
-  const int64_t want = std::max({ceil_div(per_token, 32 * cuda::kAppendBatch),
-                                 ceil_div(16 * sm_count(device), std::max<int64_t>(1, p.num_tokens)), int64_t(1)});
-  const int64_t most = std::max<int64_t>(1, std::min<int64_t>(cuda::kAppendWarps, ceil_div(per_token, 32)));
-  int log_wpt = 0;
-  while ((int64_t(1) << log_wpt) < std::min(want, most) && log_wpt < 3) ++log_wpt;
-  // The kernel packs a work item into one int (cuda::AppendItem): heads < 2^18, features < 1024.
-  TORCH_CHECK_VALUE(p.Hq < (1 << 18) && p.cache.Hk < (1 << 18) && p.rope.D <= 1024 && p.Dv <= 1024,
-                    "rope_ext: append_kv supports up to 2^18 - 1 heads and head dims up to 1024");
-  const size_t smem = sizeof(float2) * cuda::kAppendWarps * (p.rope.R / 2);
-  const int64_t blocks = ceil_div(p.num_tokens << log_wpt, cuda::kAppendWarps);
+  const int64_t cap = int64_t(cuda::kAppendThreads) * cuda::kAppendItems;  // items a block holds at once
+  int64_t tpb = std::max<int64_t>(1, cap / std::max<int64_t>(1, per_token));
+  tpb = std::min<int64_t>(tpb, std::max<int64_t>(1, p.num_tokens / (2 * sm_count(device))));
+  tpb = std::min<int64_t>(tpb, std::max<int64_t>(1, 32 * 1024 / (8 * std::max(1, half))));
+  const size_t smem = tpb * sizeof(cuda::AppendSlot) + 2 * sizeof(float) * tpb * half;
+  const int64_t blocks = ceil_div(p.num_tokens, tpb);
   TORCH_CHECK_VALUE(blocks < (int64_t(1) << 31), "rope_ext: append_kv: too many tokens for one launch");
   cuda::append_kv_kernel<T, kInterleaved, kVec, kFp8>
-      <<<static_cast<unsigned>(blocks), cuda::kAppendWarps * 32, smem, stream>>>(p, log_wpt);
+      <<<static_cast<unsigned>(blocks), cuda::kAppendThreads, smem, stream>>>(p, static_cast<int>(tpb));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

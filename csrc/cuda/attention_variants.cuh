@@ -1,18 +1,23 @@
 // The CUDA kernels of the attention family (RoPE fused where fusion pays), numbered:
 //
-//   1. append_kv        one launch per decode/prefill step: 1-8 whole warps own a new
-//                       token (no block barrier); a lane first loads the input chunks
-//                       of its (K/V/Q head, 16-byte chunk) items, then the warp finds
-//                       the token's slot (contiguous or paged; varlen: a 32-way warp
-//                       search of cu_seqlens) and computes the token's sin/cos into
-//                       its own shared-memory row, then the lane rotates and stores
-//                       its items (K rotated and V into the cache, Q in place). A slot
-//                       that does not exist (past the capacity, or a block id out of
-//                       range) is dropped. The first version gave each 256-thread
-//                       block a few tokens with their slots and sin/cos behind two
-//                       block barriers: T = 8192 without q ran at 63-65% of copy
-//                       (ncu: DRAM 40%, 9.7 cycles per issued instruction, 3 blocks
-//                       per SM), T = 16 took 6-7 us.
+//   1. append_kv        one launch per decode/prefill step: each block owns a few new
+//                       tokens; each thread first loads the input chunks of its
+//                       (token, K/V/Q head, 16-byte chunk) items, then the block
+//                       computes the tokens' slots (contiguous or paged) and the
+//                       sin/cos of each (token, pair) once into shared memory, then
+//                       the thread rotates and stores its items (K rotated and V into
+//                       the cache, Q in place). A slot that does not exist (past the
+//                       capacity, or a block id out of range) is dropped.
+//                       Tried and reverted (commit 46d3eed, H100 run 2 of 2026-11-24
+//                       evening): 1-8 whole warps per token, no block barrier, the
+//                       token's sin/cos in the warp's shared row, 4 items per lane in
+//                       registers (8 spilled at 128 registers): T = 8192 39.9 us (56%
+//                       of copy; this kernel 34.4, 65%), with q 84.6 (77.0 here), T = 16
+//                       6.9 us (the same). Registers bound both versions: 2 blocks of
+//                       8 warps x 3 items per lane kept fewer bytes in flight per SM
+//                       than 3 blocks of 256 threads x ~4 items here. The barriers were
+//                       not the cost; staging through shared memory (cp.async: no
+//                       registers per byte in flight) is the next thing to try.
 //   2. decode, hybrid_simt (impl="hybrid_simt"; auto takes variant 5, decode_mma.cuh,
 //                       which needs 0.70-0.93x of this one's time on the H100: this
 //                       kernel spends ~60 warp instructions per key and kv head on
@@ -62,10 +67,13 @@ namespace rope_ext {
 namespace cuda {
 
 // ---------------------------------------------------------------- 1. append_kv
-// Warps per block, and work items a lane holds at once (loads issued before any store).
-constexpr int kAppendWarps = 8;
-constexpr int kAppendBatch = 4;
-constexpr int kAppendMinBlocks = 2;
+constexpr int kAppendThreads = 256;
+
+// Per-token record of a block (shared memory): cache offsets, the position.
+struct AppendSlot {
+  int64_t k_out, v_out;  // element offsets of the token's head-0 row in the caches; < 0: no slot (dropped)
+  int64_t pos;
+};
 
 // A chunk of V elements: a 16-byte vector, or (kVec false: any strides / sizes)
 // V scalar elements at stride sd.
@@ -116,61 +124,29 @@ __device__ __forceinline__ void store_fp8_chunk(uint8_t* dst, const float* f, fl
   for (int j = 0; j < V; ++j) dst[j] = b[j];
 }
 
-// The sequence of packed token t (varlen): the last n with cu_seqlens[n] <= t, found by the
-// whole warp at once: each round the 32 lanes probe 32 evenly spaced entries of the range
-// left, so up to 32 sequences take one dependent load (a binary search took log2(B):
-// at T = 16 decode tokens of 16 sequences, 5 round trips before the first store).
-// Every lane of the warp calls it (full mask) and gets the same answer.
-__device__ __forceinline__ int64_t warp_seq_of_token(const RopeParams& r, int64_t t, int lane) {
-  int64_t lo = 0, hi = r.num_seqs - 1;  // the answer is in [lo, hi]; start(lo) <= t
-  while (lo < hi) {
-    const int64_t step = (hi - lo + 31) / 32;
-    const int64_t c = lo + (lane + 1) * step;
-    const bool below = c <= hi && seq_start(r, c) <= t;
-    const int m = __popc(__ballot_sync(0xffffffffu, below));  // a prefix of the lanes: starts are sorted
-    lo += m * step;
-    hi = min(hi, lo + step - 1);
-  }
-  return lo;
-}
-
 // Work items of one token, in this order: K rotary items (a chunk and, neox, its
 // partner R/2 later), K pass-through chunks (all of K when rotate_k is false), V chunks,
-// Q rotary items. Item w of a token goes to lane w % 32 of warp (w / 32) % wpt of the
-// token's wpt warps (host: warps_per_token).
-// An item in one register (a batch of them stays in registers with its chunks): -1 none,
-// else kind << 28 | head << 10 | first feature (kind: 0 K rotary, 1 K copy, 2 V, 3 Q;
-// the host checks heads < 2^18, and features are < 1024).
-struct AppendItem {
-  int code;
-  __device__ __forceinline__ void set(int kind, int h, int d0) { code = (kind << 28) | (h << 10) | d0; }
-  __device__ __forceinline__ int kind() const { return code < 0 ? -1 : code >> 28; }
-  __device__ __forceinline__ int h() const { return (code >> 10) & ((1 << 18) - 1); }
-  __device__ __forceinline__ int d0() const { return code & 1023; }
-};
+// Q rotary items. Each thread owns kAppendItems items of the block's tokens.
+constexpr int kAppendItems = 4;
 
 // kFp8: the caches are e4m3 (attention_params.h): K and V are scaled and rounded once.
-// Each token is owned by 1-8 whole warps (2^log_wpt), which need no block barrier: the
-// warp loads its first items, then finds the token's slot and position and computes the
-// token's sin/cos into its own shared-memory row (one or two pairs per lane), then
-// rotates and stores (K and V into the cache slot, dropped if the slot does not exist;
-// Q in place), then the next batch of items.
 template <typename T, bool kInterleaved, bool kVec, bool kFp8>
-__global__ void __launch_bounds__(kAppendWarps * 32, kAppendMinBlocks) append_kv_kernel(const __grid_constant__ AppendParams p,
-                                                                      int log_wpt) {
+__global__ void __launch_bounds__(kAppendThreads, 3) append_kv_kernel(const __grid_constant__ AppendParams p,
+                                                                   int tokens_per_block) {
   // V elements per chunk: 16 bytes; scalar path: one pair (GPT-J) or one element (neox).
   constexpr int V = kVec ? 16 / static_cast<int>(sizeof(T)) : (kInterleaved ? 2 : 1);
   constexpr int P = kInterleaved ? V / 2 : V;  // pairs per chunk
   using VecT = Vec<T, V>;
   const RopeParams& r = p.rope;
   const int half = r.R / 2;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t gw = static_cast<int64_t>(blockIdx.x) * kAppendWarps + warp;
-  const int64_t tok = gw >> log_wpt;
-  const int part = static_cast<int>(gw - (tok << log_wpt));
-  if (tok >= p.num_tokens) return;  // the whole warp: no barrier below spans warps
-  extern __shared__ float2 append_sc[];
-  float2* sc = append_sc + warp * half;  // (cos, sin) of the token's pairs
+  extern __shared__ float4 append_smem[];
+  AppendSlot* slots = reinterpret_cast<AppendSlot*>(append_smem);  // [tokens_per_block]
+  float* cos_tab = reinterpret_cast<float*>(slots + tokens_per_block);  // [tokens][R/2]
+  float* sin_tab = cos_tab + tokens_per_block * half;
+
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * tokens_per_block;
+  const int nt = static_cast<int>(min(static_cast<int64_t>(tokens_per_block), p.num_tokens - t0));
+  const int tid = threadIdx.x;
 
   const int n_rot = rot_chunks(r, V);
   const int n_tail = p.rotate_k ? (r.D - r.R) / V : r.D / V;
@@ -178,94 +154,59 @@ __global__ void __launch_bounds__(kAppendWarps * 32, kAppendMinBlocks) append_kv
   const int Hk = static_cast<int>(p.cache.Hk);
   const int v_chunks = static_cast<int>(p.Dv) / V;  // V's own head dim (MLA's latent: kv_lora_rank)
   const int nkr = Hk * ck_rot, nkt = Hk * n_tail, nv = Hk * v_chunks, nq = static_cast<int>(p.Hq) * n_rot;
-  const int n_items = nkr + nkt + nv + nq;
-  const int stride = 32 << log_wpt;  // item stride of a lane
+  const int per_tok = nkr + nkt + nv + nq;
   const T* kin = static_cast<const T*>(p.k);
   const T* vin = static_cast<const T*>(p.v);
   T* qio = static_cast<T*>(p.q);
 
-  // The token's sequence and input row: batched (b, j) = (tok / T, tok % T); varlen the
-  // warp's search (inputs packed: row (0, tok)).
-  AppendToken at;
-  if (p.varlen) {
-    at.b = warp_seq_of_token(r, tok, lane);
-    at.j = tok - seq_start(r, at.b);
-    at.row_b = 0;
-    at.row_t = tok;
-  } else {
-    at.b = div_small(tok, p.T);
-    at.j = tok - at.b * p.T;
-    at.row_b = at.b;
-    at.row_t = at.j;
-  }
-  const T* krow = kin + at.row_b * p.k_stride[0] + at.row_t * p.k_stride[1];
-  const T* vrow = vin + at.row_b * p.v_stride[0] + at.row_t * p.v_stride[1];
-  T* qrow = qio + at.row_b * p.q_stride[0] + at.row_t * p.q_stride[1];
-
-  auto load_item = [&](int w, AppendItem& m, VecT& a, VecT& b) {
-    m.code = -1;
-    if (w >= n_items) return;
+  // 1. Every item's input chunks are loaded first: the input rows need only the token
+  // index (varlen inputs are packed), so these DRAM reads overlap step 2's dependent
+  // chain (cache_seqlens / cu_seqlens -> slot, position -> sin/cos). The first version
+  // loaded each chunk after both barriers, one chunk in flight per thread: T = 8192
+  // without q ran at 63% of copy, T = 16 took 7 us.
+  struct Item { int kind, tl, h, d0; };  // kind: 0 K rotary, 1 K copy, 2 V, 3 Q; -1 none
+  auto input_row = [&](int tl, int64_t* rb, int64_t* rt) {  // (b, j) batched, (0, t) varlen
+    const int64_t tok = t0 + tl;
+    *rb = p.varlen ? 0 : div_small(tok, p.T);
+    *rt = p.varlen ? tok : tok - *rb * p.T;
+  };
+  auto load_item = [&](int w_all, Item& m, VecT& a, VecT& b) {
+    m.kind = -1;
+    if (w_all >= nt * per_tok) return;
+    m.tl = w_all / per_tok;
+    int w = w_all - m.tl * per_tok;
+    int64_t rb, rt;
+    input_row(m.tl, &rb, &rt);
     const T* src;
     int64_t sd;
-    int kind, h, d0;
     if (w < nkr) {
-      kind = 0; h = w / ck_rot; d0 = chunk_start(r, w - h * ck_rot, V);
-      src = krow + h * p.k_stride[2]; sd = p.k_stride[3];
+      m.kind = 0; m.h = w / ck_rot; m.d0 = chunk_start(r, w - m.h * ck_rot, V);
+      src = kin + rb * p.k_stride[0] + rt * p.k_stride[1] + m.h * p.k_stride[2]; sd = p.k_stride[3];
     } else if ((w -= nkr) < nkt) {
-      kind = 1; h = w / n_tail; d0 = (p.rotate_k ? r.R : 0) + (w - h * n_tail) * V;
-      src = krow + h * p.k_stride[2]; sd = p.k_stride[3];
+      m.kind = 1; m.h = w / n_tail; m.d0 = (p.rotate_k ? r.R : 0) + (w - m.h * n_tail) * V;
+      src = kin + rb * p.k_stride[0] + rt * p.k_stride[1] + m.h * p.k_stride[2]; sd = p.k_stride[3];
     } else if ((w -= nkt) < nv) {
-      kind = 2; h = w / v_chunks; d0 = (w - h * v_chunks) * V;
-      src = vrow + h * p.v_stride[2]; sd = p.v_stride[3];
+      m.kind = 2; m.h = w / v_chunks; m.d0 = (w - m.h * v_chunks) * V;
+      src = vin + rb * p.v_stride[0] + rt * p.v_stride[1] + m.h * p.v_stride[2]; sd = p.v_stride[3];
     } else {
       w -= nv;
-      kind = 3; h = w / n_rot; d0 = chunk_start(r, w - h * n_rot, V);
-      src = qrow + h * p.q_stride[2]; sd = p.q_stride[3];
+      m.kind = 3; m.h = w / n_rot; m.d0 = chunk_start(r, w - m.h * n_rot, V);
+      src = qio + rb * p.q_stride[0] + rt * p.q_stride[1] + m.h * p.q_stride[2]; sd = p.q_stride[3];
     }
-    m.set(kind, h, d0);
-    a = load_chunk<kVec, VecT>(src + d0 * sd, sd);
-    if (!kInterleaved && (kind == 0 || kind == 3)) b = load_chunk<kVec, VecT>(src + (d0 + half) * sd, sd);
+    a = load_chunk<kVec, VecT>(src + m.d0 * sd, sd);
+    if (!kInterleaved && (m.kind == 0 || m.kind == 3)) b = load_chunk<kVec, VecT>(src + (m.d0 + half) * sd, sd);
   };
-
-  AppendItem it[kAppendBatch];
-  VecT a[kAppendBatch], bv[kAppendBatch];
-  int w0 = part * 32 + lane;
-#pragma unroll
-  for (int u = 0; u < kAppendBatch; ++u) load_item(w0 + u * stride, it[u], a[u], bv[u]);
-
-  // The slot and the position (these loads overlap the item loads above), then the
-  // token's sin/cos once per warp.
-  const int64_t idx = cache_len(p.cache, at.b) + at.j;
-  int64_t k_out = -1, v_out = -1;
-  if (!cache_slot(p.cache, at.b, idx, &k_out, &v_out)) k_out = v_out = -1;
-  const int64_t pos = attn_position(r, at.row_b, at.row_t, at.b, idx);
-  for (int i = lane; i < half; i += 32) {
-    float sn, cs;
-    pair_sincos(r, pos, i, inv_freq_of(r, i), &sn, &cs);
-    sc[i] = make_float2(cs, sn);
-  }
-  __syncwarp();
-
+  // 3. (below) Rotate and store: K and V into the token's cache slot (dropped if it
+  // does not exist), Q in place.
   T* kc = static_cast<T*>(p.cache.k);
   T* vc = static_cast<T*>(p.cache.v);
-  auto store_item = [&](const AppendItem& item, VecT& a, VecT& b) {
-    const struct { int kind, h, d0; } m = {item.kind(), item.h(), item.d0()};
+  auto store_item = [&](const Item& m, VecT& a, VecT& b) {
     if (m.kind < 0) return;
-    const bool rot = m.kind == 0 || m.kind == 3;
-    float sn[P], cs[P];
-    if (rot) {
-      const int i0 = kInterleaved ? m.d0 / 2 : m.d0;  // first pair of the chunk
-#pragma unroll
-      for (int e = 0; e < P; ++e) {
-        const float2 v = sc[i0 + e];
-        cs[e] = v.x;
-        sn[e] = v.y;
-      }
-    }
+    const AppendSlot& sl = slots[m.tl];
     if constexpr (kFp8) {
       if (m.kind != 3) {
         const bool is_v = m.kind == 2;
-        const int64_t out = is_v ? v_out : k_out;
+        const int64_t out = is_v ? sl.v_out : sl.k_out;
         if (out < 0) return;
         const KVCacheView& c = p.cache;
         uint8_t* row = static_cast<uint8_t*>(is_v ? c.v : c.k) + out + m.h * (is_v ? c.v_stride[2] : c.k_stride[2]);
@@ -276,12 +217,14 @@ __global__ void __launch_bounds__(kAppendWarps * 32, kAppendMinBlocks) append_kv
         if (!kInterleaved && m.kind == 0)
 #pragma unroll
           for (int j = 0; j < V; ++j) fb[j] = static_cast<float>(b.v[j]);
-        if (m.kind == 0) {  // the same expression as rotate_chunk's, kept in fp32
+        if (m.kind == 0) {
+          const int i0 = kInterleaved ? m.d0 / 2 : m.d0;
 #pragma unroll
           for (int e = 0; e < P; ++e) {
+            const float sn = sin_tab[m.tl * half + i0 + e], cs = cos_tab[m.tl * half + i0 + e];
             const int j0 = kInterleaved ? 2 * e : e;
             const float x0 = fa[j0], x1 = kInterleaved ? fa[j0 + 1] : fb[e];
-            const float y0 = rot_y0(x0, x1, cs[e], sn[e]), y1 = rot_y1(x0, x1, cs[e], sn[e]);
+            const float y0 = rot_y0(x0, x1, cs, sn), y1 = rot_y1(x0, x1, cs, sn);
             fa[j0] = y0;
             (kInterleaved ? fa[j0 + 1] : fb[e]) = y1;
           }
@@ -294,30 +237,61 @@ __global__ void __launch_bounds__(kAppendWarps * 32, kAppendMinBlocks) append_kv
     T* dst;
     int64_t dsd = 1;
     if (m.kind == 3) {
-      dst = qrow + m.h * p.q_stride[2];
+      int64_t rb, rt;
+      input_row(m.tl, &rb, &rt);
+      dst = qio + rb * p.q_stride[0] + rt * p.q_stride[1] + m.h * p.q_stride[2];
       dsd = p.q_stride[3];
     } else if (m.kind == 2) {
-      if (v_out < 0) return;
-      dst = vc + v_out + m.h * p.cache.v_stride[2];
+      if (sl.v_out < 0) return;
+      dst = vc + sl.v_out + m.h * p.cache.v_stride[2];
     } else {
-      if (k_out < 0) return;
-      dst = kc + k_out + m.h * p.cache.k_stride[2];
+      if (sl.k_out < 0) return;
+      dst = kc + sl.k_out + m.h * p.cache.k_stride[2];
     }
-    if (rot) {
+    if (m.kind == 0 || m.kind == 3) {
+      float sn[P], cs[P];
+      const int i0 = kInterleaved ? m.d0 / 2 : m.d0;  // first pair of the chunk
+#pragma unroll
+      for (int e = 0; e < P; ++e) {
+        sn[e] = sin_tab[m.tl * half + i0 + e];
+        cs[e] = cos_tab[m.tl * half + i0 + e];
+      }
       rotate_chunk<T, kInterleaved>(a, b, sn, cs);
       if (!kInterleaved) store_chunk<kVec, VecT>(dst + (m.d0 + half) * dsd, dsd, b);
     }
     store_chunk<kVec, VecT>(dst + m.d0 * dsd, dsd, a);
   };
+  constexpr int kBatch = kAppendThreads * kAppendItems;
+  Item it[kAppendItems];
+  VecT a[kAppendItems], bv[kAppendItems];
 #pragma unroll
-  for (int u = 0; u < kAppendBatch; ++u) store_item(it[u], a[u], bv[u]);
-  // Tokens with more items than the warps hold at once (many q heads, MLA, the scalar
-  // path): the rest in batches, loads before stores.
-  for (w0 += kAppendBatch * stride; w0 - lane < n_items; w0 += kAppendBatch * stride) {
+  for (int u = 0; u < kAppendItems; ++u) load_item(tid + u * kAppendThreads, it[u], a[u], bv[u]);
+
+  // 2. Slots and positions of the block's tokens, then sin/cos once per (token, pair).
+  for (int tl = tid; tl < nt; tl += blockDim.x) {
+    const AppendToken at = append_token(p, t0 + tl);
+    const int64_t idx = cache_len(p.cache, at.b) + at.j;
+    AppendSlot sl;
+    sl.pos = attn_position(r, at.row_b, at.row_t, at.b, idx);
+    if (!cache_slot(p.cache, at.b, idx, &sl.k_out, &sl.v_out)) sl.k_out = sl.v_out = -1;
+    slots[tl] = sl;
+  }
+  __syncthreads();
+  for (int e = tid; e < nt * half; e += blockDim.x) {
+    const int tl = e / half, i = e - tl * half;
+    pair_sincos(r, slots[tl].pos, i, inv_freq_of(r, i), &sin_tab[e], &cos_tab[e]);
+  }
+  __syncthreads();
+
+  // 3. The preloaded items, then (many heads, or the scalar path: a token has more
+  // items than the block holds at once) the rest in batches, loads before stores.
 #pragma unroll
-    for (int u = 0; u < kAppendBatch; ++u) load_item(w0 + u * stride, it[u], a[u], bv[u]);
+  for (int u = 0; u < kAppendItems; ++u) store_item(it[u], a[u], bv[u]);
+  for (int base = kBatch; base < nt * per_tok; base += kBatch) {
 #pragma unroll
-    for (int u = 0; u < kAppendBatch; ++u) store_item(it[u], a[u], bv[u]);
+    for (int u = 0; u < kAppendItems; ++u) load_item(base + tid + u * kAppendThreads, it[u], a[u], bv[u]);
+#pragma unroll
+    for (int u = 0; u < kAppendItems; ++u) store_item(it[u], a[u], bv[u]);
   }
 }
 
