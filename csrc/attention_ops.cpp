@@ -34,23 +34,6 @@ DecodePlan& last_decode_plan() {
 
 namespace {
 
-// A strided view whose elements are all distinct: sorted by stride, each dimension
-// steps over everything the smaller ones span (the rule of rope_ops.cpp's in-place check).
-bool non_overlapping(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
-  std::vector<std::pair<int64_t, int64_t>> dims;  // (|stride|, size)
-  for (size_t d = 0; d < sizes.size(); ++d) {
-    if (sizes[d] == 0) return true;
-    if (sizes[d] > 1) dims.emplace_back(std::abs(strides[d]), sizes[d]);
-  }
-  std::sort(dims.begin(), dims.end());
-  int64_t span = 0;
-  for (const auto& [stride, size] : dims) {
-    if (stride <= span) return false;
-    span += stride * (size - 1);
-  }
-  return true;
-}
-
 // Whether a and b may share elements. Views of one storage with equal strides are
 // proven disjoint in two ways: equal shapes, and the pair is itself a non-overlapping
 // view (the two stacked along a new dimension whose stride is their offset difference:
@@ -192,38 +175,6 @@ KVCacheView make_cache(const at::Tensor& kc, const at::Tensor& vc, const at::Ten
   return c;
 }
 
-// Frequencies, rotary dim and pairing (the RoPE part shared with apply_rope).
-void fill_rotary(RopeParams& r, const at::Tensor& x, int64_t D, int64_t rotary_dim, bool interleaved,
-                 const std::optional<at::Tensor>& inv_freq, const std::optional<at::Tensor>& cos_sin_cache, double base,
-                 double attention_factor) {
-  TORCH_CHECK_VALUE(D % 2 == 0 && D > 0, msg("rope_ext: the head dim D must be even and > 0, got D = ", D));
-  TORCH_CHECK_VALUE(D <= 8192, msg("rope_ext: the head dim D must be at most 8192, got ", D));
-  const int64_t R = rotary_dim < 0 ? D : rotary_dim;
-  TORCH_CHECK_VALUE(R > 0 && R % 2 == 0 && R <= D, msg("rope_ext: rotary_dim must be even and in (0, D = ", D, "], got ",
-                    rotary_dim));
-  r.D = static_cast<int32_t>(D);
-  r.R = static_cast<int32_t>(R);
-  r.interleaved = interleaved;
-  r.copy_tail = true;
-  fill_frequencies(r, x, inv_freq, cos_sin_cache, base);
-  TORCH_CHECK_VALUE(std::isfinite(attention_factor), msg("rope_ext: attention_factor must be finite, got ",
-                    attention_factor));
-  r.scale = static_cast<float>(attention_factor);
-}
-
-void fill_offsets(RopeParams& r, const std::optional<at::Tensor>& positions, const std::optional<at::Tensor>& offsets,
-                  int64_t offset, int64_t B, const at::Tensor& x, const char* xname) {
-  if (offsets) {
-    check_index(*offsets, "offsets", x, xname);
-    TORCH_CHECK_VALUE(!positions, "rope_ext: give positions or offsets, not both (positions are absolute)");
-    TORCH_CHECK_VALUE(offsets->dim() == 1 && offsets->size(0) == B, msg("rope_ext: offsets must have shape [B] = [", B,
-                      "] (one per sequence), got ", shape_str(*offsets)));
-    r.offsets = index_array(*offsets, offsets->stride(0));
-  }
-  TORCH_CHECK_VALUE(!(positions && offset != 0), "rope_ext: give positions or offsets, not both (positions are absolute)");
-  r.offset = offset;
-}
-
 // Positions of `n` tokens per sequence: [B, n] or [n] (batched), [n] (varlen / B == 1).
 void fill_positions(RopeParams& r, const at::Tensor& pt, int64_t B, int64_t n, bool varlen, const at::Tensor& x,
                     const char* xname, const char* what) {
@@ -238,31 +189,6 @@ void fill_positions(RopeParams& r, const at::Tensor& pt, int64_t B, int64_t n, b
   }
   r.positions = index_array(pt, pt.stride(-1));
   r.pos_stride_b = pt.dim() == 2 ? pt.stride(0) : 0;
-}
-
-// Value checks of the rotary positions: explicit ones >= 0, and below the rows of a
-// cos_sin_cache; offsets >= 0. `last_index`: per sequence, the largest cache index that
-// takes a default position, before offsets (a very negative entry: none in that sequence).
-void check_position_values(const RopeParams& r, const std::optional<at::Tensor>& positions,
-                           const std::optional<at::Tensor>& offsets, int64_t offset, const at::Tensor& last_index) {
-  int64_t lo = 0, hi = -1;
-  if (positions) {
-    if (positions->numel() == 0) return;
-    const at::Tensor pt = host_long(*positions);
-    lo = pt.min().item<int64_t>();
-    hi = pt.max().item<int64_t>();
-    TORCH_CHECK_VALUE(lo >= 0, msg("rope_ext: positions must be >= 0, got ", lo));
-  } else {
-    const at::Tensor off = offsets ? host_long(*offsets) : at::full({1}, offset, at::kLong);
-    if (off.numel()) {
-      lo = off.min().item<int64_t>();
-      TORCH_CHECK_VALUE(lo >= 0, msg("rope_ext: offsets must be >= 0, got ", lo));
-    }
-    if (last_index.numel()) hi = (last_index + off).max().item<int64_t>();
-  }
-  if (r.freq == FreqSource::kCosSinCache && hi >= 0)
-    TORCH_CHECK_VALUE(hi < r.cache_rows, msg("rope_ext: positions must be < ", r.cache_rows,
-                      " (the rows of cos_sin_cache), got ", hi));
 }
 
 // The blocks of sequence b that hold slots [lo, hi) must be valid block ids.
@@ -372,7 +298,7 @@ AppendParams append_setup(const at::Tensor& k, const at::Tensor& v, const at::Te
       TORCH_CHECK_VALUE(!may_share(*t, *c),
                         "rope_ext: k and v must not share memory with the caches");
   if (positions) fill_positions(p.rope, *positions, B, p.T, varlen, k, "k", "token");
-  fill_offsets(p.rope, positions, offsets, offset, B, k, "k");
+  fill_offsets(p.rope, positions.has_value(), offsets, offset, B, "sequence", k, "k");
 
   if (check_values_of(k)) {
     const at::Tensor sl = host_long(cache_seqlens);
@@ -498,7 +424,7 @@ DecodeParams decode_setup(
   TORCH_CHECK_VALUE(std::isfinite(scale), msg("rope_ext: softmax_scale must be finite, got ", scale));
   p.softmax_scale = static_cast<float>(scale);
   if (positions) fill_positions(p.rope, *positions, B, q_len, false, q, "q", "query token");
-  fill_offsets(p.rope, positions, offsets, offset, B, q, "q");
+  fill_offsets(p.rope, positions.has_value(), offsets, offset, B, "sequence", q, "q");
   if (full_fusion)
     TORCH_CHECK_VALUE(!positions, "rope_ext: impl='full_fusion' rotates each key by its cache index + offsets, so the "
                       "query positions must follow the same rule: give offsets, not positions (or use impl='hybrid')");

@@ -3,7 +3,11 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <utility>
+#include <vector>
 #include <string>
 #include <type_traits>
 
@@ -45,6 +49,25 @@ inline void check_index(const at::Tensor& t, const char* name, const at::Tensor&
   TORCH_CHECK_TYPE(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, msg("rope_ext: ", name,
                    " must be an int32 or int64 tensor, got ", t.scalar_type()));
   check_device(t, name, x, xname);
+}
+
+// A strided view whose elements are all distinct: sorted by stride, each dimension
+// steps over everything the smaller ones span (sufficient, and true of every slice,
+// permutation or transpose of a dense buffer). The in-place checks of the rope ops and
+// the cache checks of the attention ops.
+inline bool non_overlapping(at::IntArrayRef sizes, at::IntArrayRef strides) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (|stride|, size)
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] == 0) return true;
+    if (sizes[d] > 1) dims.emplace_back(std::abs(strides[d]), sizes[d]);
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 0;  // largest offset reachable by the smaller dimensions
+  for (const auto& [stride, size] : dims) {
+    if (stride <= span) return false;
+    span += stride * (size - 1);
+  }
+  return true;
 }
 
 inline IndexArray index_array(const at::Tensor& t, int64_t stride) {

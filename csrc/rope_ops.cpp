@@ -73,46 +73,14 @@ void check_values(const RopeParams& p, const Options& o) {
     }
   }
   if (p.S == 0) return;
-  // Smallest and largest position actually used.
-  int64_t lo = 0, hi = 0;
-  if (o.positions) {
-    if (o.positions->numel() == 0) return;
-    const at::Tensor pt = host(*o.positions);
-    lo = pt.min().item<int64_t>();
-    hi = pt.max().item<int64_t>();
-    TORCH_CHECK_VALUE(lo >= 0, msg("rope_ext: positions must be >= 0, got ", lo));
-  } else {
-    at::Tensor start = o.offsets ? host(*o.offsets) : at::full({1}, o.offset, at::kLong);
-    lo = start.min().item<int64_t>();
-    TORCH_CHECK_VALUE(lo >= 0, msg("rope_ext: offsets must be >= 0, got ", lo));
-    at::Tensor len = at::full({1}, p.S * p.cp_size, at::kLong);  // global length
-    if (o.cu_seqlens) {
-      const at::Tensor cu = host(*o.cu_seqlens);
-      len = cu.slice(0, 1) - cu.slice(0, 0, -1);
-    }
-    hi = (start + len - 1).max().item<int64_t>();  // last position of each sequence
+  // The last default index of each sequence (its global length - 1; positions start at
+  // its offset).
+  at::Tensor last = at::full({1}, p.S * p.cp_size - 1, at::kLong);
+  if (o.cu_seqlens) {
+    const at::Tensor cu = host(*o.cu_seqlens);
+    last = cu.slice(0, 1) - cu.slice(0, 0, -1) - 1;
   }
-  if (p.freq == FreqSource::kCosSinCache)
-    TORCH_CHECK_VALUE(hi < p.cache_rows, msg("rope_ext: positions must be < ", p.cache_rows,
-                      " (the rows of cos_sin_cache), got ", hi));
-}
-
-// A strided view whose elements are all distinct: sorted by stride, each dimension
-// steps over everything the smaller ones span (sufficient, and true of every slice,
-// permutation or transpose of a dense buffer).
-bool non_overlapping(at::IntArrayRef sizes, at::IntArrayRef strides) {
-  std::vector<std::pair<int64_t, int64_t>> dims;  // (|stride|, size)
-  for (size_t d = 0; d < sizes.size(); ++d) {
-    if (sizes[d] == 0) return true;
-    if (sizes[d] > 1) dims.emplace_back(std::abs(strides[d]), sizes[d]);
-  }
-  std::sort(dims.begin(), dims.end());
-  int64_t span = 0;  // largest offset reachable by the smaller dimensions
-  for (const auto& [stride, size] : dims) {
-    if (stride <= span) return false;
-    span += stride * (size - 1);
-  }
-  return true;
+  check_position_values(p, o.positions, o.offsets, o.offset, last);
 }
 
 // q and k (4-D [B, S, H, D]) share no element. Beyond separate buffers, this accepts
@@ -163,15 +131,9 @@ RopeParams make_params(const std::vector<at::Tensor>& ins, const std::vector<at:
   p.num_tensors = static_cast<int>(ins.size());
   p.B = x.size(0);
   p.S = x.size(1);
-  const int64_t D = x.size(3);
-  TORCH_CHECK_VALUE(D % 2 == 0 && D > 0, msg("rope_ext: the head dim D must be even and > 0, got D = ", D));
-  // The kernels keep [R/2] frequencies, sins and cosines in shared memory (48 KB).
-  TORCH_CHECK_VALUE(D <= 8192, msg("rope_ext: the head dim D must be at most 8192, got ", D));
-  const int64_t R = o.rotary_dim < 0 ? D : o.rotary_dim;
-  TORCH_CHECK_VALUE(R > 0 && R % 2 == 0 && R <= D, msg("rope_ext: rotary_dim must be even and in (0, D = ", D, "], got ", o.rotary_dim));
-  p.D = static_cast<int32_t>(D);
-  p.R = static_cast<int32_t>(R);
-  p.interleaved = o.interleaved;
+  fill_rotary(p, x, x.size(3), o.rotary_dim, o.interleaved, o.inv_freq, o.cos_sin_cache, o.base, o.scale,
+              /*base_as_tensor=*/true);
+  const int64_t R = p.R;
   p.copy_tail = !inplace;
   p.sign = o.inverse ? -1.f : 1.f;
   for (size_t i = 0; i < ins.size(); ++i) {
@@ -185,8 +147,6 @@ RopeParams make_params(const std::vector<at::Tensor>& ins, const std::vector<at:
     }
   }
 
-  p.scale = static_cast<float>(o.scale);
-  TORCH_CHECK_VALUE(std::isfinite(o.scale), msg("rope_ext: attention_factor must be finite, got ", o.scale));
 
   // Position axes (M-RoPE, axial): sections = pairs per axis, summing to R/2.
   const int64_t A = static_cast<int64_t>(o.sections.size());
@@ -238,17 +198,8 @@ RopeParams make_params(const std::vector<at::Tensor>& ins, const std::vector<at:
     p.cu_seqlens = index_array(cu, cu.stride(0));
     p.num_seqs = cu.size(0) - 1;
   }
-  if (o.offsets) {
-    const at::Tensor& off = *o.offsets;
-    check_index(off, "offsets", x);
-    TORCH_CHECK_VALUE(!o.positions, "rope_ext: give positions or offsets, not both (positions are absolute)");
-    const int64_t want = o.cu_seqlens ? p.num_seqs : p.B;
-    TORCH_CHECK_VALUE(off.dim() == 1 && off.size(0) == want, msg("rope_ext: offsets must have shape [",
-                      want, "] (one per ", o.cu_seqlens ? "sequence of cu_seqlens" : "batch entry",
-                      "), got ", shape_str(off)));
-    p.offsets = index_array(off, off.stride(0));
-  }
-  p.offset = o.offset;
+  fill_offsets(p, o.positions.has_value(), o.offsets, o.offset, o.cu_seqlens ? p.num_seqs : p.B,
+               o.cu_seqlens ? "sequence of cu_seqlens" : "batch entry", x, "x");
 
   // Context parallelism: the kernel maps local indices to global positions.
   TORCH_CHECK_VALUE(o.cp_size >= 1 && o.cp_size < (int64_t(1) << 20), msg("rope_ext: cp_size must be >= 1, got ", o.cp_size));
@@ -267,9 +218,6 @@ RopeParams make_params(const std::vector<at::Tensor>& ins, const std::vector<at:
   const int64_t heads = heads_total(p);
   TORCH_CHECK_VALUE(heads < (int64_t(1) << 31), msg("rope_ext: at most 2^31 - 1 heads, got ", heads));
   if (p.B * heads >= (int64_t(1) << 31)) p.pos_shared_b = false;
-
-  // Frequencies.
-  fill_frequencies(p, x, o.inv_freq, o.cos_sin_cache, o.base, /*base_as_tensor=*/true);
 
   // In place: every output element must have its own memory, or rows would race.
   if (inplace) {
@@ -514,6 +462,65 @@ void fill_frequencies(RopeParams& p, const at::Tensor& x, const std::optional<at
       p.freq = FreqSource::kBase;
     }
   }
+}
+
+// ---------------------------------------------------------------------------- the shared rotary options
+// One validation of the options every family takes (rope and norm+rope through
+// make_params, the attention family directly).
+
+void fill_rotary(RopeParams& p, const at::Tensor& x, int64_t D, int64_t rotary_dim, bool interleaved,
+                 const std::optional<at::Tensor>& inv_freq, const std::optional<at::Tensor>& cos_sin_cache, double base,
+                 double attention_factor, bool base_as_tensor) {
+  TORCH_CHECK_VALUE(D % 2 == 0 && D > 0, msg("rope_ext: the head dim D must be even and > 0, got D = ", D));
+  // The rope kernels keep [R/2] frequencies, sins and cosines in shared memory (48 KB).
+  TORCH_CHECK_VALUE(D <= 8192, msg("rope_ext: the head dim D must be at most 8192, got ", D));
+  const int64_t R = rotary_dim < 0 ? D : rotary_dim;
+  TORCH_CHECK_VALUE(R > 0 && R % 2 == 0 && R <= D, msg("rope_ext: rotary_dim must be even and in (0, D = ", D, "], got ",
+                    rotary_dim));
+  p.D = static_cast<int32_t>(D);
+  p.R = static_cast<int32_t>(R);
+  p.interleaved = interleaved;
+  p.copy_tail = true;
+  fill_frequencies(p, x, inv_freq, cos_sin_cache, base, base_as_tensor);
+  TORCH_CHECK_VALUE(std::isfinite(attention_factor), msg("rope_ext: attention_factor must be finite, got ",
+                    attention_factor));
+  p.scale = static_cast<float>(attention_factor);
+}
+
+void fill_offsets(RopeParams& p, bool has_positions, const std::optional<at::Tensor>& offsets, int64_t offset, int64_t n,
+                  const char* per, const at::Tensor& x, const char* xname) {
+  TORCH_CHECK_VALUE(!(has_positions && (offsets || offset != 0)),
+                    "rope_ext: give positions or offsets, not both (positions are absolute)");
+  if (offsets) {
+    check_index(*offsets, "offsets", x, xname);
+    TORCH_CHECK_VALUE(offsets->dim() == 1 && offsets->size(0) == n, msg("rope_ext: offsets must have shape [", n,
+                      "] (one per ", per, "), got ", shape_str(*offsets)));
+    p.offsets = index_array(*offsets, offsets->stride(0));
+  }
+  p.offset = offset;
+}
+
+void check_position_values(const RopeParams& p, const std::optional<at::Tensor>& positions,
+                           const std::optional<at::Tensor>& offsets, int64_t offset, const at::Tensor& last_index) {
+  auto host = [](const at::Tensor& t) { return t.to(at::kCPU, at::kLong).contiguous(); };
+  int64_t lo = 0, hi = -1;
+  if (positions) {
+    if (positions->numel() == 0) return;
+    const at::Tensor pt = host(*positions);
+    lo = pt.min().item<int64_t>();
+    hi = pt.max().item<int64_t>();
+    TORCH_CHECK_VALUE(lo >= 0, msg("rope_ext: positions must be >= 0, got ", lo));
+  } else {
+    const at::Tensor off = offsets ? host(*offsets) : at::full({1}, offset, at::kLong);
+    if (off.numel()) {
+      lo = off.min().item<int64_t>();
+      TORCH_CHECK_VALUE(lo >= 0, msg("rope_ext: offsets must be >= 0, got ", lo));
+    }
+    if (last_index.numel() && off.numel()) hi = (last_index + off).max().item<int64_t>();
+  }
+  if (p.freq == FreqSource::kCosSinCache && hi >= 0)
+    TORCH_CHECK_VALUE(hi < p.cache_rows, msg("rope_ext: positions must be < ", p.cache_rows,
+                      " (the rows of cos_sin_cache), got ", hi));
 }
 
 int drop_empty_tensors(RopeParams& p, int kept[kMaxTensors]) {

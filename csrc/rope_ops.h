@@ -57,6 +57,24 @@ const std::vector<float>& hf_default_freqs(double base, int64_t R);
 void fill_frequencies(RopeParams& p, const at::Tensor& x, const std::optional<at::Tensor>& inv_freq,
                       const std::optional<at::Tensor>& cos_sin_cache, double base, bool base_as_tensor = false);
 
+// The rotary options every family shares, validated once (rope_ops.cpp; make_params
+// and the attention ops call these):
+//  - fill_rotary: the head dim D, rotary_dim (R, default D), the pairing, the frequency
+//    source (fill_frequencies) and attention_factor (p.scale);
+//  - fill_offsets: per-sequence offsets [n] (int tensor) or the scalar offset, neither
+//    with explicit positions (which are absolute); `per` names a sequence in the message;
+//  - check_position_values (index values: op_utils.h says when they run): explicit
+//    positions >= 0, offsets >= 0, and every position used below the rows of a
+//    cos_sin_cache; last_index: per sequence (or one for all), the largest index that
+//    takes a default position (offset + index), negative where none does.
+void fill_rotary(RopeParams& p, const at::Tensor& x, int64_t D, int64_t rotary_dim, bool interleaved,
+                 const std::optional<at::Tensor>& inv_freq, const std::optional<at::Tensor>& cos_sin_cache, double base,
+                 double attention_factor, bool base_as_tensor = false);
+void fill_offsets(RopeParams& p, bool has_positions, const std::optional<at::Tensor>& offsets, int64_t offset, int64_t n,
+                  const char* per, const at::Tensor& x, const char* xname);
+void check_position_values(const RopeParams& p, const std::optional<at::Tensor>& positions,
+                           const std::optional<at::Tensor>& offsets, int64_t offset, const at::Tensor& last_index);
+
 // rope_ext._C.rope_direct: the eager fast path of the rope ops (rope_ops.cpp).
 std::vector<at::Tensor> rope_direct(const std::vector<at::Tensor>& xs, int64_t layout, bool inplace ROPE_PARAM_TYPES);
 

@@ -52,12 +52,11 @@ def _save(ctx, opts):
     ctx.opts = [None if i in _TENSOR_OPTS else v for i, v in enumerate(opts)]
 
 
-def _backward_opts(ctx):
-    """The options of the backward: the forward's, with `inverse` flipped."""
+def _saved_opts(ctx):
+    """The forward's options (the tensors from the saved ones)."""
     opts = list(ctx.opts)
     for i, t in zip(_TENSOR_OPTS, ctx.saved_tensors):
         opts[i] = t
-    opts[_INVERSE] = not opts[_INVERSE]
     return opts
 
 
@@ -71,13 +70,30 @@ def _grad_input(g, impl):
     return g if g.storage_offset() * g.element_size() % 16 == 0 else g.clone()
 
 
+def op_rotate(gs, opts):
+    """The rope ops on 4-D [B, S, H, D] tensors (one or q and k): a tuple of outputs."""
+    return (ops.rope(gs[0], *opts),) if len(gs) == 1 else tuple(ops.rope_qk(*gs, *opts))
+
+
+def rope_grads(grads, opts, rotate=op_rotate, like=None):
+    """THE backward of the rope ops, whichever road the forward took (the registered
+    autograd below, api._DirectRope, api._InplaceRope): the rotation by -theta of the
+    output grads, i.e. the forward's options with `inverse` flipped; nothing saved but
+    the options. rotate(gs, opts) runs it (the ops, or the direct entry point); like:
+    (shape, dtype, device) per grad, for grads autograd left as None."""
+    opts = list(opts)
+    opts[_INVERSE] = not opts[_INVERSE]
+    gs = [torch.zeros(like[i][0], dtype=like[i][1], device=like[i][2]) if g is None else _grad_input(g, opts[_IMPL])
+          for i, g in enumerate(grads)]
+    return rotate(gs, opts)
+
+
 def _rope_setup(ctx, inputs, output):
     _save(ctx, inputs[1:])
 
 
 def _rope_backward(ctx, grad):
-    opts = _backward_opts(ctx)
-    return (ops.rope(_grad_input(grad, opts[_IMPL]), *opts),) + (None,) * _N_OPTS
+    return rope_grads([grad], _saved_opts(ctx)) + (None,) * _N_OPTS
 
 
 def _rope_qk_setup(ctx, inputs, output):
@@ -85,10 +101,7 @@ def _rope_qk_setup(ctx, inputs, output):
 
 
 def _rope_qk_backward(ctx, gq, gk):
-    opts = _backward_opts(ctx)
-    impl = opts[_IMPL]
-    dq, dk = ops.rope_qk(_grad_input(gq, impl), _grad_input(gk, impl), *opts)
-    return (dq, dk) + (None,) * _N_OPTS
+    return rope_grads([gq, gk], _saved_opts(ctx)) + (None,) * _N_OPTS
 
 
 torch.library.register_autograd("rope_ext::rope", _rope_backward, setup_context=_rope_setup)
@@ -119,6 +132,16 @@ def _norm_rope_setup(ctx, inputs, output):
     ctx.opt_grads = tuple([] if isinstance(v, (list, tuple)) and not v else None for v in opts)
 
 
+def norm_rope_grads(grads, xs, weights, eps, weight_offset, opts, direct=False):
+    """THE backward of norm_rope, whichever road the forward took (the registered autograd
+    below, norm_rope._NormRopeFn): the input grads, then the weight grads, from one
+    kernel (missing output grads as zeros). direct: through the entry point without the
+    dispatcher (eager, no double backward)."""
+    grads = [torch.zeros_like(x) if g is None else _grad_input(g, opts[_IMPL]) for g, x in zip(grads, xs)]
+    run = _C.norm_rope_backward_direct if direct else ops.norm_rope_backward
+    return run(grads, xs, weights, eps, weight_offset, *opts)
+
+
 def _norm_rope_backward(ctx, grads):
     n = ctx.n
     saved = list(ctx.saved_tensors)
@@ -126,8 +149,7 @@ def _norm_rope_backward(ctx, grads):
     opts = list(ctx.opts)
     for i, p in zip(_TENSOR_OPTS, ctx.present):
         opts[i] = next(rest) if p else None
-    grads = [torch.zeros_like(x) if g is None else _grad_input(g, opts[_IMPL]) for g, x in zip(grads, xs)]
-    out = ops.norm_rope_backward(grads, xs, weights, ctx.eps, ctx.weight_offset, *opts)
+    out = norm_rope_grads(grads, xs, weights, ctx.eps, ctx.weight_offset, opts)
     return (list(out[:n]), list(out[n:]), None, None) + ctx.opt_grads
 
 

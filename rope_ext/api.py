@@ -7,7 +7,7 @@ C++ op (csrc/rope_ops.cpp), which checks the rest and launches one kernel.
 import torch
 
 from . import _C
-from ._ops import _IMPL, _INVERSE, _grad_input, ops, tensor_opts
+from ._ops import ops, rope_grads, tensor_opts
 from ._args import (  # the argument helpers, shared with norm_rope.py and attention.py
     IMPLS, LAYOUTS, DEFAULT_BASE, _to_bshd, _check_qk_shapes, _from_bshd, _op_options, _check_inplace, _LAYOUT_CODE,
     _function_mode_on, _dispatch_modes, _is_compiling, _functorch_on)
@@ -25,11 +25,7 @@ class _InplaceRope(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        opts = list(ctx.opts)
-        opts[_INVERSE] = not opts[_INVERSE]
-        grads = [_grad_input(g, opts[_IMPL]) for g in grads]
-        outs = ops.rope(grads[0], *opts) if len(grads) == 1 else ops.rope_qk(*grads, *opts)
-        return (None, outs) if len(grads) == 1 else (None, *outs)
+        return (None, *rope_grads(grads, ctx.opts))
 
 
 
@@ -66,16 +62,15 @@ class _DirectRope(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        opts = list(ctx.opts)
-        opts[_INVERSE] = not opts[_INVERSE]
-        gs = [torch.zeros(s, dtype=d, device=dv) if g is None else _grad_input(g, opts[_IMPL])
-              for g, (s, d, dv) in zip(grads, ctx.metas)]
+        code = ctx.code
         if torch.is_grad_enabled():
             # create_graph=True (double backward): rope_direct's outputs carry no history, so
             # the second derivative through grad_out would silently be zero; the backward is
             # itself a rotation, recorded as one.
-            return (None, None, *_DirectRope.apply(ctx.code, opts, *gs))
-        return (None, None, *_C.rope_direct(gs, ctx.code, False, *opts))
+            rotate = lambda gs, opts: _DirectRope.apply(code, opts, *gs)  # noqa: E731
+        else:
+            rotate = lambda gs, opts: tuple(_C.rope_direct(gs, code, False, *opts))  # noqa: E731
+        return (None, None, *rope_grads(grads, ctx.opts, rotate, ctx.metas))
 
 
 def _run(xs, layout, opts, inplace):

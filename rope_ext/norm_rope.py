@@ -12,7 +12,7 @@ weight's gradient in one pass).
 import torch
 
 from . import _C
-from ._ops import _IMPL, _grad_input, ops, tensor_opts
+from ._ops import norm_rope_grads, ops, tensor_opts
 from ._args import (DEFAULT_BASE, _check_qk_shapes, _dispatch_modes, _from_bshd, _function_mode_on, _functorch_on,
                     _op_options, _to_bshd)
 
@@ -77,13 +77,9 @@ class _NormRopeFn(torch.autograd.Function):
         n = ctx.n
         saved = ctx.saved_tensors
         xs, ws = list(saved[:n]), list(saved[n:])
-        grads = [torch.zeros_like(x) if g is None else _grad_input(g, ctx.opts[_IMPL]) for g, x in zip(grads, xs)]
-        if torch.is_grad_enabled():
-            # create_graph: the op, whose Autograd kernel (norm_rope_ops.cpp) makes a double
-            # backward an error; the direct call's outputs would silently act as constants.
-            out = ops.norm_rope_backward(grads, xs, ws, ctx.eps, ctx.weight_offset, *ctx.opts)
-        else:
-            out = _C.norm_rope_backward_direct(grads, xs, ws, ctx.eps, ctx.weight_offset, *ctx.opts)
+        # create_graph: the op, whose Autograd kernel (norm_rope_ops.cpp) makes a double
+        # backward an error; the direct call's outputs would silently act as constants.
+        out = norm_rope_grads(grads, xs, ws, ctx.eps, ctx.weight_offset, ctx.opts, direct=not torch.is_grad_enabled())
         return (None, None, None, None, *out)
 
 

@@ -39,6 +39,12 @@ def cases(dev):
         ("cu_seqlens with bshd", lambda: rope_ext.apply_rope(x, cu_seqlens=torch.tensor([0, 32], device=dev)), ValueError, "cu_seqlens needs layout='thd'"),
         ("offsets wrong length", lambda: rope_ext.apply_rope(x, offsets=torch.zeros(B + 1, **i64)), ValueError, "offsets must have shape"),
         ("offsets float", lambda: rope_ext.apply_rope(x, offsets=1.5), TypeError, "offsets must be an int"),
+        # An int offset next to positions was silently ignored before one validation served every family.
+        ("positions and int offsets", lambda: rope_ext.apply_rope(x, torch.zeros(S, **i64), offsets=5), ValueError,
+         "positions or offsets, not both"),
+        ("positions and tensor offsets", lambda: rope_ext.apply_rope(x, torch.zeros(S, **i64),
+                                                                     offsets=torch.zeros(B, **i64)), ValueError,
+         "positions or offsets, not both"),
         ("offsets float tensor", lambda: rope_ext.apply_rope(x, offsets=torch.zeros(B, device=dev)), TypeError, "offsets must be an int32 or int64"),
         ("two freq sources", lambda: rope_ext.apply_rope(x, inv_freq=rope_ext.inv_freq(D, device=dev), cos_sin_cache=cache), ValueError, "one frequency source"),
         ("base with inv_freq", lambda: rope_ext.apply_rope(x, base=500.0, inv_freq=rope_ext.inv_freq(D, device=dev)), ValueError, "one frequency source"),

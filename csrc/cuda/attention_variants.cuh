@@ -61,7 +61,7 @@
 
 #include "../attention_math.h"
 #include "decode_merge.cuh"
-#include "rope_variants.cuh"  // Vec, load_vec, store_vec
+#include "primitives.cuh"  // Vec, load_vec, store_vec, rotate_chunk
 
 namespace rope_ext {
 namespace cuda {

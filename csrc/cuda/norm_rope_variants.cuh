@@ -24,7 +24,7 @@
 // and writes one [D] row per block (the op layer sums the rows).
 #pragma once
 #include "../norm_rope_params.h"
-#include "rope_variants.cuh"  // Vec, load_vec/store_vec, fill_sincos_table
+#include "primitives.cuh"  // Vec, load_vec/store_vec, fill_sincos_table
 
 namespace rope_ext {
 namespace cuda {

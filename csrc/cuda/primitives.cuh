@@ -1,0 +1,109 @@
+// The CUDA building blocks every kernel family uses (rope variants, fused norm + RoPE,
+// the attention kernels): 16-byte vectors and their loads/stores, the chunk rotation,
+// and the shared-memory frequency and sin/cos tables. ATen-free; the host+device
+// arithmetic (positions, frequencies, accurate sin/cos) is rope_math.h's, the launch
+// helpers are launch_utils.h's.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "../rope_math.h"
+
+namespace rope_ext {
+namespace cuda {
+
+// ---------------------------------------------------------------- vectors
+template <typename T, int N>
+struct alignas(16) Vec {
+  static constexpr int kN = N;
+  T v[N];
+};
+
+// 16-byte accesses through uint4: a plain struct copy of Vec<Half/BFloat16, 8> was
+// split by the compiler into eight 2-byte loads (PTX ld.global.u16; bf16 bshd ran at
+// 41% of copy bandwidth on the H100), while uint4 always gives one ld.global.v4.
+template <typename VecT, typename T>
+__device__ __forceinline__ VecT load_vec(const T* p) {
+  static_assert(sizeof(VecT) == 16, "16-byte vectors");
+  VecT v;
+  *reinterpret_cast<uint4*>(&v) = *reinterpret_cast<const uint4*>(p);
+  return v;
+}
+template <typename VecT, typename T>
+__device__ __forceinline__ void store_vec(T* p, const VecT& v) {
+  *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(&v);
+}
+
+// Rotates one chunk in registers: neox pairs (a[j], b[j]) across the two halves, or
+// GPT-J pairs (a[2j], a[2j+1]) inside a; sn/cs hold the chunk's P sines/cosines.
+// fp32 math, one rounding at the end. Shared by variants 3-5 and the attention
+// kernels (which also use chunks narrower than 16 bytes).
+template <typename T, bool kInterleaved, typename VecT>
+__device__ __forceinline__ void rotate_chunk(VecT& a, VecT& b, const float* sn, const float* cs) {
+  using A = acc_t<T>;
+  constexpr int V = VecT::kN;
+  if (kInterleaved) {
+#pragma unroll
+    for (int j = 0; j < V / 2; ++j) {
+      const A x0 = static_cast<A>(a.v[2 * j]), x1 = static_cast<A>(a.v[2 * j + 1]);
+      a.v[2 * j] = static_cast<T>(rot_y0<A>(x0, x1, cs[j], sn[j]));
+      a.v[2 * j + 1] = static_cast<T>(rot_y1<A>(x0, x1, cs[j], sn[j]));
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const A x0 = static_cast<A>(a.v[j]), x1 = static_cast<A>(b.v[j]);
+      a.v[j] = static_cast<T>(rot_y0<A>(x0, x1, cs[j], sn[j]));
+      b.v[j] = static_cast<T>(rot_y1<A>(x0, x1, cs[j], sn[j]));
+    }
+  }
+}
+
+// ---------------------------------------------------------------- tables
+// Frequencies for the block in shared memory: read once per block (inv_freq_of: the
+// params' table or the inv_freq tensor) instead of once per pair.
+__device__ __forceinline__ void fill_freq_table(const RopeParams& p, float* table) {
+  const int nthreads = blockDim.x * blockDim.y;
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  for (int i = tid; i < p.R / 2; i += nthreads) table[i] = inv_freq_of(p, i);
+  __syncthreads();
+}
+
+// P consecutive floats of a shared table, in 16- or 8-byte reads where P allows
+// (the host keeps row starts aligned: the rotary half is a multiple of the chunk).
+template <int P>
+__device__ __forceinline__ void load_table(const float* src, float* dst) {
+  if (P % 4 == 0) {
+#pragma unroll
+    for (int j = 0; j < P; j += 4) *reinterpret_cast<float4*>(dst + j) = *reinterpret_cast<const float4*>(src + j);
+  } else if (P % 2 == 0) {
+#pragma unroll
+    for (int j = 0; j < P; j += 2) *reinterpret_cast<float2*>(dst + j) = *reinterpret_cast<const float2*>(src + j);
+  } else {
+#pragma unroll
+    for (int j = 0; j < P; ++j) dst[j] = src[j];
+  }
+}
+
+// The cos/sin table of `groups` consecutive token groups from g_first: row gl holds
+// the R/2 cosines (sines) of group g_first + gl, already scaled and signed. Thread tid
+// owns frequency i = tid % lanes (one frequency read per thread, not per entry) for
+// groups tid / lanes, + gsteps, ... The caller synchronises. Shared by variant 4 and
+// the fused kernels (norm + RoPE, KV append).
+__device__ __forceinline__ void fill_sincos_table(const RopeParams& p, int64_t g_first, int groups, float* cos_tab,
+                                                  float* sin_tab) {
+  const int half = p.R / 2;
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x, nthreads = blockDim.x * blockDim.y;
+  const int lanes = min(half, nthreads), gsteps = nthreads / lanes;
+  if (tid >= lanes * gsteps) return;
+  for (int i = tid % lanes; i < half; i += lanes) {
+    const float f = inv_freq_of(p, i);
+    for (int gl = tid / lanes; gl < groups; gl += gsteps) {
+      int64_t b0, s;
+      group_token(p, g_first + gl, &b0, &s);
+      pair_sincos(p, pair_position(p, b0, s, i), i, f, &sin_tab[gl * half + i], &cos_tab[gl * half + i]);
+    }
+  }
+}
+
+}  // namespace cuda
+}  // namespace rope_ext
