@@ -4,7 +4,7 @@
 // op functions and eager entries (rope_ops.cpp, norm_rope_ops.cpp) and the argument lists
 // that forward them. Python reads the positions by name from the registered schema
 // (rope_ext/_ops.py), so a reorder here needs no other change; ROPE_EXT_TEST_OPTION_ORDER
-// builds the same options in another order (tests/test_registration.py runs the gradient
+// builds the same options in another order (tests/test_option_order.py runs the op and gradient
 // tests on such a build).
 #pragma once
 #include <ATen/core/Tensor.h>

@@ -2,8 +2,6 @@
 norm_rope.py, attention.py): layouts, positions/offsets, frequency source, context
 parallelism, sections, the option list of the rope ops. Private: rope_ext's public
 names are re-exported from api.py and the package."""
-import operator
-
 import torch
 
 from . import _C
@@ -137,7 +135,13 @@ _COMPUTED = ("positions", "offsets", "cu_seqlens", "inv_freq", "cos_sin_cache", 
 if sorted(_COMPUTED) != sorted(OPT_NAMES):
     raise ImportError(f"rope_ext: the compiled rope options {OPT_NAMES} are not the ones rope_ext/_args.py computes "
                       f"{_COMPUTED}: the extension and the Python package are out of step (rebuild)")
-_TO_SCHEMA = None if _COMPUTED == OPT_NAMES else operator.itemgetter(*(_COMPUTED.index(n) for n in OPT_NAMES))
+# (A plain index tuple, not operator.itemgetter: torch.compile traces _op_options, and
+# dynamo with fullgraph=True does not trace through itemgetter objects.)
+_TO_SCHEMA = None if _COMPUTED == OPT_NAMES else tuple(_COMPUTED.index(n) for n in OPT_NAMES)
+
+
+def _to_schema(opts):
+    return opts if _TO_SCHEMA is None else [opts[i] for i in _TO_SCHEMA]
 _DEFAULTS = dict(positions=None, offsets=None, cu_seqlens=None, inv_freq=None, cos_sin_cache=None, offset=0,
                  base=DEFAULT_BASE, rotary_dim=-1, interleaved=False, inverse=False, impl="auto", scale=1.0, cp_size=1,
                  cp_rank=0, sections=[], sections_interleaved=False)
@@ -152,7 +156,7 @@ def op_options(**values):
         raise TypeError(f"rope_ext: unknown rope options {sorted(unknown)}; known: {_COMPUTED}")
     opts = [values.get(n, _DEFAULTS[n]) for n in _COMPUTED]
     opts[_COMPUTED.index("sections")] = list(opts[_COMPUTED.index("sections")])
-    return opts if _TO_SCHEMA is None else list(_TO_SCHEMA(opts))
+    return _to_schema(opts)
 
 
 def _op_options(layout, positions, offsets, base, impl, cu_seqlens, rotary_dim, interleaved, inv_freq,
@@ -187,7 +191,7 @@ def _op_options(layout, positions, offsets, base, impl, cu_seqlens, rotary_dim, 
     opts = [positions, offsets_t, cu_seqlens, inv_freq, cos_sin_cache, offset, float(base), rotary_dim,
             bool(interleaved), False, impl, attention_factor, cp_size, cp_rank,
             [] if sections is None else _sections_arg(sections), bool(sections_interleaved)]
-    return opts if _TO_SCHEMA is None else list(_TO_SCHEMA(opts))
+    return _to_schema(opts)
 
 
 def _check_inplace(t, name):

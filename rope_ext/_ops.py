@@ -16,14 +16,15 @@ ops = torch.ops.rope_ext
 
 # The rope options (after the tensors an op rotates), in the registered schema's order,
 # read by name: csrc/rope_options.h is their one list, and a reorder there needs no change
-# here (tests/test_registration.py builds one and runs the gradient tests on it).
+# here (tests/test_option_order.py builds one and runs the op and gradient tests on it).
 _OPT_ARGS = ops.rope.default._schema.arguments[1:]
 OPT_NAMES = tuple(a.name for a in _OPT_ARGS)
 _N_OPTS = len(OPT_NAMES)
 _INVERSE = OPT_NAMES.index("inverse")
 _IMPL = OPT_NAMES.index("impl")
 _TENSOR_OPTS = tuple(i for i, a in enumerate(_OPT_ARGS) if str(a.type) == "Optional[Tensor]")
-#: The index and frequency tensors of an option list (a tuple, schema order).
+#: The index and frequency tensors of an option list (a tuple, schema order). An
+#: itemgetter: it runs on every eager call; the paths torch.compile traces never call it.
 tensor_opts = operator.itemgetter(*_TENSOR_OPTS)
 
 
