@@ -20,6 +20,7 @@
 #include <limits>
 
 #include "attention.h"
+#include "attention_options.h"
 #include "attention_math.h"
 #include "op_utils.h"
 #include "rope_ops.h"
@@ -207,13 +208,8 @@ void check_blocks(const KVCacheView& c, const at::Tensor& bt_host, int64_t b, in
 // append_kv's validation and params (the decode step validates its append with it too).
 AppendParams append_setup(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
                           const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
-                          const std::optional<at::Tensor>& cu_seqlens, const std::optional<at::Tensor>& positions,
-                          const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& q,
-                          const std::optional<at::Tensor>& offsets, int64_t offset,
-                          const std::optional<at::Tensor>& inv_freq, const std::optional<at::Tensor>& cos_sin_cache,
-                          double base, int64_t rotary_dim, bool interleaved, bool rotate_k,
-                          const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-                          double attention_factor) {
+                          const std::optional<at::Tensor>& cu_seqlens ATTN_INDEX_PARAMS,
+                          const std::optional<at::Tensor>& q ATTN_ROTARY_PARAMS, bool rotate_k ATTN_SCALE_PARAMS) {
   const bool varlen = cu_seqlens.has_value();
   const int want = varlen ? 3 : 4;
   const char* shape_name = varlen ? "[Ttot, Hk, D] (varlen, with cu_seqlens)" : "[B, T, Hk, D]";
@@ -350,15 +346,10 @@ void append_launch(const AppendParams& p, const at::Tensor& k) {
 }
 
 void append_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache, const at::Tensor& v_cache,
-               const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& cu_seqlens,
-               const std::optional<at::Tensor>& positions, const std::optional<at::Tensor>& block_table,
-               const std::optional<at::Tensor>& q, const std::optional<at::Tensor>& offsets, int64_t offset,
-               const std::optional<at::Tensor>& inv_freq, const std::optional<at::Tensor>& cos_sin_cache, double base,
-               int64_t rotary_dim, bool interleaved, bool rotate_k, const std::optional<at::Tensor>& k_scale,
-               const std::optional<at::Tensor>& v_scale, double attention_factor) {
-  append_launch(append_setup(k, v, k_cache, v_cache, cache_seqlens, cu_seqlens, positions, block_table, q, offsets,
-                             offset, inv_freq, cos_sin_cache, base, rotary_dim, interleaved, rotate_k, k_scale, v_scale,
-                             attention_factor),
+               const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& cu_seqlens ATTN_INDEX_PARAMS,
+               const std::optional<at::Tensor>& q ATTN_ROTARY_PARAMS, bool rotate_k ATTN_SCALE_PARAMS) {
+  append_launch(append_setup(k, v, k_cache, v_cache, cache_seqlens, cu_seqlens ATTN_INDEX_FORWARD, q
+                             ATTN_ROTARY_FORWARD, rotate_k ATTN_SCALE_FORWARD),
                 k);
 }
 
@@ -387,13 +378,11 @@ void check_split_args(int64_t max_seqlen, int64_t num_splits) {
 
 // attention_decode's validation and params. `appended`: new tokens this call adds at
 // cache_seqlens[b] (the decode step), which every check and reader counts in.
-DecodeParams decode_setup(
-    const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
-    const std::optional<at::Tensor>& positions, const std::optional<at::Tensor>& block_table,
-    const std::optional<at::Tensor>& offsets, int64_t offset, const std::optional<at::Tensor>& inv_freq,
-    const std::optional<at::Tensor>& cos_sin_cache, double base, int64_t rotary_dim, bool interleaved,
-    std::optional<double> softmax_scale, bool causal, const std::string& impl, const std::optional<at::Tensor>& k_scale,
-    const std::optional<at::Tensor>& v_scale, double attention_factor, int64_t appended) {
+DecodeParams decode_setup(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                          const at::Tensor& cache_seqlens ATTN_INDEX_PARAMS ATTN_ROTARY_PARAMS ATTN_DECODE_PARAMS
+                              ATTN_SCALE_PARAMS,
+                          int64_t appended) {
+  check_split_args(max_seqlen, num_splits);
   const DecodeImpl which = decode_impl_of(impl);
   const bool full_fusion = which == DecodeImpl::kFullFusion;
   TORCH_CHECK_VALUE(q.dim() == 4, msg("rope_ext: q must be 4-D [B, q_len, Hq, D], got shape ", shape_str(q)));
@@ -511,17 +500,12 @@ std::tuple<at::Tensor, at::Tensor> decode_run(DecodeParams& p, const at::Tensor&
   return {o, lse};
 }
 
-std::tuple<at::Tensor, at::Tensor> attention_decode(
-    const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
-    const std::optional<at::Tensor>& positions, const std::optional<at::Tensor>& block_table,
-    const std::optional<at::Tensor>& offsets, int64_t offset, const std::optional<at::Tensor>& inv_freq,
-    const std::optional<at::Tensor>& cos_sin_cache, double base, int64_t rotary_dim, bool interleaved,
-    std::optional<double> softmax_scale, bool causal, int64_t max_seqlen, int64_t num_splits, const std::string& impl,
-    const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale, double attention_factor) {
-  check_split_args(max_seqlen, num_splits);
-  DecodeParams p = decode_setup(q, k_cache, v_cache, cache_seqlens, positions, block_table, offsets, offset, inv_freq,
-                                cos_sin_cache, base, rotary_dim, interleaved, softmax_scale, causal, impl, k_scale,
-                                v_scale, attention_factor, 0);
+std::tuple<at::Tensor, at::Tensor> attention_decode(const at::Tensor& q, const at::Tensor& k_cache,
+                                                    const at::Tensor& v_cache, const at::Tensor& cache_seqlens
+                                                        ATTN_INDEX_PARAMS ATTN_ROTARY_PARAMS ATTN_DECODE_PARAMS
+                                                            ATTN_SCALE_PARAMS) {
+  DecodeParams p = decode_setup(q, k_cache, v_cache, cache_seqlens ATTN_INDEX_FORWARD ATTN_ROTARY_FORWARD
+                                ATTN_DECODE_FORWARD ATTN_SCALE_FORWARD, 0);
   return decode_run(p, q, impl, max_seqlen, num_splits);
 }
 
@@ -540,33 +524,27 @@ bool rows_16b_aligned(const at::Tensor& t) {
   return true;
 }
 
-std::tuple<at::Tensor, at::Tensor> attention_decode_append(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache, const at::Tensor& v_cache,
-    const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& positions,
-    const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& offsets, int64_t offset,
-    const std::optional<at::Tensor>& inv_freq, const std::optional<at::Tensor>& cos_sin_cache, double base,
-    int64_t rotary_dim, bool interleaved, std::optional<double> softmax_scale, bool causal, int64_t max_seqlen,
-    int64_t num_splits, const std::string& impl, const std::optional<at::Tensor>& k_scale,
-    const std::optional<at::Tensor>& v_scale, double attention_factor) {
+std::tuple<at::Tensor, at::Tensor> attention_decode_append(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                           const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                                           const at::Tensor& cache_seqlens ATTN_INDEX_PARAMS
+                                                               ATTN_ROTARY_PARAMS ATTN_DECODE_PARAMS ATTN_SCALE_PARAMS) {
   TORCH_CHECK_VALUE(q.dim() == 4, msg("rope_ext: q must be 4-D [B, q_len, Hq, D], got shape ", shape_str(q)));
   TORCH_CHECK_VALUE(k.dim() == 4 && k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
                     msg("rope_ext: k must be [B, q_len, Hk, D] = [", q.size(0), ", ", q.size(1), ", Hk, ", q.size(3),
                         "] (one new token per query token), got shape ", shape_str(k)));
   TORCH_CHECK_TYPE(k.scalar_type() == q.scalar_type(), msg("rope_ext: k must have the dtype of q (", q.scalar_type(),
                    "), got ", k.scalar_type()));
-  check_split_args(max_seqlen, num_splits);
   const DecodeImpl which = decode_impl_of(impl);
   const bool full_fusion = which == DecodeImpl::kFullFusion;
   // The append's checks (shapes, dtypes, aliasing, capacity and block values), then the decode's.
-  const AppendParams ap = append_setup(k, v, k_cache, v_cache, cache_seqlens, std::nullopt, positions, block_table,
-                                       std::nullopt, offsets, offset, inv_freq, cos_sin_cache, base, rotary_dim,
-                                       interleaved, !full_fusion, k_scale, v_scale, attention_factor);
+  const AppendParams ap = append_setup(k, v, k_cache, v_cache, cache_seqlens, /*cu_seqlens=*/std::nullopt
+                                       ATTN_INDEX_FORWARD, /*q=*/std::nullopt ATTN_ROTARY_FORWARD,
+                                       /*rotate_k=*/!full_fusion ATTN_SCALE_FORWARD);
   for (const auto* c : {&k_cache, &v_cache})
     TORCH_CHECK_VALUE(!may_share(q, *c), "rope_ext: q must not share memory with the caches");
   const int64_t q_len = q.size(1);
-  DecodeParams p = decode_setup(q, k_cache, v_cache, cache_seqlens, positions, block_table, offsets, offset, inv_freq,
-                                cos_sin_cache, base, rotary_dim, interleaved, softmax_scale, causal, impl, k_scale,
-                                v_scale, attention_factor, q_len);
+  DecodeParams p = decode_setup(q, k_cache, v_cache, cache_seqlens ATTN_INDEX_FORWARD ATTN_ROTARY_FORWARD
+                                ATTN_DECODE_FORWARD ATTN_SCALE_FORWARD, q_len);
   // (No query rows: no decode kernel runs, so the append runs on its own.)
   // (Variant 5 keeps the new rows in its Q sin/cos table's spare rows: at most 8 tokens,
   // one 16-row group of G * q_len query rows.)

@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include "attention.h"
+#include "attention_options.h"
 #include "dispatch.h"
 #include "norm_rope.h"
 #include "op_utils.h"
@@ -23,21 +24,17 @@ TORCH_LIBRARY(rope_ext, m) {
   m.def("norm_rope(Tensor[] xs, Tensor[] weights, float eps, float weight_offset" ROPE_SCHEMA_OPTS ") -> Tensor[]");
   m.def("norm_rope_backward(Tensor[] grads, Tensor[] xs, Tensor[] weights, float eps, float weight_offset"
         ROPE_SCHEMA_OPTS ") -> Tensor[]");
-  // The attention family (csrc/attention_ops.cpp; rope_ext/attention.py is the API).
+  // The attention family (csrc/attention_ops.cpp; rope_ext/attention.py is the API); the
+  // option lists: csrc/attention_options.h.
   m.def("append_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, "
-        "Tensor? cu_seqlens, Tensor? positions, Tensor? block_table, Tensor(c!)? q, Tensor? offsets, int offset, "
-        "Tensor? inv_freq, Tensor? cos_sin_cache, float base, int rotary_dim, bool interleaved, bool rotate_k, "
-        "Tensor? k_scale, Tensor? v_scale, float attention_factor) -> ()");
-  m.def("attention_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, Tensor? positions, "
-        "Tensor? block_table, Tensor? offsets, int offset, Tensor? inv_freq, Tensor? cos_sin_cache, float base, "
-        "int rotary_dim, bool interleaved, float? softmax_scale, bool causal, int max_seqlen, int num_splits, "
-        "str impl, Tensor? k_scale, Tensor? v_scale, float attention_factor) -> (Tensor, Tensor)");
+        "Tensor? cu_seqlens" ATTN_INDEX_SCHEMA ", Tensor(c!)? q" ATTN_ROTARY_SCHEMA ", bool rotate_k" ATTN_SCALE_SCHEMA
+        ") -> ()");
+  m.def("attention_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens" ATTN_INDEX_SCHEMA
+        ATTN_ROTARY_SCHEMA ATTN_DECODE_SCHEMA ATTN_SCALE_SCHEMA ") -> (Tensor, Tensor)");
   // The decode step: append k, v (rotated K) at cache_seqlens, then attend (one launch on CUDA).
   m.def("attention_decode_append(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, "
-        "Tensor cache_seqlens, Tensor? positions, Tensor? block_table, Tensor? offsets, int offset, Tensor? inv_freq, "
-        "Tensor? cos_sin_cache, float base, int rotary_dim, bool interleaved, float? softmax_scale, bool causal, "
-        "int max_seqlen, int num_splits, str impl, Tensor? k_scale, Tensor? v_scale, float attention_factor) "
-        "-> (Tensor, Tensor)");
+        "Tensor cache_seqlens" ATTN_INDEX_SCHEMA ATTN_ROTARY_SCHEMA ATTN_DECODE_SCHEMA ATTN_SCALE_SCHEMA
+        ") -> (Tensor, Tensor)");
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

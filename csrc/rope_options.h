@@ -5,7 +5,8 @@
 // that forward them. Python reads the positions by name from the registered schema
 // (rope_ext/_ops.py), so a reorder here needs no other change; ROPE_EXT_TEST_OPTION_ORDER
 // builds the same options in another order (tests/test_option_order.py runs the op and gradient
-// tests on such a build).
+// tests on such a build). A reorder changes the schemas: clear torch.compile's on-disk
+// FX graph cache after one (csrc/attention_options.h says why).
 #pragma once
 #include <ATen/core/Tensor.h>
 

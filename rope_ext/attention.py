@@ -109,9 +109,12 @@ def append_kv(k, v, k_cache, v_cache, cache_seqlens, *, positions=None, block_ta
         _tensor_or_none(t, name)
     offsets_t, offset, base, rotary_dim = _rotary_args(offsets, base, inv_freq, cos_sin_cache, rotary_dim)
     k_scale, v_scale = _scales(k_scale, v_scale)
-    ops.append_kv(k, v, k_cache, v_cache, cache_seqlens, cu_seqlens, positions, block_table, q, offsets_t, offset,
-                  inv_freq, cos_sin_cache, base, rotary_dim, bool(interleaved), bool(rotate_k), k_scale, v_scale,
-                  _factor_arg(attention_factor))
+    # The options by name: the schemas' order is csrc/attention_options.h's alone.
+    ops.append_kv(k, v, k_cache, v_cache, cache_seqlens, cu_seqlens=cu_seqlens, q=q, positions=positions,
+                  block_table=block_table, offsets=offsets_t, offset=offset, inv_freq=inv_freq,
+                  cos_sin_cache=cos_sin_cache, base=base, rotary_dim=rotary_dim, interleaved=bool(interleaved),
+                  rotate_k=bool(rotate_k), k_scale=k_scale, v_scale=v_scale,
+                  attention_factor=_factor_arg(attention_factor))
 
 
 def append_mla(kv_c, k_pe, cache, cache_seqlens, *, positions=None, block_table=None, q_pe=None, cu_seqlens=None,
@@ -229,14 +232,17 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, positions=None, bloc
     k_scale, v_scale = _scales(k_scale, v_scale)
     if (k is None) != (v is None):
         raise ValueError("rope_ext: give k and v together (the decode step's new tokens), or neither")
-    opts = (positions, block_table, offsets_t, offset, inv_freq, cos_sin_cache, base, rotary_dim, bool(interleaved),
-            softmax_scale, bool(causal), _int_or_none(max_seqlen, "max_seqlen"), _int_or_none(num_splits, "num_splits"),
-            impl, k_scale, v_scale, _factor_arg(attention_factor))
+    # The options by name: the schemas' order is csrc/attention_options.h's alone.
+    opts = dict(positions=positions, block_table=block_table, offsets=offsets_t, offset=offset, inv_freq=inv_freq,
+                cos_sin_cache=cos_sin_cache, base=base, rotary_dim=rotary_dim, interleaved=bool(interleaved),
+                softmax_scale=softmax_scale, causal=bool(causal), max_seqlen=_int_or_none(max_seqlen, "max_seqlen"),
+                num_splits=_int_or_none(num_splits, "num_splits"), impl=impl, k_scale=k_scale, v_scale=v_scale,
+                attention_factor=_factor_arg(attention_factor))
     if k is None:
-        o, lse = ops.attention_decode(q, k_cache, v_cache, cache_seqlens, *opts)
+        o, lse = ops.attention_decode(q, k_cache, v_cache, cache_seqlens, **opts)
     else:
         _check_tensors(k=k, v=v)
-        o, lse = ops.attention_decode_append(q, k, v, k_cache, v_cache, cache_seqlens, *opts)
+        o, lse = ops.attention_decode_append(q, k, v, k_cache, v_cache, cache_seqlens, **opts)
     return (o, lse) if return_lse else o
 
 

@@ -621,46 +621,53 @@ def op_samples(device):
     lbt = torch.tensor([[0, 2, 4], [5, 1, 3]], dtype=torch.int32, device=device)
     kv_c, k_pe, q_pe = randn((3, 1, L), dt, device), randn((3, 1, R), dt, device), randn((3, 4, R), dt, device)
     mla = (latent[..., L:].unsqueeze(-2), latent[..., :L].unsqueeze(-2))
-    #     k, v, k_cache, v_cache, seqlens, cu, positions, block_table, q, offsets, offset, inv_freq, cache, base, R, inter,
-    #     rot, k_scale, v_scale, attention_factor
+    A, D_, S = "append_kv", "attention_decode", "attention_decode_append"
     return [
-        ("append_kv", (k, v, kc, vc, sl, None, None, None, None, None, 0, None, None, 10000.0, -1, False, True, None, None,
-                       1.0)),
-        ("append_kv", (k, v, pk, pv, sl, None, pos, bt, q.clone(), None, 0, f, None, 10000.0, -1, True, True, None, None,
-                       1.0)),
-        ("append_kv", (k[0], v[0], kc, vc, sl, cu, None, None, None, None, 5, None, None, 10000.0, 32, False, False, None,
-                       None, 1.0)),
-        ("append_kv", (k, v, fk, fv, sl, None, None, None, q.clone(), None, 0, None, None, 10000.0, -1, False, True, ks, vs,
-                       1.2)),
-        ("append_kv", (k_pe, kv_c, *mla, sl, cu, None, lbt, q_pe, None, 0, None, None, 10000.0, -1, True, True, None, None,
-                       1.0)),
-        ("attention_decode", (q, kc, vc, sl + 3, None, None, None, 0, None, None, 10000.0, -1, False, None, True, 0, 0,
-                              "auto", None, None, 1.0)),
-        ("attention_decode", (q, pk, pv, sl + 3, pos, bt, None, 0, f, None, 10000.0, -1, True, 0.3, True, 12, 0,
-                              "hybrid", None, None, 1.0)),
-        ("attention_decode", (q[:, :1], kc, vc, sl, None, None, torch.tensor([1, 7], device=device), 0, None, None,
-                              10000.0, 32, False, None, False, 0, 0, "full_fusion", None, None, 1.0)),
-        ("attention_decode", (q, fk, fv, sl + 3, None, None, None, 0, None, None, 10000.0, -1, False, None, True, 0, 0,
-                              "auto", ks, vs, 1.1)),
-        ("attention_decode_append", (q, k, v, kc, vc, sl, None, None, None, 0, None, None, 10000.0, -1, False, None,
-                                     True, 0, 0, "auto", None, None, 1.0)),
-        ("attention_decode_append", (q, k, v, pk, pv, sl, pos, bt, None, 0, f, None, 10000.0, -1, True, 0.3, True, 12, 3,
-                                     "hybrid", None, None, 1.0)),
-        ("attention_decode_append", (q, k, v, fk, fv, sl, None, None, None, 0, None, None, 10000.0, -1, False, None, True,
-                                     0, 0, "auto", ks, vs, 1.1)),
+        (A, (k, v, kc, vc, sl), {}),
+        (A, (k, v, pk, pv, sl), dict(positions=pos, block_table=bt, q=q.clone(), inv_freq=f, interleaved=True)),
+        (A, (k[0], v[0], kc, vc, sl), dict(cu_seqlens=cu, offset=5, rotary_dim=32, rotate_k=False)),
+        (A, (k, v, fk, fv, sl), dict(q=q.clone(), k_scale=ks, v_scale=vs, attention_factor=1.2)),
+        (A, (k_pe, kv_c, *mla, sl), dict(cu_seqlens=cu, block_table=lbt, q=q_pe, interleaved=True)),
+        (D_, (q, kc, vc, sl + 3), {}),
+        (D_, (q, pk, pv, sl + 3), dict(positions=pos, block_table=bt, inv_freq=f, interleaved=True, softmax_scale=0.3,
+                                       max_seqlen=12, impl="hybrid")),
+        (D_, (q[:, :1], kc, vc, sl), dict(offsets=torch.tensor([1, 7], device=device), rotary_dim=32, causal=False,
+                                          impl="full_fusion")),
+        (D_, (q, fk, fv, sl + 3), dict(k_scale=ks, v_scale=vs, attention_factor=1.1)),
+        (S, (q, k, v, kc, vc, sl), {}),
+        (S, (q, k, v, pk, pv, sl), dict(positions=pos, block_table=bt, inv_freq=f, interleaved=True, softmax_scale=0.3,
+                                        max_seqlen=12, num_splits=3, impl="hybrid")),
+        (S, (q, k, v, fk, fv, sl), dict(k_scale=ks, v_scale=vs, attention_factor=1.1)),
     ]
+
+
+# The attention ops' options at the API's defaults (every argument after an op's tensors).
+ATTN_DEFAULTS = dict(cu_seqlens=None, q=None, positions=None, block_table=None, offsets=None, offset=0, inv_freq=None,
+                     cos_sin_cache=None, base=10000.0, rotary_dim=-1, interleaved=False, rotate_k=True,
+                     softmax_scale=None, causal=True, max_seqlen=0, num_splits=0, impl="auto", k_scale=None,
+                     v_scale=None, attention_factor=1.0)
+
+
+def op_args(name, tensors, kw):
+    """(args, kwargs) of an attention op: its tensors, then every option by name (the given
+    ones, the rest at ATTN_DEFAULTS); the schemas' order is csrc/attention_options.h's."""
+    names = [a.name for a in getattr(OPS, name).default._schema.arguments][len(tensors):]
+    unknown = set(kw) - set(names)
+    assert not unknown, f"{name} has no options {unknown}"
+    return tensors, {n: kw.get(n, ATTN_DEFAULTS[n]) for n in names}
 
 
 @pytest.mark.parametrize("i", range(12))
 def test_opcheck(device, i):
-    name, args = op_samples(device)[i]
+    name, tensors, kw = op_samples(device)[i]
+    args, kwargs = op_args(name, tensors, kw)
     # test_schema runs the op under torch's SchemaCheckMode, which multiplies the inputs
     # and has no float8 kernels ("mul_cpu_reduced_float" not implemented for
     # Float8_e4m3fn): the fp8 samples take the other checks.
     fp8 = any(isinstance(a, torch.Tensor) and a.dtype == torch.float8_e4m3fn for a in args)
     utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
     utils = utils if fp8 else ("test_schema",) + utils
-    torch.library.opcheck(getattr(OPS, name).default, args, test_utils=utils)
+    torch.library.opcheck(getattr(OPS, name).default, args, kwargs, test_utils=utils)
 
 
 def test_compile_fullgraph(device):
