@@ -242,6 +242,17 @@ def _no_cluster(fn):
     return run
 
 
+def _append_shape(shape, fn):
+    """fn with append_kv's kernel shape forced (rope_ext._C.set_append_shape; read at launch)."""
+    def run():
+        rope_ext._C.set_append_shape(shape)
+        try:
+            return fn()
+        finally:
+            rope_ext._C.set_append_shape(-1)
+    return run
+
+
 def _step_speedups(rows):
     """'step:' rows are held against 'step: separate' (of the same cache kind)."""
     base = next((r["us"] for r in rows if r["impl"] == "step: separate" and "us" in r), None)
@@ -281,7 +292,12 @@ def append_suite(timer, bw, quick=False):
             nbytes = 2 * 2 * (k.numel() + v.numel() + (q.numel() if with_q else 0))
             qq = q if with_q else None
             fns = [("rope_ext append_kv", lambda: rope_ext.append_kv(k, v, kc, vc, before, cu_seqlens=cu,
-                                                                      q=q if with_q else None)),
+                                                                      q=q if with_q else None))]
+            if CUDA:  # the kernel's shapes (attention_dispatch.cu): items per thread x blocks per SM
+                fns += [(f"rope_ext append_kv, shape {sh} ({desc})", _append_shape(sh, fns[0][1]))
+                        for sh, desc in ((0, "4 items, 3 blocks/SM"), (1, "2 items, 4 blocks/SM"),
+                                         (2, "1 item, 6 blocks/SM"))]
+            fns += [
                    ("separate: apply_rope_qk + cache writes",
                     lambda: separate_append(qq, k, v, kc, vc, pos, rows_b, rows_i))]
             rows = _rows(fns, nbytes, timer, bw, base="separate: apply_rope_qk + cache writes")
@@ -386,7 +402,10 @@ def fp8_suite(timer, bw, quick=False):
         for with_q in (False, True):
             nbytes = 2 * (k.numel() + v.numel()) + (k.numel() + v.numel()) + (4 * q.numel() if with_q else 0)
             fns = [("rope_ext append_kv (fp8)", lambda: rope_ext.append_kv(
-                        k, v, fk, fv, before, cu_seqlens=cu, q=q if with_q else None, k_scale=ks, v_scale=vs)),
+                        k, v, fk, fv, before, cu_seqlens=cu, q=q if with_q else None, k_scale=ks, v_scale=vs))]
+            if CUDA:
+                fns += [(f"rope_ext append_kv (fp8), shape {sh}", _append_shape(sh, fns[0][1])) for sh in (1, 2)]
+            fns += [
                    ("separate: rope + quantize + index_put", lambda: separate(with_q))]
             rows = _rows(fns, nbytes, timer, bw, base="separate: rope + quantize + index_put")
             title = (f"append_kv fp8 cache T={T} Hk={Hk}{f' + q Hq={Hq}' if with_q else ''} D={D} "

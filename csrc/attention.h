@@ -45,6 +45,9 @@ int decode_num_splits(const DecodeParams& p, int64_t max_keys, c10::Device devic
 bool decode_cluster_merge(const DecodeParams& p, int64_t max_keys, c10::Device device, at::ScalarType dtype,
                           DecodeImpl impl);
 void set_decode_cluster_merge(bool on);
+// tests/bench: append_kv's (items per thread, blocks per SM) shape, an index into
+// attention_dispatch.cu's kAppendShapes (-1: the default).
+void set_append_shape(int shape);
 // Whether the vector kernels can read the caches (16-byte aligned rows); why not, if not.
 bool decode_cache_aligned(const KVCacheView& c, int64_t elem_size, std::string* why);
 void attention_decode_cuda(const DecodeParams& p, at::ScalarType dtype, c10::Device device, DecodeImpl impl);

@@ -298,6 +298,55 @@ def test_empty_sequences_give_zeros(device):
 
 
 # ---------------------------------------------------------------------------- append_kv on its own
+@cuda
+@pytest.mark.parametrize("shape", [1, 2])
+def test_append_kernel_shapes_bit_equal_cuda(shape):
+    """append_kv's kernel shapes (rope_ext._C.set_append_shape: items per thread and blocks
+    per SM) only repartition the same per-element work: caches and q bit-equal to the
+    default shape's, over NaN-filled caches (an unwritten slot stays NaN and shows), for
+    bf16 / fp16 / fp32 / fp8 caches, paged and contiguous, varlen and batched, GPT-J and
+    neox, partial rotary, q in place, v with its own head dim (MLA) and the scalar path."""
+    dev, B, Hk, Hq = "cuda", 3, 2, 8
+    cases = [dict(dt=torch.bfloat16), dict(dt=torch.float16, interleaved=True), dict(dt=torch.float32, rotary_dim=32),
+             dict(dt=torch.bfloat16, fp8=True), dict(dt=torch.bfloat16, Dv=96), dict(dt=torch.bfloat16, strided=True)]
+    for c in cases:
+        for paged in (False, True):
+            for varlen in (False, True):
+                dt, D, Dv = c["dt"], 64, c.get("Dv", 64)
+                T = 5
+                lens = torch.randint(0, 40, (B,), dtype=torch.int32, device=dev)
+                shape_k = (B * T, Hk, D) if varlen else (B, T, Hk, D)
+                k = randn(shape_k, dt, dev)
+                if c.get("strided"):  # not 16-byte vectors: the scalar path
+                    k = randn(shape_k[:-1] + (2 * D,), dt, dev)[..., ::2]
+                v = randn(shape_k[:-1] + (Dv,), dt, dev)
+                q = randn(shape_k[:-2] + (Hq, D), dt, dev)
+                kw = dict(q=None, interleaved=c.get("interleaved", False), rotary_dim=c.get("rotary_dim"))
+                if varlen:
+                    kw["cu_seqlens"] = torch.arange(0, B * T + 1, T, dtype=torch.int32, device=dev)
+                out = []
+                for sh in (0, shape):
+                    kc, vc, bt = new_cache(B, 64, Hk, D, dt, dev, paged=paged)
+                    if Dv != D:
+                        vc = torch.full(vc.shape[:-1] + (Dv,), NAN, dtype=dt, device=dev)
+                    scales = {}
+                    if c.get("fp8"):
+                        kc, vc = (torch.full(x.shape, 0x7F, dtype=torch.uint8, device=dev).view(torch.float8_e4m3fn)
+                                  for x in (kc, vc))
+                        scales = dict(k_scale=torch.full((Hk,), 0.07, device=dev), v_scale=torch.full((1,), 0.03, device=dev))
+                    qq = q.clone()
+                    rope_ext._C.set_append_shape(sh)
+                    try:
+                        rope_ext.append_kv(k, v, kc, vc, lens, block_table=bt, **dict(kw, q=qq), **scales)
+                    finally:
+                        rope_ext._C.set_append_shape(-1)
+                    torch.cuda.synchronize()
+                    out.append((kc, vc, qq))
+                what = f"{c} paged={paged} varlen={varlen}"
+                for a, b in zip(*out):
+                    assert same_bits(a, b), f"shape {shape} differs from the default: {what}"
+
+
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_append_kv_fused_projection_and_q(device, paged, dtype):

@@ -41,26 +41,43 @@ bool append_vector_ok(const AppendParams& p, int64_t elem_size) {
   return true;
 }
 
-template <typename T, bool kInterleaved, bool kVec, bool kFp8>
-void launch_append(const AppendParams& p, int device, cudaStream_t stream) {
+// The append kernel's shapes, (items per thread, blocks per SM): 0 = (4, 3), 1 = (2, 4),
+// 2 = (1, 6). Its phases are latency-bound and overlap across resident blocks (2 -> 3
+// blocks per SM took T = 8192 from 54% to 65% of copy in issue 18's run 3), so fewer
+// items per thread and more blocks may pay; set_append_shape picks one (bench A/B, tests).
+std::atomic<int> g_append_shape{-1};
+constexpr int kDefaultAppendShape = 0;
+
+template <typename T, bool kInterleaved, bool kVec, bool kFp8, int kItems, int kMinBlocks>
+void launch_append_shape(const AppendParams& p, int device, cudaStream_t stream) {
   const int half = p.rope.R / 2;
-  // Tokens per block: the block's threads own kAppendItems items each (every item of a
+  // Tokens per block: the block's threads own kItems items each (every item of a
   // token stays in one block), at least 2 blocks per SM where the token count allows,
   // and a sin/cos table that fits in 32 KB.
   constexpr int V = kVec ? 16 / static_cast<int>(sizeof(T)) : (kInterleaved ? 2 : 1);
   const int64_t n_rot = p.rope.interleaved ? p.rope.R / V : p.rope.R / 2 / V;
   const int64_t per_token = p.cache.Hk * ((p.rotate_k ? n_rot + (p.rope.D - p.rope.R) / V : p.rope.D / V) + p.Dv / V) +
                             p.Hq * n_rot;
-  const int64_t cap = int64_t(cuda::kAppendThreads) * cuda::kAppendItems;  // items a block holds at once
+  const int64_t cap = int64_t(cuda::kAppendThreads) * kItems;  // items a block holds at once
   int64_t tpb = std::max<int64_t>(1, cap / std::max<int64_t>(1, per_token));
   tpb = std::min<int64_t>(tpb, std::max<int64_t>(1, p.num_tokens / (2 * sm_count(device))));
   tpb = std::min<int64_t>(tpb, std::max<int64_t>(1, 32 * 1024 / (8 * std::max(1, half))));
   const size_t smem = tpb * sizeof(cuda::AppendSlot) + 2 * sizeof(float) * tpb * half;
   const int64_t blocks = ceil_div(p.num_tokens, tpb);
   TORCH_CHECK_VALUE(blocks < (int64_t(1) << 31), "rope_ext: append_kv: too many tokens for one launch");
-  cuda::append_kv_kernel<T, kInterleaved, kVec, kFp8>
+  cuda::append_kv_kernel<T, kInterleaved, kVec, kFp8, kItems, kMinBlocks>
       <<<static_cast<unsigned>(blocks), cuda::kAppendThreads, smem, stream>>>(p, static_cast<int>(tpb));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T, bool kInterleaved, bool kVec, bool kFp8>
+void launch_append(const AppendParams& p, int device, cudaStream_t stream) {
+  const int forced = g_append_shape.load(std::memory_order_relaxed);
+  switch (forced >= 0 && forced < 3 ? forced : kDefaultAppendShape) {
+    case 1: return launch_append_shape<T, kInterleaved, kVec, kFp8, 2, 4>(p, device, stream);
+    case 2: return launch_append_shape<T, kInterleaved, kVec, kFp8, 1, 6>(p, device, stream);
+    default: return launch_append_shape<T, kInterleaved, kVec, kFp8, 4, 3>(p, device, stream);
+  }
 }
 
 template <typename T>
@@ -281,6 +298,7 @@ int decode_num_splits(const DecodeParams& p, int64_t max_keys, c10::Device devic
 }
 
 void set_decode_cluster_merge(bool on) { g_cluster_merge.store(on); }
+void set_append_shape(int shape) { g_append_shape.store(shape); }
 
 bool decode_cluster_merge(const DecodeParams& p, int64_t max_keys, c10::Device device, at::ScalarType dtype,
                           DecodeImpl impl) {

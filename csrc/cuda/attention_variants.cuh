@@ -126,13 +126,13 @@ __device__ __forceinline__ void store_fp8_chunk(uint8_t* dst, const float* f, fl
 
 // Work items of one token, in this order: K rotary items (a chunk and, neox, its
 // partner R/2 later), K pass-through chunks (all of K when rotate_k is false), V chunks,
-// Q rotary items. Each thread owns kAppendItems items of the block's tokens.
-constexpr int kAppendItems = 4;
+// Q rotary items. Each thread owns kItems items of the block's tokens (the shapes the
+// dispatch may pick: AppendShape below).
 
 // kFp8: the caches are e4m3 (attention_params.h): K and V are scaled and rounded once.
-template <typename T, bool kInterleaved, bool kVec, bool kFp8>
-__global__ void __launch_bounds__(kAppendThreads, 3) append_kv_kernel(const __grid_constant__ AppendParams p,
-                                                                   int tokens_per_block) {
+template <typename T, bool kInterleaved, bool kVec, bool kFp8, int kItems, int kMinBlocks>
+__global__ void __launch_bounds__(kAppendThreads, kMinBlocks) append_kv_kernel(const __grid_constant__ AppendParams p,
+                                                                            int tokens_per_block) {
   // V elements per chunk: 16 bytes; scalar path: one pair (GPT-J) or one element (neox).
   constexpr int V = kVec ? 16 / static_cast<int>(sizeof(T)) : (kInterleaved ? 2 : 1);
   constexpr int P = kInterleaved ? V / 2 : V;  // pairs per chunk
@@ -261,11 +261,11 @@ __global__ void __launch_bounds__(kAppendThreads, 3) append_kv_kernel(const __gr
     }
     store_chunk<kVec, VecT>(dst + m.d0 * dsd, dsd, a);
   };
-  constexpr int kBatch = kAppendThreads * kAppendItems;
-  Item it[kAppendItems];
-  VecT a[kAppendItems], bv[kAppendItems];
+  constexpr int kBatch = kAppendThreads * kItems;
+  Item it[kItems];
+  VecT a[kItems], bv[kItems];
 #pragma unroll
-  for (int u = 0; u < kAppendItems; ++u) load_item(tid + u * kAppendThreads, it[u], a[u], bv[u]);
+  for (int u = 0; u < kItems; ++u) load_item(tid + u * kAppendThreads, it[u], a[u], bv[u]);
 
   // 2. Slots and positions of the block's tokens, then sin/cos once per (token, pair).
   for (int tl = tid; tl < nt; tl += blockDim.x) {
@@ -286,12 +286,12 @@ __global__ void __launch_bounds__(kAppendThreads, 3) append_kv_kernel(const __gr
   // 3. The preloaded items, then (many heads, or the scalar path: a token has more
   // items than the block holds at once) the rest in batches, loads before stores.
 #pragma unroll
-  for (int u = 0; u < kAppendItems; ++u) store_item(it[u], a[u], bv[u]);
+  for (int u = 0; u < kItems; ++u) store_item(it[u], a[u], bv[u]);
   for (int base = kBatch; base < nt * per_tok; base += kBatch) {
 #pragma unroll
-    for (int u = 0; u < kAppendItems; ++u) load_item(base + tid + u * kAppendThreads, it[u], a[u], bv[u]);
+    for (int u = 0; u < kItems; ++u) load_item(base + tid + u * kAppendThreads, it[u], a[u], bv[u]);
 #pragma unroll
-    for (int u = 0; u < kAppendItems; ++u) store_item(it[u], a[u], bv[u]);
+    for (int u = 0; u < kItems; ++u) store_item(it[u], a[u], bv[u]);
   }
 }
 
