@@ -295,7 +295,7 @@ def append_suite(timer, bw, quick=False):
                                                                       q=q if with_q else None))]
             if CUDA:  # the kernel's shapes (attention_dispatch.cu): items per thread x blocks per SM
                 fns += [(f"rope_ext append_kv, shape {sh} ({desc})", _append_shape(sh, fns[0][1]))
-                        for sh, desc in ((0, "4 items, 3 blocks/SM"), (1, "2 items, 4 blocks/SM"),
+                        for sh, desc in ((0, "4 items, 3 blocks/SM"), (1, "2 items, 4 blocks/SM, auto's"),
                                          (2, "1 item, 6 blocks/SM"))]
             fns += [
                    ("separate: apply_rope_qk + cache writes",
@@ -404,7 +404,7 @@ def fp8_suite(timer, bw, quick=False):
             fns = [("rope_ext append_kv (fp8)", lambda: rope_ext.append_kv(
                         k, v, fk, fv, before, cu_seqlens=cu, q=q if with_q else None, k_scale=ks, v_scale=vs))]
             if CUDA:
-                fns += [(f"rope_ext append_kv (fp8), shape {sh}", _append_shape(sh, fns[0][1])) for sh in (1, 2)]
+                fns += [(f"rope_ext append_kv (fp8), shape {sh}", _append_shape(sh, fns[0][1])) for sh in (0, 2)]
             fns += [
                    ("separate: rope + quantize + index_put", lambda: separate(with_q))]
             rows = _rows(fns, nbytes, timer, bw, base="separate: rope + quantize + index_put")

@@ -299,7 +299,7 @@ def test_empty_sequences_give_zeros(device):
 
 # ---------------------------------------------------------------------------- append_kv on its own
 @cuda
-@pytest.mark.parametrize("shape", [1, 2])
+@pytest.mark.parametrize("shape", [0, 2])
 def test_append_kernel_shapes_bit_equal_cuda(shape):
     """append_kv's kernel shapes (rope_ext._C.set_append_shape: items per thread and blocks
     per SM) only repartition the same per-element work: caches and q bit-equal to the
@@ -324,17 +324,17 @@ def test_append_kernel_shapes_bit_equal_cuda(shape):
                 kw = dict(q=None, interleaved=c.get("interleaved", False), rotary_dim=c.get("rotary_dim"))
                 if varlen:
                     kw["cu_seqlens"] = torch.arange(0, B * T + 1, T, dtype=torch.int32, device=dev)
+                kc0, vc0, bt = new_cache(B, 64, Hk, D, dt, dev, paged=paged)  # one block table for both runs
+                if Dv != D:
+                    vc0 = torch.full(vc0.shape[:-1] + (Dv,), NAN, dtype=dt, device=dev)
+                scales = {}
+                if c.get("fp8"):
+                    kc0, vc0 = (torch.full(x.shape, 0x7F, dtype=torch.uint8, device=dev).view(torch.float8_e4m3fn)
+                                for x in (kc0, vc0))
+                    scales = dict(k_scale=torch.full((Hk,), 0.07, device=dev), v_scale=torch.full((1,), 0.03, device=dev))
                 out = []
-                for sh in (0, shape):
-                    kc, vc, bt = new_cache(B, 64, Hk, D, dt, dev, paged=paged)
-                    if Dv != D:
-                        vc = torch.full(vc.shape[:-1] + (Dv,), NAN, dtype=dt, device=dev)
-                    scales = {}
-                    if c.get("fp8"):
-                        kc, vc = (torch.full(x.shape, 0x7F, dtype=torch.uint8, device=dev).view(torch.float8_e4m3fn)
-                                  for x in (kc, vc))
-                        scales = dict(k_scale=torch.full((Hk,), 0.07, device=dev), v_scale=torch.full((1,), 0.03, device=dev))
-                    qq = q.clone()
+                for sh in (-1, shape):  # the default shape (1), then the other
+                    kc, vc, qq = kc0.clone(), vc0.clone(), q.clone()
                     rope_ext._C.set_append_shape(sh)
                     try:
                         rope_ext.append_kv(k, v, kc, vc, lens, block_table=bt, **dict(kw, q=qq), **scales)

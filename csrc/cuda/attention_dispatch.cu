@@ -42,11 +42,14 @@ bool append_vector_ok(const AppendParams& p, int64_t elem_size) {
 }
 
 // The append kernel's shapes, (items per thread, blocks per SM): 0 = (4, 3), 1 = (2, 4),
-// 2 = (1, 6). Its phases are latency-bound and overlap across resident blocks (2 -> 3
-// blocks per SM took T = 8192 from 54% to 65% of copy in issue 18's run 3), so fewer
-// items per thread and more blocks may pay; set_append_shape picks one (bench A/B, tests).
+// 2 = (1, 6); set_append_shape picks one (bench A/B, tests). Measured (H100, run 3 of
+// 2026-11-24 evening, CUDA graph, cold L2; T = 8192 / with q / fp8 / fp8 with q, us):
+// (4, 3) 34.5 / 76.4 / 45.1 / 86.3; (2, 4) 34.1 / 75.5 / 41.5 / 77.2; (1, 6) 35.3 / 76.5 /
+// 44.6 / 83.1; T = 16 6.9-7.4 for all. So (2, 4): the bf16 rows within 1%, fp8 8-11%
+// faster. More blocks did not lift bf16 T = 8192 above ~65% of the 1 GiB copy rate:
+// a same-size copy (67 MB, cold L2) itself runs at ~78% of it (28.5 us).
 std::atomic<int> g_append_shape{-1};
-constexpr int kDefaultAppendShape = 0;
+constexpr int kDefaultAppendShape = 1;
 
 template <typename T, bool kInterleaved, bool kVec, bool kFp8, int kItems, int kMinBlocks>
 void launch_append_shape(const AppendParams& p, int device, cudaStream_t stream) {
@@ -74,9 +77,9 @@ template <typename T, bool kInterleaved, bool kVec, bool kFp8>
 void launch_append(const AppendParams& p, int device, cudaStream_t stream) {
   const int forced = g_append_shape.load(std::memory_order_relaxed);
   switch (forced >= 0 && forced < 3 ? forced : kDefaultAppendShape) {
-    case 1: return launch_append_shape<T, kInterleaved, kVec, kFp8, 2, 4>(p, device, stream);
+    case 0: return launch_append_shape<T, kInterleaved, kVec, kFp8, 4, 3>(p, device, stream);
     case 2: return launch_append_shape<T, kInterleaved, kVec, kFp8, 1, 6>(p, device, stream);
-    default: return launch_append_shape<T, kInterleaved, kVec, kFp8, 4, 3>(p, device, stream);
+    default: return launch_append_shape<T, kInterleaved, kVec, kFp8, 2, 4>(p, device, stream);
   }
 }
 
