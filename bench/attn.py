@@ -228,29 +228,29 @@ def decode_suite(timer, bw, quick=False):
     return results
 
 
-def _no_cluster(fn):
-    """fn with attention_decode's split merge in the combine kernel (no cluster merge):
-    the A/B of decode_merge.cuh. The switch is read when a call launches (graph capture)."""
+def _switched(set_switch, value, default, fn):
+    """fn with a rope_ext._C test switch at `value`, back to `default` after (the switch is
+    read when a call launches, so a CUDA graph captures the switched road)."""
     def run():
         if CUDA:
-            rope_ext._C.set_decode_cluster_merge(False)
+            set_switch(value)
         try:
             return fn()
         finally:
             if CUDA:
-                rope_ext._C.set_decode_cluster_merge(True)
+                set_switch(default)
     return run
+
+
+def _no_cluster(fn):
+    """fn with attention_decode's split merge in the combine kernel (no cluster merge):
+    the A/B of decode_merge.cuh."""
+    return _switched(rope_ext._C.set_decode_cluster_merge, False, True, fn) if CUDA else fn
 
 
 def _append_shape(shape, fn):
-    """fn with append_kv's kernel shape forced (rope_ext._C.set_append_shape; read at launch)."""
-    def run():
-        rope_ext._C.set_append_shape(shape)
-        try:
-            return fn()
-        finally:
-            rope_ext._C.set_append_shape(-1)
-    return run
+    """fn with append_kv's kernel shape forced (attention_dispatch.cu's list)."""
+    return _switched(rope_ext._C.set_append_shape, shape, -1, fn)
 
 
 def _step_speedups(rows):

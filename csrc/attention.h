@@ -34,19 +34,18 @@ void attention_decode_cpu(const DecodeParams& p, at::ScalarType dtype, bool full
 #ifdef ROPE_EXT_WITH_CUDA
 void append_kv_cuda(const AppendParams& p, at::ScalarType dtype, c10::Device device);
 // Host-side choices (from shapes only: CUDA-graph safe): query rows per CTA, and the
-// number of key splits for `max_keys` keys per sequence (capacity or the max_seqlen hint).
+// split plan for `max_keys` keys per sequence (capacity or the max_seqlen hint): the
+// number of key splits (forced_splits > 0: that many, at most 1024) and whether variant
+// 5's splits merge inside their thread-block cluster (no workspace, no combine kernel:
+// sm_90+, 2..16 splits, at most one CTA per SM, at most 512 keys per split, measured in
+// attention_dispatch.cu; never after set_decode_cluster_merge(false), the tests' and the
+// bench's road to the combine kernel).
 int decode_rows_per_cta(int64_t rows, DecodeImpl impl);
-int decode_num_splits(const DecodeParams& p, int64_t max_keys, c10::Device device, at::ScalarType dtype,
-                      DecodeImpl impl);
-// Whether variant 5's p.num_splits splits merge inside their thread-block cluster (no
-// workspace, no combine kernel): sm_90+, 2..16 splits, at most one CTA per SM, at most 512
-// keys per split (measured: attention_dispatch.cu), the cluster fits, and not turned off
-// by set_decode_cluster_merge(false) (tests and the bench: the combine kernel's road).
-bool decode_cluster_merge(const DecodeParams& p, int64_t max_keys, c10::Device device, at::ScalarType dtype,
-                          DecodeImpl impl);
+DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_splits, c10::Device device,
+                       at::ScalarType dtype, DecodeImpl impl);
 void set_decode_cluster_merge(bool on);
-// tests/bench: append_kv's (items per thread, blocks per SM) shape, an index into
-// attention_dispatch.cu's kAppendShapes (-1: the default).
+// tests/bench: append_kv's kernel shape (items per thread, blocks per SM; the list is
+// beside launch_append in attention_dispatch.cu), -1: the default.
 void set_append_shape(int shape);
 // Whether the vector kernels can read the caches (16-byte aligned rows); why not, if not.
 bool decode_cache_aligned(const KVCacheView& c, int64_t elem_size, std::string* why);

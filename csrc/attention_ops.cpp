@@ -78,8 +78,6 @@ bool may_share(const at::Tensor& a, const at::Tensor& b) {
   return at::get_overlap_status(a, b) != at::MemOverlapStatus::No;
 }
 
-at::Tensor host_long(const at::Tensor& t) { return t.to(at::kCPU, at::kLong).contiguous(); }
-
 void check_float(const at::Tensor& t, const char* name) {
   TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat || t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16,
                    msg("rope_ext: ", name, " must be float32, float16 or bfloat16, got ", t.scalar_type()));
@@ -477,10 +475,9 @@ std::tuple<at::Tensor, at::Tensor> decode_run(DecodeParams& p, const at::Tensor&
     p.row_groups = static_cast<int32_t>((rows + kr - 1) / kr);
     const int64_t cap = p.cache.capacity;
     const int64_t max_keys = max_seqlen > 0 ? std::min<int64_t>(max_seqlen + p.appended, cap) : cap;
-    int splits = num_splits > 0 ? static_cast<int>(std::min<int64_t>(num_splits, 1024))
-                                : decode_num_splits(p, max_keys, q.device(), q.scalar_type(), which);
-    p.num_splits = std::max(1, splits);
-    p.cluster_merge = decode_cluster_merge(p, max_keys, q.device(), q.scalar_type(), which);
+    const DecodePlan plan = decode_plan(p, max_keys, num_splits, q.device(), q.scalar_type(), which);
+    p.num_splits = std::max(1, plan.num_splits);
+    p.cluster_merge = plan.cluster_merge;
     last_decode_plan() = DecodePlan{p.num_splits, p.cluster_merge};
     at::Tensor ws_o, ws_lse;
     if (p.num_splits > 1 && !p.cluster_merge) {

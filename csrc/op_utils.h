@@ -91,6 +91,8 @@ std::atomic<bool>& device_value_checks();
 inline bool check_values_of(const at::Tensor& x) {
   return x.is_cpu() || device_value_checks().load(std::memory_order_relaxed);
 }
+// An index tensor's values on the host, int64 and contiguous (for those checks).
+inline at::Tensor host_long(const at::Tensor& t) { return t.to(at::kCPU, at::kLong).contiguous(); }
 
 // Test hook: fill every fresh output with NaN before the kernel runs, so that an
 // element a kernel fails to write cannot pass a comparison (rope_ext._C.set_poison).

@@ -51,9 +51,12 @@ Impl parse_impl(const std::string& name) {
 // the cache, cu_seqlens monotone from 0 to T (times cp_size, each length a multiple of
 // 2 * cp_size under context parallelism).
 void check_values(const RopeParams& p, const Options& o) {
-  auto host = [](const at::Tensor& t) { return t.to(at::kCPU, at::kLong); };
+  // The last default index of each sequence (its global length - 1; positions start at
+  // its offset).
+  at::Tensor last = at::full({1}, p.S * p.cp_size - 1, at::kLong);
   if (o.cu_seqlens) {
-    const at::Tensor cu = host(*o.cu_seqlens).contiguous();
+    const at::Tensor cu = host_long(*o.cu_seqlens);
+    last = cu.slice(0, 1) - cu.slice(0, 0, -1) - 1;
     const int64_t n = cu.numel(), cp = p.cp_size;
     const int64_t* c = cu.data_ptr<int64_t>();
     TORCH_CHECK_VALUE(c[0] == 0, msg("rope_ext: cu_seqlens must start at 0, got ", c[0]));
@@ -73,13 +76,6 @@ void check_values(const RopeParams& p, const Options& o) {
     }
   }
   if (p.S == 0) return;
-  // The last default index of each sequence (its global length - 1; positions start at
-  // its offset).
-  at::Tensor last = at::full({1}, p.S * p.cp_size - 1, at::kLong);
-  if (o.cu_seqlens) {
-    const at::Tensor cu = host(*o.cu_seqlens);
-    last = cu.slice(0, 1) - cu.slice(0, 0, -1) - 1;
-  }
   check_position_values(p, o.positions, o.offsets, o.offset, last);
 }
 
@@ -502,16 +498,15 @@ void fill_offsets(RopeParams& p, bool has_positions, const std::optional<at::Ten
 
 void check_position_values(const RopeParams& p, const std::optional<at::Tensor>& positions,
                            const std::optional<at::Tensor>& offsets, int64_t offset, const at::Tensor& last_index) {
-  auto host = [](const at::Tensor& t) { return t.to(at::kCPU, at::kLong).contiguous(); };
   int64_t lo = 0, hi = -1;
   if (positions) {
     if (positions->numel() == 0) return;
-    const at::Tensor pt = host(*positions);
+    const at::Tensor pt = host_long(*positions);
     lo = pt.min().item<int64_t>();
     hi = pt.max().item<int64_t>();
     TORCH_CHECK_VALUE(lo >= 0, msg("rope_ext: positions must be >= 0, got ", lo));
   } else {
-    const at::Tensor off = offsets ? host(*offsets) : at::full({1}, offset, at::kLong);
+    const at::Tensor off = offsets ? host_long(*offsets) : at::full({1}, offset, at::kLong);
     if (off.numel()) {
       lo = off.min().item<int64_t>();
       TORCH_CHECK_VALUE(lo >= 0, msg("rope_ext: offsets must be >= 0, got ", lo));

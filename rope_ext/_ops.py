@@ -48,17 +48,20 @@ def _rope_qk_inplace_fake(q, k, *opts):
     return None
 
 
-def _save(ctx, opts):
-    ctx.save_for_backward(*tensor_opts(opts))
+def _save(ctx, opts, *tensors):
+    """Saves an op's `tensors`, then its option tensors (None where absent) and the other options."""
+    ctx.save_for_backward(*tensors, *tensor_opts(opts))
+    ctx.n_saved = len(tensors)
     ctx.opts = [None if i in _TENSOR_OPTS else v for i, v in enumerate(opts)]
 
 
-def _saved_opts(ctx):
-    """The forward's options (the tensors from the saved ones)."""
+def _saved(ctx):
+    """What _save saved: (the op's tensors, the forward's options)."""
+    saved = ctx.saved_tensors
     opts = list(ctx.opts)
-    for i, t in zip(_TENSOR_OPTS, ctx.saved_tensors):
+    for i, t in zip(_TENSOR_OPTS, saved[ctx.n_saved:]):
         opts[i] = t
-    return opts
+    return saved[:ctx.n_saved], opts
 
 
 def _grad_input(g, impl):
@@ -94,7 +97,7 @@ def _rope_setup(ctx, inputs, output):
 
 
 def _rope_backward(ctx, grad):
-    return rope_grads([grad], _saved_opts(ctx)) + (None,) * _N_OPTS
+    return rope_grads([grad], _saved(ctx)[1]) + (None,) * _N_OPTS
 
 
 def _rope_qk_setup(ctx, inputs, output):
@@ -102,7 +105,7 @@ def _rope_qk_setup(ctx, inputs, output):
 
 
 def _rope_qk_backward(ctx, gq, gk):
-    return rope_grads([gq, gk], _saved_opts(ctx)) + (None,) * _N_OPTS
+    return rope_grads([gq, gk], _saved(ctx)[1]) + (None,) * _N_OPTS
 
 
 torch.library.register_autograd("rope_ext::rope", _rope_backward, setup_context=_rope_setup)
@@ -123,11 +126,9 @@ def _norm_rope_backward_fake(grads, xs, weights, eps, weight_offset, *opts):
 def _norm_rope_setup(ctx, inputs, output):
     xs, weights, eps, weight_offset = inputs[:4]
     opts = inputs[4:]
-    ctx.save_for_backward(*xs, *weights, *[t for t in tensor_opts(opts) if t is not None])
+    _save(ctx, opts, *xs, *weights)
     ctx.n = len(xs)
-    ctx.present = [t is not None for t in tensor_opts(opts)]
     ctx.eps, ctx.weight_offset = eps, weight_offset
-    ctx.opts = [None if i in _TENSOR_OPTS else v for i, v in enumerate(opts)]
     # The returned grads must mirror the inputs' pytree as torch.library sees it: an
     # empty int[] option is an empty list node, a non-empty one a leaf.
     ctx.opt_grads = tuple([] if isinstance(v, (list, tuple)) and not v else None for v in opts)
@@ -145,11 +146,8 @@ def norm_rope_grads(grads, xs, weights, eps, weight_offset, opts, direct=False):
 
 def _norm_rope_backward(ctx, grads):
     n = ctx.n
-    saved = list(ctx.saved_tensors)
-    xs, weights, rest = saved[:n], saved[n:2 * n], iter(saved[2 * n:])
-    opts = list(ctx.opts)
-    for i, p in zip(_TENSOR_OPTS, ctx.present):
-        opts[i] = next(rest) if p else None
+    tensors, opts = _saved(ctx)
+    xs, weights = list(tensors[:n]), list(tensors[n:])
     out = norm_rope_grads(grads, xs, weights, ctx.eps, ctx.weight_offset, opts)
     return (list(out[:n]), list(out[n:]), None, None) + ctx.opt_grads
 

@@ -115,9 +115,9 @@ constexpr int64_t kShortCtas = 64;
 constexpr int64_t kShortSplitKeys = 256;
 constexpr int kMaxSplits = 256;
 constexpr int64_t kFp8Ctas = 128;
+constexpr int64_t kFp8SplitKeys = 128;
 // The cluster merge's limit of keys per split (cluster_merge_pays below).
 constexpr int64_t kClusterSplitKeys = 512;
-constexpr int64_t kFp8SplitKeys = 128;
 
 template <typename T, int D, int kRows, bool kFull>
 void launch_decode_kernel(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
@@ -235,42 +235,15 @@ int decode_rows_per_cta(int64_t rows, DecodeImpl impl) {
 namespace {
 std::atomic<bool> g_cluster_merge{true};
 
-// Whether `s` splits of `max_keys` keys may merge in a thread-block cluster (measured,
-// H100 run 1 of the session of 2026-11-24 evening, Hq 32 / Hk 8 / D 128): at B = 1 (64-128
-// CTAs, one per SM) it beat the combine kernel by ~1.9 us at ctx 512-2048 (12.8 vs 14.6,
-// 16.9 vs 18.8), level at ctx 8192; with two CTAs per SM (B = 8, 4 splits, 256 CTAs) it
-// lost 25-35% (27.3 vs 20.2 us at ctx 512, 533 vs 393 paged at ctx 32768), and with 2048
-// keys per split at B = 1 ctx 32768 it lost too (80.7 vs 68.8 for 32 splits + combine).
-bool cluster_merge_pays(int64_t ctas, int s, int64_t max_keys, int sms) {
-  return s >= 2 && s <= cuda::kMaxClusterSplits && ctas * s <= sms && ceil_div(max_keys, s) <= kClusterSplitKeys;
-}
-}  // namespace
-
-int decode_num_splits(const DecodeParams& p, int64_t max_keys, c10::Device device, at::ScalarType dtype,
-                      DecodeImpl impl) {
-  const c10::cuda::CUDAGuard guard(device);  // the occupancy query reads the current device
-  const int dev = device.index();
+// The number of key splits, from shapes only (variant 5: the cluster merge's choice
+// comes first in decode_plan below).
+int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType dtype, DecodeImpl impl) {
   int occ = 1;
+  const int64_t ctas = std::max<int64_t>(1, p.B * p.cache.Hk * p.row_groups);
   if (impl == DecodeImpl::kHybrid) {
-    // Few kv heads in the grid (B = 1): as many splits as one CTA per SM allows (<= 16, >=
-    // 64 keys each), merged in their cluster, where that measured fastest (ctx 512: 8
-    // splits 12.8 us vs 16 splits 14.0; ctx 2048: 16 splits 15.6 vs 8 16.9; ctx 8192: 16
-    // splits 28.0 vs the efficiency rule's 32 + combine 31.1).
-    const int64_t ctas0 = std::max<int64_t>(1, p.B * p.cache.Hk * p.row_groups);
-    const int sms = sm_count(dev);
-    const int sc = static_cast<int>(std::min<int64_t>({cuda::kMaxClusterSplits, sms / ctas0,
-                                                        ceil_div(max_keys, kMinKeysPerSplitMma)}));
-    if (g_cluster_merge.load(std::memory_order_relaxed) && cluster_merge_pays(ctas0, sc, max_keys, sms)) {
-      bool ok = false;
-      visit_decode_mma(dtype, p.rope.D, p.cache.fp8, [&]<typename T, int D, bool kFp8>() {
-        ok = decode_mma_cluster_ok<T, D, kFp8>(p.G * p.q_len, sc, dev);
-      });
-      if (ok) return sc;
-    }
     visit_decode_mma(dtype, p.rope.D, p.cache.fp8, [&]<typename T, int D, bool kFp8>() {
       occ = decode_mma_ctas_per_sm<T, D, kFp8>(p.G * p.q_len, dev);
     });
-    const int64_t ctas = std::max<int64_t>(1, p.B * p.cache.Hk * p.row_groups);
     const double slots = static_cast<double>(sm_count(dev)) * occ;
     const int64_t short_s = ceil_div(kShortCtas, ctas);
     int64_t s = ceil_div(max_keys, short_s) <= kShortSplitKeys
@@ -297,24 +270,55 @@ int decode_num_splits(const DecodeParams& p, int64_t max_keys, c10::Device devic
                         cuda::decode_smem_bytes<D, kRows>(), dev);
   });
   const double slots = static_cast<double>(sm_count(dev)) * occ;
-  return choose_splits(p.B * p.cache.Hk * p.row_groups, slots, max_keys, kMinKeysPerSplit);
+  return choose_splits(ctas, slots, max_keys, kMinKeysPerSplit);
 }
+
+// Whether `s` splits may merge in a thread-block cluster. Measured (H100, runs 1 and 3 of
+// the session of 2026-11-24 evening, Hq 32 / Hk 8 / D 128): at B = 1 (64-128 CTAs, one per
+// SM) it beat the combine kernel by 1.6-3.2 us at ctx 512-8192; with two CTAs per SM (B =
+// 8, 4 splits, 256 CTAs) it lost 25-35% (27.3 vs 20.2 us at ctx 512, 533 vs 393 paged at ctx
+// 32768: ncu allows 30 active clusters of 8 for this kernel, fewer CTAs than a plain
+// launch keeps resident), and with 2048 keys per split at B = 1 ctx 32768 it lost too
+// (80.7 vs 68.8 for 32 splits + combine).
+bool cluster_merge_pays(const DecodeParams& p, int s, int64_t max_keys, int dev, at::ScalarType dtype) {
+  const int64_t ctas = std::max<int64_t>(1, p.B * p.cache.Hk * p.row_groups);
+  if (!g_cluster_merge.load(std::memory_order_relaxed) || s < 2 || s > cuda::kMaxClusterSplits ||
+      ctas * s > sm_count(dev) || ceil_div(max_keys, s) > kClusterSplitKeys)
+    return false;
+  bool ok = false;  // and one cluster of s CTAs fits on the device
+  visit_decode_mma(dtype, p.rope.D, p.cache.fp8, [&]<typename T, int D, bool kFp8>() {
+    ok = decode_mma_cluster_ok<T, D, kFp8>(p.G * p.q_len, s, dev);
+  });
+  return ok;
+}
+}  // namespace
 
 void set_decode_cluster_merge(bool on) { g_cluster_merge.store(on); }
 void set_append_shape(int shape) { g_append_shape.store(shape); }
 
-bool decode_cluster_merge(const DecodeParams& p, int64_t max_keys, c10::Device device, at::ScalarType dtype,
-                          DecodeImpl impl) {
-  if (impl != DecodeImpl::kHybrid || !g_cluster_merge.load(std::memory_order_relaxed) ||
-      !cluster_merge_pays(std::max<int64_t>(1, p.B * p.cache.Hk * p.row_groups), p.num_splits, max_keys,
-                          sm_count(device.index())))
-    return false;
-  const c10::cuda::CUDAGuard guard(device);  // the occupancy query reads the current device
-  bool ok = false;
-  visit_decode_mma(dtype, p.rope.D, p.cache.fp8, [&]<typename T, int D, bool kFp8>() {
-    ok = decode_mma_cluster_ok<T, D, kFp8>(p.G * p.q_len, p.num_splits, device.index());
-  });
-  return ok;
+DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_splits, c10::Device device,
+                       at::ScalarType dtype, DecodeImpl impl) {
+  const c10::cuda::CUDAGuard guard(device);  // the occupancy queries read the current device
+  const int dev = device.index();
+  const bool hybrid = impl == DecodeImpl::kHybrid;
+  if (forced_splits > 0) {
+    const int s = static_cast<int>(std::min<int64_t>(forced_splits, 1024));
+    return {s, hybrid && cluster_merge_pays(p, s, max_keys, dev, dtype)};
+  }
+  if (hybrid) {
+    // Few kv heads in the grid (B = 1): as many splits as one CTA per SM allows (<= 16, >=
+    // 64 keys each), merged in their cluster, where that measured fastest (ctx 512: 8
+    // splits 12.8 us vs 16 splits 14.0; ctx 2048: 16 splits 15.6 vs 8 16.9; ctx 8192: 16
+    // splits 28.0 vs the rule's 32 + combine 31.1). Paged caches need >= 4 of them: at B =
+    // 8 ctx 512 paged, 2 splits in a cluster took 21.1-21.2 us against the rule's 4 splits
+    // + combine 20.2-20.4 (runs 2 and 3; contiguous, 2 in a cluster won: 18.3 vs 20.0).
+    const int64_t ctas = std::max<int64_t>(1, p.B * p.cache.Hk * p.row_groups);
+    const int sc = static_cast<int>(std::min<int64_t>({cuda::kMaxClusterSplits, sm_count(dev) / ctas,
+                                                        ceil_div(max_keys, kMinKeysPerSplitMma)}));
+    if ((!p.cache.paged || sc >= 4) && cluster_merge_pays(p, sc, max_keys, dev, dtype)) return {sc, true};
+  }
+  const int s = rule_splits(p, max_keys, dev, dtype, impl);
+  return {s, hybrid && cluster_merge_pays(p, s, max_keys, dev, dtype)};
 }
 
 bool decode_cache_aligned(const KVCacheView& c, int64_t elem_size, std::string* why) {
