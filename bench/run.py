@@ -34,6 +34,7 @@ import rope_ext  # noqa: E402
 from rope_ext import reference as ref  # noqa: E402
 from rope_ext._ops import ops  # noqa: E402
 from rope_ext._args import op_options  # noqa: E402
+import timing  # noqa: E402
 from timing import (CUDA, DEV, Timer, copy_bandwidth, eager_us, graph_us, max_err, print_table,  # noqa: E402,F401
                     same_size_copy, time_rows)
 GPU_SUITES = ("llm", "sweep", "variants")   # time CUDA kernels only: refused without a GPU
@@ -549,9 +550,14 @@ def main():
     ap.add_argument("--max-bytes", type=float, default=4 * 2**30, help="largest x in the size sweep")
     ap.add_argument("--plot", help="PNG of the size sweep (GB/s against size)")
     ap.add_argument("--plot-attn", help="PNG of the attn suite: decode time against context length")
+    ap.add_argument("--clean-l2", action="store_true",
+                    help="flush L2 with a write AND a read of another buffer, so the timed call starts with no "
+                         "dirty line (bench/timing.py; the default flush, a write as do_bench's, leaves ~50 MB dirty)")
     ap.add_argument("--json")
     ap.add_argument("--csv")
     args = ap.parse_args()
+    if args.clean_l2:
+        timing.CLEAN_L2 = True
     global ROPE_ONLY
     ROPE_ONLY = args.rope_only
     if not CUDA and args.suite in GPU_SUITES:

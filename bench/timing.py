@@ -6,7 +6,15 @@ Timer: CUDA events around each call, after warm-up, the L2 flushed (a 256 MB wri
 before every timed call and the GPU held busy while the host enqueues it; the median.
 graph_us: ONE call captured in a CUDA graph, replayed after an L2 flush each time; the
 median. eager_us: back-to-back eager calls, host included. Without a GPU, wall clock.
+
+The flush is a write, as triton's do_bench's (zero_): L2 is write-back, so the timed call
+starts with ~50 MB of the flush's dirty lines in L2, and its own reads and writes evict
+them: their write-back shares DRAM with the call (bench/flush_study.py measures what that
+costs). CLEAN_L2 (`run.py --clean-l2`, or ROPE_EXT_BENCH_CLEAN_L2=1) adds a 256 MB read of
+another buffer after the write: the dirty lines go back before the timed call, and L2
+holds clean lines the call never touches (still a cold L2 for the call's data).
 """
+import os
 import statistics
 import time
 
@@ -14,6 +22,19 @@ import torch
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
+CLEAN_L2 = os.environ.get("ROPE_EXT_BENCH_CLEAN_L2") == "1"
+_CLEAN = []
+
+
+def flush_l2(buf, clean=None):
+    """Evicts the timed call's data from L2: a write of `buf` (256 MB), then, with
+    clean (default CLEAN_L2), a read of another 256 MB so that no dirty line is left."""
+    buf.fill_(1)
+    if CLEAN_L2 if clean is None else clean:
+        if not _CLEAN:
+            _CLEAN.append((torch.zeros(64 * 2**20, device=buf.device), torch.empty((), device=buf.device)))
+        x, out = _CLEAN[0]
+        torch.sum(x, dim=0, out=out)
 
 
 class Timer:
@@ -33,7 +54,7 @@ class Timer:
             return statistics.median(ts) * 1e6
         ts = []
         for _ in range(self.reps):
-            self.flush.fill_(1)  # evict x from L2: time the DRAM traffic, not the cache
+            flush_l2(self.flush)  # evict x from L2: time the DRAM traffic, not the cache
             # Keep the GPU busy while the host enqueues the call: the events then time
             # the kernel(s), not the Python/dispatcher overhead before the launch.
             torch.cuda._sleep(1_000_000)
@@ -107,10 +128,11 @@ def print_table(title, rows, ratio="x naive", err=False, ss_us=None):
             print(f"  {r['impl']:<36}{r['us']:>10.1f}{r['gbs']:>8.0f}{r['pct_copy']:>7.1f}%{pss}{r['speedup']:>9.2f}x{e}")
 
 
-def graph_us(fn, reps=200, flush=None):
+def graph_us(fn, reps=200, flush=None, clean=None):
     """µs of ONE call of fn captured in a CUDA graph, replayed `reps` times, each replay
-    after an L2 flush (a 256 MB write) with the GPU held busy while the host enqueues it;
-    the median. Device time of one call, launch included, host overhead excluded."""
+    after an L2 flush (flush_l2: a 256 MB write; clean: then a 256 MB read) with the GPU
+    held busy while the host enqueues it; the median. Device time of one call, launch
+    included, host overhead excluded."""
     flush = flush if flush is not None else _flush_buffer()
     for _ in range(3):
         fn()
@@ -125,7 +147,7 @@ def graph_us(fn, reps=200, flush=None):
         fn()
     ts = []
     for _ in range(reps):
-        flush.fill_(1)
+        flush_l2(flush, clean)
         torch.cuda._sleep(100_000)
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record(); g.replay(); b.record(); b.synchronize()  # noqa: E702

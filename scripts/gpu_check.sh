@@ -5,15 +5,18 @@
 #   bash scripts/gpu_check.sh --no-tests --bench "--suite all --plot \$OUT/sweep.png"
 #   bash scripts/gpu_check.sh --tests tests/test_attention.py --bench "--suite attn --quick" --ncu-decode
 #   bash scripts/gpu_check.sh --no-tests --bench "--suite fp8" --ncu-cases "fp8_b8_8192 append_8192"
+#   bash scripts/gpu_check.sh --no-tests --bench "" --run "python bench/flush_study.py" --ncu-rope
 #   (--tests: what pytest runs, default the whole suite; --ncu-decode: ncu of the decode and
 #   append kernels, bench/profile_decode.py (every case, or those of --ncu-cases), into
-#   $OUT/ncu_decode.txt)
+#   $OUT/ncu_decode.txt; --ncu-rope: ncu of the small rope call, rope_ext's kernel and
+#   torch.compile's, into $OUT/ncu_rope.txt; both with the warp stall reasons per issued
+#   instruction; --run: more commands after the build, into $OUT/run.txt; --bench "": no bench)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-$(pwd)/gpu_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-run_tests=1; sanitize=0; bench_args="--quick"; tests="tests"; ncu_decode=0; ncu_cases=""
+run_tests=1; sanitize=0; bench_args="--quick"; tests="tests"; ncu_decode=0; ncu_cases=""; ncu_rope=0; extra=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --no-tests) run_tests=0 ;;
@@ -22,6 +25,8 @@ while [[ $# -gt 0 ]]; do
     --tests) tests=$2; shift ;;
     --ncu-decode) ncu_decode=1 ;;
     --ncu-cases) ncu_decode=1; ncu_cases=$2; shift ;;
+    --ncu-rope) ncu_rope=1 ;;
+    --run) extra=$2; shift ;;
     *) echo "unknown option $1"; exit 2 ;;
   esac
   shift
@@ -32,6 +37,7 @@ t0=$(date +%s)
 [ -d bench/peers/wheels ] && { bash scripts/install_peers.sh 2>&1 | grep "install_peers" || true; }
 source scripts/setup.sh > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 set +e  # setup.sh sets -e; here every step runs and reports
+export PY
 echo "build: $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/build.log"
 test_rc=0; san_rc=0
 if [[ $run_tests == 1 ]]; then
@@ -41,18 +47,35 @@ if [[ $run_tests == 1 ]]; then
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20; tail -1 "$OUT/tests.log"
   $PY bench/accuracy.py > "$OUT/accuracy.txt" 2>&1; cat "$OUT/accuracy.txt"
 fi
+# Warp stall reasons: warps stalled per issued instruction, by reason (no_instruction: the
+# instruction fetch, cold after an L2 flush; long_scoreboard: global loads; barrier; ...).
+STALLS="regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,sm__cycles_elapsed.max"
 if [[ $ncu_decode == 1 ]]; then
   ncu --profile-from-start off -k regex:"decode|append|merge" --section SpeedOfLight --section LaunchStats --section Occupancy \
-      --section WarpStateStats --section MemoryWorkloadAnalysis $PY bench/profile_decode.py $ncu_cases > "$OUT/ncu_decode.txt" 2>&1
+      --section WarpStateStats --section MemoryWorkloadAnalysis --metrics "$STALLS" \
+      $PY bench/profile_decode.py $ncu_cases > "$OUT/ncu_decode.txt" 2>&1
   grep -E "(decode|append|merge)[a-z_]*kernel|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Grid Size" "$OUT/ncu_decode.txt" | head -60
+fi
+if [[ $ncu_rope == 1 ]]; then
+  for impl in auto compile; do
+    ncu -k regex:"triton|rope" --launch-skip 2 --launch-count 1 --section SpeedOfLight --section LaunchStats \
+        --section WarpStateStats --metrics "$STALLS" $PY bench/profile_one.py small "$impl" 16
+  done > "$OUT/ncu_rope.txt" 2>&1
+  grep -E "^  [a-z_].*(kernel|triton)|Duration|stalled_(no_inst|long_score|barrier|wait|short)" "$OUT/ncu_rope.txt" | head -40
+fi
+if [[ -n $extra ]]; then
+  bash -c "$extra" > "$OUT/run.txt" 2>&1; echo "--run rc=$?"; cat "$OUT/run.txt"
 fi
 if [[ $sanitize == 1 ]]; then
   bash scripts/sanitize.sh > "$OUT/sanitize.txt" 2>&1; san_rc=$?; cat "$OUT/sanitize.txt" | tail -12
 fi
-$PY bench/run.py $bench_args --json "$OUT/bench.json" > "$OUT/bench.txt" 2>"$OUT/bench.err"
-bench_rc=$?
+bench_rc=0
+if [[ -n $bench_args ]]; then
+  $PY bench/run.py $bench_args --json "$OUT/bench.json" > "$OUT/bench.txt" 2>"$OUT/bench.err"
+  bench_rc=$?
+fi
 echo "=== tests rc=$test_rc  sanitize rc=$san_rc  bench rc=$bench_rc ==="
-grep -v "^W1122\|recompile" "$OUT/bench.txt"
+[[ -n $bench_args ]] && grep -v "^W1122\|recompile" "$OUT/bench.txt"
 [[ $bench_rc != 0 ]] && tail -20 "$OUT/bench.err"
 find "$OUT" -empty -delete  # at most 8 files come back from the GPU box
 exit $(( test_rc || bench_rc || san_rc ))
