@@ -157,6 +157,16 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   return u;
 }
 
+// 2^x, the MUFU's approximation (max relative error ~2^-22; ex2(-inf) = 0): the
+// softmax weights only (P is rounded to 16 bits for the P.V MMA anyway). exp2f's
+// denormal scaling added 3 instructions per weight to a per-tile chain that is
+// issue-bound at small batches (bench/NOTES.md).
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Two e4m3 values (the low 16 bits, the lower index first) -> an fp16 pair; exact.
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
@@ -228,6 +238,11 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
 
   // Q first: its loads depend on nothing, so they overlap the seqlen -> key range ->
   // K/V chain below (they were a DRAM round trip of their own after the sin/cos phase).
+  // Where q's rows allow it (features contiguous, rows 16-byte aligned: the usual
+  // [B, q_len, Hq, D] tensor) each thread loads whole 16-byte chunks, staged raw through
+  // q_s below; else one element per (row, pair unit). Why: ncu (bench/NOTES.md, night of
+  // 2026-11-24) counted ~2,700 instructions per warp at B = 1, ctx 512, one tile per warp,
+  // ~720 of them this per-element index math; the kernel was issue-bound, not DRAM-bound.
   // Unit u of a row: pair u (u < R/2), else the two tail features R + 2 (u - R/2) + {0, 1}.
   const RopeParams& r = p.rope;
   const int half = r.R / 2;
@@ -235,20 +250,40 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
     if (u < half) pair_dims(r, u, d0, d1);
     else *d1 = (*d0 = r.R + 2 * (u - half)) + 1;
   };
-  constexpr int kQUnits = kRows * (D / 2) / kThreads;
+  const bool one_tok = p.q_len == 1;  // row r is query head hk * G + r of token 0: no division by G
+  auto q_row = [&](int rr) {
+    const int row = row0 + rr, j = one_tok ? 0 : row / G, hq = hk * G + (row - j * G);
+    return static_cast<const T*>(p.q) + b * p.q_stride[0] + j * p.q_stride[1] + hq * p.q_stride[2];
+  };
+  const bool q_vec = p.q_stride[3] == 1 &&
+                     ((reinterpret_cast<uintptr_t>(p.q) |
+                       static_cast<uintptr_t>((p.q_stride[0] | p.q_stride[1] | p.q_stride[2]) * int64_t(sizeof(T)))) &
+                      15) == 0;
+  // A thread keeps one pair unit qu of every row it takes (rows qr0, qr0 + kRowStep, ...).
+  static_assert(kThreads % (D / 2) == 0, "one pair unit per thread");
+  constexpr int kQUnits = kRows * (D / 2) / kThreads, kRowStep = kThreads / (D / 2);
+  constexpr int kQChunks = kRows * D / 8 / kThreads;  // 16-byte chunks of the rows per thread
+  const int qu = tid % (D / 2), qr0 = tid / (D / 2);
+  int qd0, qd1;
+  q_unit_dims(qu, &qd0, &qd1);
   float qx[kQUnits][2];
+  uint4 qv[kQChunks];
+  if (q_vec) {
 #pragma unroll
-  for (int it = 0; it < kQUnits; ++it) {
-    const int e = tid + it * kThreads;
-    const int rr = e / (D / 2), u = e - rr * (D / 2);
-    qx[it][0] = qx[it][1] = 0.f;
-    if (rr < nrows) {
-      int d0, d1;
-      q_unit_dims(u, &d0, &d1);
-      const int row = row0 + rr, j = row / G, hq = hk * G + (row - j * G);
-      const T* qr = static_cast<const T*>(p.q) + b * p.q_stride[0] + j * p.q_stride[1] + hq * p.q_stride[2];
-      qx[it][0] = static_cast<float>(qr[d0 * p.q_stride[3]]);
-      qx[it][1] = static_cast<float>(qr[d1 * p.q_stride[3]]);
+    for (int it = 0; it < kQChunks; ++it) {
+      const int e = tid + it * kThreads, rr = e / (D / 8), c = e - rr * (D / 8);
+      qv[it] = rr < nrows ? *reinterpret_cast<const uint4*>(q_row(rr) + c * 8) : make_uint4(0u, 0u, 0u, 0u);
+    }
+  } else {
+#pragma unroll
+    for (int it = 0; it < kQUnits; ++it) {
+      const int rr = qr0 + it * kRowStep;
+      qx[it][0] = qx[it][1] = 0.f;
+      if (rr < nrows) {
+        const T* qr = q_row(rr);
+        qx[it][0] = static_cast<float>(qr[qd0 * p.q_stride[3]]);
+        qx[it][1] = static_cast<float>(qr[qd1 * p.q_stride[3]]);
+      }
     }
   }
 
@@ -276,18 +311,27 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   const KVCacheView& cv = p.cache;
   const int mode = !cv.paged ? 0 : (cv.block_size % kTileKeys == 0 ? 1 : 2);
   const int lc = lane % LPR, lr = lane / LPR;  // this lane's chunk, and row within an instruction
+  // Slot of tile t. Modes 0 and 1: ko / vo = the element offset of the tile's first key
+  // row, ok = its block exists (rows follow at the slot stride); mode 2: lane k < 16's
+  // own key k (shared by shuffle in issue).
   struct Slot { int64_t ko, vo; bool ok; };
   auto tile_key0 = [&](int t) { return kbeg + (warp + t * kWarps) * kTileKeys; };
+  const int64_t ks1 = cv.k_stride[1], vs1 = cv.v_stride[1];
   auto slot_of = [&](int t) {
     Slot s{0, 0, false};
-    if (t >= my_tiles || mode == 0) return s;
+    if (t >= my_tiles) return s;
     const int key0 = tile_key0(t);
-    if (mode == 1) {  // row offset of key k: ko + k * stride
+    if (mode == 0) {
+      s.ok = true;
+      s.ko = b * cv.k_stride[0] + key0 * ks1;
+      s.vo = b * cv.v_stride[0] + key0 * vs1;
+    } else if (mode == 1) {
       const int64_t n = div_small(key0, cv.block_size);
       const int64_t blk = load_index(cv.block_table, b * cv.bt_stride_b + n * cv.block_table.stride);
+      const int64_t in_block = key0 - n * cv.block_size;
       s.ok = blk >= 0 && blk < cv.num_blocks;
-      s.ko = blk * cv.k_stride[0] - n * cv.block_size * cv.k_stride[1];
-      s.vo = blk * cv.v_stride[0] - n * cv.block_size * cv.v_stride[1];
+      s.ko = blk * cv.k_stride[0] + in_block * ks1;
+      s.vo = blk * cv.v_stride[0] + in_block * vs1;
     } else {
       const int key = key0 + (lane & (kTileKeys - 1));
       if (key < kend) s.ok = cache_slot(cv, b, key, &s.ko, &s.vo);
@@ -296,36 +340,43 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   };
   // Ring tiles, swizzled by 16-byte chunk (swz in elements, swz8 in bytes for fp8).
   auto ring_at = [&](int row, int c) { return kFp8 ? swz8<D>(row, c) : swz<D>(row, c); };
-  auto issue = [&](int t, const Slot& s) {
-    C* kd = my_ring + (t % NS) * 2 * TILE;
+  // This lane's row / chunk of a tile (modes 0 and 1), and the step to its next row.
+  const C* k_lane = kc + lr * ks1 + lc * EC;
+  const C* v_lane = vc + lr * vs1 + lc * EC;
+  const int64_t k_step = RPI * ks1, v_step = RPI * vs1;
+  // Tile t into ring slot `slot`. Modes 0 / 1: a running pointer per row group, no
+  // per-row index math (it was ~400 of a tile's ~740 instructions: ncu, NOTES).
+  auto issue = [&](int t, int slot, const Slot& s) {
+    C* kd = my_ring + slot * 2 * TILE;
     C* vd = kd + TILE;
     const int key0 = tile_key0(t);
+    uint32_t m;  // bit k: key k of the tile exists (read by the masking below)
+    if (mode != 2) {
+      const int nv = s.ok ? min(kTileKeys, kend - key0) : 0;
+      const C* ksrc = k_lane + s.ko;
+      const C* vsrc = v_lane + s.vo;
 #pragma unroll
-    for (int i = 0; i < NI; ++i) {
-      const int ki = i * RPI + lr, key = key0 + ki;
-      bool ok;
-      int64_t ko, vo;
-      if (mode == 2) {
-        ok = __shfl_sync(0xffffffffu, static_cast<int>(s.ok), ki) != 0;
-        ko = __shfl_sync(0xffffffffu, s.ko, ki);
-        vo = __shfl_sync(0xffffffffu, s.vo, ki);
-      } else {
-        ok = key < kend && (mode == 0 || s.ok);
-        ko = (mode == 0 ? b * cv.k_stride[0] : s.ko) + static_cast<int64_t>(key) * cv.k_stride[1];
-        vo = (mode == 0 ? b * cv.v_stride[0] : s.vo) + static_cast<int64_t>(key) * cv.v_stride[1];
+      for (int i = 0; i < NI; ++i) {
+        const int ki = i * RPI + lr;
+        const bool ok = ki < nv;
+        cp_async16(kd + ring_at(ki, lc), ok ? ksrc : kc, ok);
+        cp_async16(vd + ring_at(ki, lc), ok ? vsrc : vc, ok);
+        ksrc += k_step;
+        vsrc += v_step;
       }
-      cp_async16(kd + ring_at(ki, lc), ok ? kc + ko + lc * EC : kc, ok);
-      cp_async16(vd + ring_at(ki, lc), ok ? vc + vo + lc * EC : vc, ok);
-    }
-    // Bit k: key k of the tile exists (read by the masking below).
-    uint32_t m;
-    if (mode == 2) {
-      m = __ballot_sync(0xffffffffu, s.ok) & 0xffffu;
+      m = nv >= kTileKeys ? 0xffffu : (1u << nv) - 1u;
     } else {
-      const int n = min(kTileKeys, max(0, kend - key0));
-      m = (mode == 1 && !s.ok) ? 0u : (n >= kTileKeys ? 0xffffu : (1u << n) - 1u);
+#pragma unroll
+      for (int i = 0; i < NI; ++i) {
+        const int ki = i * RPI + lr;
+        const bool ok = __shfl_sync(0xffffffffu, static_cast<int>(s.ok), ki) != 0;
+        const int64_t ko = __shfl_sync(0xffffffffu, s.ko, ki), vo = __shfl_sync(0xffffffffu, s.vo, ki);
+        cp_async16(kd + ring_at(ki, lc), ok ? kc + ko + lc * EC : kc, ok);
+        cp_async16(vd + ring_at(ki, lc), ok ? vc + vo + lc * EC : vc, ok);
+      }
+      m = __ballot_sync(0xffffffffu, s.ok) & 0xffffu;
     }
-    if (lane == 0) mask_s[warp * NS + t % NS] = m;
+    if (lane == 0) mask_s[warp * NS + slot] = m;
   };
   // The decode step's new rows (raw, in T), by the warp that builds their tile: K rows
   // into the Q cos table's rows 8.., V rows into its sin rows 8.. (the host takes this
@@ -349,13 +400,13 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   Slot next = slot_of(0);
 #pragma unroll
   for (int t = 0; t < NS - 1; ++t) {
-    if (t < my_tiles) issue(t, next);
+    if (t < my_tiles) issue(t, t, next);
     cp_async_commit();
     next = slot_of(t + 1);
   }
 
   // ---- Q: sin/cos per (token, pair) once, rotate in fp32, round to T, into q_s.
-  const int j0 = row0 / G, ntok = (row0 + nrows - 1) / G - j0 + 1;
+  const int j0 = one_tok ? 0 : row0 / G, ntok = one_tok ? 1 : (row0 + nrows - 1) / G - j0 + 1;
   for (int e = tid; e < ntok * half; e += kThreads) {
     const int jj = e / half, i = e - jj * half, j = j0 + jj;
     float sn, cs;
@@ -363,25 +414,46 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
     tab_s[jj * (D / 2) + i] = cs;
     tab_s[(kRows + jj) * (D / 2) + i] = sn;
   }
+  if (q_vec) {  // the raw rows into q_s, row-major (read back per pair unit below)
+    T* raw = reinterpret_cast<T*>(q_s);
+#pragma unroll
+    for (int it = 0; it < kQChunks; ++it) {
+      const int e = tid + it * kThreads;
+      *reinterpret_cast<uint4*>(raw + e * 8) = qv[it];  // e * 8 = rr * D + c * 8
+    }
+  }
   __syncthreads();
-  // Rotate the Q values loaded at the start (qx), round to T, store swizzled.
+  if (q_vec) {
+    const T* raw = reinterpret_cast<const T*>(q_s);
+#pragma unroll
+    for (int it = 0; it < kQUnits; ++it) {
+      const int rr = qr0 + it * kRowStep;
+      qx[it][0] = static_cast<float>(raw[rr * D + qd0]);
+      qx[it][1] = static_cast<float>(raw[rr * D + qd1]);
+    }
+    __syncthreads();  // every raw value is read before q_s is overwritten
+  }
+  // Rotate the Q values (qx), round to T, store swizzled (fp8: in the K fragments' order).
+  const bool q_rot = qu < half;
+  const int cq0 = kFp8 ? fp8_qcol(qd0) : qd0, cq1 = kFp8 ? fp8_qcol(qd1) : qd1;
+  const float cs_tok0 = q_rot ? tab_s[qu] : 1.f, sn_tok0 = q_rot ? tab_s[kRows * (D / 2) + qu] : 0.f;
 #pragma unroll
   for (int it = 0; it < kQUnits; ++it) {
-    const int e = tid + it * kThreads;
-    const int rr = e / (D / 2), u = e - rr * (D / 2);
-    int d0, d1;
-    q_unit_dims(u, &d0, &d1);
+    const int rr = qr0 + it * kRowStep;
     float x0 = qx[it][0], x1 = qx[it][1];
-    if (rr < nrows && u < half) {
-      const int jj = (row0 + rr) / G - j0;
-      const float cs = tab_s[jj * (D / 2) + u], sn = tab_s[(kRows + jj) * (D / 2) + u];
+    if (rr < nrows && q_rot) {
+      float cs = cs_tok0, sn = sn_tok0;
+      if (!one_tok) {
+        const int jj = (row0 + rr) / G - j0;
+        cs = tab_s[jj * (D / 2) + qu];
+        sn = tab_s[(kRows + jj) * (D / 2) + qu];
+      }
       const float y0 = rot_y0(x0, x1, cs, sn), y1 = rot_y1(x0, x1, cs, sn);
       x0 = y0;
       x1 = y1;
     }
-    const int c0 = kFp8 ? fp8_qcol(d0) : d0, c1 = kFp8 ? fp8_qcol(d1) : d1;
-    q_s[swz<D>(rr, c0 >> 3) + (c0 & 7)] = static_cast<M>(x0);
-    q_s[swz<D>(rr, c1 >> 3) + (c1 & 7)] = static_cast<M>(x1);
+    q_s[swz<D>(rr, cq0 >> 3) + (cq0 & 7)] = static_cast<M>(x0);
+    q_s[swz<D>(rr, cq1 >> 3) + (cq1 & 7)] = static_cast<M>(x1);
   }
   __syncthreads();
   // ---- this lane's rows (MMA accumulator layout): r_lo = lane / 4, r_hi = r_lo + 8.
@@ -455,26 +527,33 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
 
   // ldmatrix row addresses: lane l feeds row l % 8 of matrix l / 8.
   const int mi = lane >> 3, mr = lane & 7;
+  // The same addresses as swz<D>(row, 2 * kk + h): row & 7 is mr, and 2 * kk + h =
+  // (2 * kk) ^ h, so the chunk term is ((h ^ mr) << 3) ^ (kk << 4): one XOR with a constant
+  // per ldmatrix (a_row: Q and V^T fragments, rows (mi & 1) * 8 + mr, h = mi >> 1; b_row:
+  // K fragments, rows (mi >> 1) * 8 + mr, h = mi & 1).
+  const int a_row = ((mi & 1) * 8 + mr) * D, a_x = ((mi >> 1) ^ mr) << 3;
+  const int b_row = ((mi >> 1) * 8 + mr) * D, b_x = ((mi & 1) ^ mr) << 3;
   const int n_steps = my_tiles + (new_tile ? 1 : 0);
+  int cslot = 0;  // the ring slot of tile t (t % NS, without the division)
   for (int t = 0; t < n_steps; ++t) {
     uint32_t vmask;
     int key0;
     if (t < my_tiles) {
-      if (t + NS - 1 < my_tiles) issue(t + NS - 1, next);
+      if (t + NS - 1 < my_tiles) issue(t + NS - 1, cslot == 0 ? NS - 1 : cslot - 1, next);
       cp_async_commit();
       next = slot_of(t + NS);
       cp_async_wait<NS - 1>();
       __syncwarp();
-      vmask = mask_s[warp * NS + t % NS];
-      key0 = kbeg + (warp + t * kWarps) * kTileKeys;
+      vmask = mask_s[warp * NS + cslot];
+      key0 = tile_key0(t);
     } else {  // the new tile: its raw rows have landed once every group has
       cp_async_wait<0>();
       __syncwarp();
-      vmask = build_new_tile(t % NS);
+      vmask = build_new_tile(cslot);
       key0 = static_cast<int>(old);
       __syncwarp();
     }
-    const C* Ks = my_ring + (t % NS) * 2 * TILE;
+    const C* Ks = my_ring + cslot * 2 * TILE;
     const C* Vs = Ks + TILE;
 
     // S = Q K^T: [16 rows] x [16 keys] as two n-tiles of 8 keys.
@@ -497,8 +576,8 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t a[4], kb[4];
-        ldmatrix_x4(a, q_s + swz<D>((mi & 1) * 8 + mr, 2 * kk + (mi >> 1)));    // rows 0-7/8-15 x k lo/hi
-        ldmatrix_x4(kb, Ks + swz<D>((mi >> 1) * 8 + mr, 2 * kk + (mi & 1)));  // keys 0-7/8-15 x k lo/hi
+        ldmatrix_x4(a, q_s + a_row + (a_x ^ (kk << 4)));   // rows 0-7/8-15 x k lo/hi
+        ldmatrix_x4(kb, Ks + b_row + (b_x ^ (kk << 4)));  // keys 0-7/8-15 x k lo/hi
         mma16816<M>(s[0], a, kb[0], kb[1]);
         mma16816<M>(s[1], a, kb[2], kb[3]);
       }
@@ -527,20 +606,20 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
     const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
     const float sub_lo = mn_lo == ninf ? 0.f : mn_lo, sub_hi = mn_hi == ninf ? 0.f : mn_hi;
     // alpha = 1 when the max did not move (also a row still at -inf), 0 when m was -inf.
-    const float al_lo = mn_lo == m_lo ? 1.f : exp2f(m_lo - sub_lo);
-    const float al_hi = (!kUpper || mn_hi == m_hi) ? 1.f : exp2f(m_hi - sub_hi);
+    const float al_lo = mn_lo == m_lo ? 1.f : ex2_approx(m_lo - sub_lo);
+    const float al_hi = (!kUpper || mn_hi == m_hi) ? 1.f : ex2_approx(m_hi - sub_hi);
     m_lo = mn_lo;
     m_hi = mn_hi;
     uint32_t pa[4];
     {
-      const float p00 = exp2f(s[0][0] - sub_lo), p01 = exp2f(s[0][1] - sub_lo);
-      const float p10 = exp2f(s[1][0] - sub_lo), p11 = exp2f(s[1][1] - sub_lo);
+      const float p00 = ex2_approx(s[0][0] - sub_lo), p01 = ex2_approx(s[0][1] - sub_lo);
+      const float p10 = ex2_approx(s[1][0] - sub_lo), p11 = ex2_approx(s[1][1] - sub_lo);
       l_lo = l_lo * al_lo + (p00 + p01 + p10 + p11);
       pa[0] = pack2<M>(p00, p01);
       pa[2] = pack2<M>(p10, p11);
       if (kUpper) {
-        const float q00 = exp2f(s[0][2] - sub_hi), q01 = exp2f(s[0][3] - sub_hi);
-        const float q10 = exp2f(s[1][2] - sub_hi), q11 = exp2f(s[1][3] - sub_hi);
+        const float q00 = ex2_approx(s[0][2] - sub_hi), q01 = ex2_approx(s[0][3] - sub_hi);
+        const float q10 = ex2_approx(s[1][2] - sub_hi), q11 = ex2_approx(s[1][3] - sub_hi);
         l_hi = l_hi * al_hi + (q00 + q01 + q10 + q11);
         pa[1] = pack2<M>(q00, q01);
         pa[3] = pack2<M>(q10, q11);
@@ -581,12 +660,13 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
 #pragma unroll
       for (int dn = 0; dn < D / 16; ++dn) {
         uint32_t vb[4];
-        ldmatrix_x4_trans(vb, Vs + swz<D>((mi & 1) * 8 + mr, 2 * dn + (mi >> 1)));  // keys lo/hi x d lo/hi
+        ldmatrix_x4_trans(vb, Vs + a_row + (a_x ^ (dn << 4)));  // keys lo/hi x d lo/hi
         mma16816<M>(o[2 * dn], pa, vb[0], vb[1]);
         mma16816<M>(o[2 * dn + 1], pa, vb[2], vb[3]);
       }
     }
     __syncwarp();  // the tile is consumed before the ring slot is refilled
+    cslot = cslot == NS - 1 ? 0 : cslot + 1;
   }
   cp_async_wait<0>();
   if constexpr (kFp8) {  // an fp8 cache's v_scale, before the merge (it is linear in O)
