@@ -195,7 +195,7 @@ def decode_suite(timer, bw, quick=False):
                 # The split merge: in the thread-block cluster (auto, <= 16 splits) or by the
                 # combine kernel (decode_merge.cuh), and forced split counts around the rule's.
                 fns.append(("rope_ext hybrid, combine kernel", _no_cluster(dec("hybrid"))))
-                for ns in ((1, 8, 16) if B == 1 else (1, 4, 8)) if ctx <= 2048 else ((16, 32) if B == 1 else (4, 8)):
+                for ns in ((4, 8, 16) if ctx <= 2048 else (8, 16, 32)) if B == 1 else (1, 2, 4, 8):
                     fns.append((f"rope_ext hybrid, {ns} split{'s' if ns > 1 else ''}",
                                 lambda ns=ns: rope_ext.attention_decode(q, kc, vc, lens, block_table=bt, num_splits=ns,
                                                                         **hint)))

@@ -10,13 +10,15 @@
 #   append kernels, bench/profile_decode.py (every case, or those of --ncu-cases), into
 #   $OUT/ncu_decode.txt; --ncu-rope: ncu of the small rope call, rope_ext's kernel and
 #   torch.compile's, into $OUT/ncu_rope.txt; both with the warp stall reasons per issued
-#   instruction; --run: more commands after the build, into $OUT/run.txt; --bench "": no bench)
+#   instruction; --ncu-src CASE: instructions executed per CUDA source line (and per SASS instruction, ncu_sass.csv) of the decode
+#   kernel in one profile_decode.py case, into $OUT/ncu_src.csv; --run: more commands
+#   after the build, into $OUT/run.txt; --bench "": no bench)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-$(pwd)/gpu_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-run_tests=1; sanitize=0; bench_args="--quick"; tests="tests"; ncu_decode=0; ncu_cases=""; ncu_rope=0; extra=""
+run_tests=1; sanitize=0; bench_args="--quick"; tests="tests"; ncu_decode=0; ncu_cases=""; ncu_rope=0; extra=""; ncu_src=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --no-tests) run_tests=0 ;;
@@ -26,6 +28,7 @@ while [[ $# -gt 0 ]]; do
     --ncu-decode) ncu_decode=1 ;;
     --ncu-cases) ncu_decode=1; ncu_cases=$2; shift ;;
     --ncu-rope) ncu_rope=1 ;;
+    --ncu-src) ncu_src=$2; shift ;;
     --run) extra=$2; shift ;;
     *) echo "unknown option $1"; exit 2 ;;
   esac
@@ -62,6 +65,14 @@ if [[ $ncu_rope == 1 ]]; then
         --section WarpStateStats --metrics "$STALLS" $PY bench/profile_one.py small "$impl" 16
   done > "$OUT/ncu_rope.txt" 2>&1
   grep -E "^  [a-z_].*(kernel|triton)|Duration|stalled_(no_inst|long_score|barrier|wait|short)" "$OUT/ncu_rope.txt" | head -40
+fi
+if [[ -n $ncu_src ]]; then
+  rep=$(mktemp -d)/src
+  ncu --profile-from-start off -k regex:"decode_mma" --section SourceCounters --section WarpStateStats -o "$rep" \
+      $PY bench/profile_decode.py "$ncu_src" > /dev/null 2>&1
+  ncu -i "$rep.ncu-rep" --page source --csv --print-source cuda > "$OUT/ncu_src.csv" 2>&1
+  ncu -i "$rep.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_sass.csv" 2>&1
+  echo "ncu-src: $(wc -l < "$OUT/ncu_src.csv") lines"; head -3 "$OUT/ncu_src.csv" | cut -c1-300
 fi
 if [[ -n $extra ]]; then
   bash -c "$extra" > "$OUT/run.txt" 2>&1; echo "--run rc=$?"; cat "$OUT/run.txt"

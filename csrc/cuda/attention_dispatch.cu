@@ -210,7 +210,8 @@ void launch_combine(const DecodeParams& p, at::ScalarType dtype, int device, cud
     c.Hq = p.Hq;
     c.num_splits = p.num_splits;
     c.D = p.rope.D;
-    C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, cuda::decode_combine_kernel<T>, c));
+    if (c.D > 128) C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, cuda::decode_combine_kernel<T, 2>, c));
+    else C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, cuda::decode_combine_kernel<T, 1>, c));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }

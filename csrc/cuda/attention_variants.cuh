@@ -538,13 +538,17 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_min_ctas<kRows, kFullFu
 constexpr int kCombineThreads = 128;  // 4 warps, one output row each
 
 // One warp per (b, query token, head): lane l holds features 4l .. 4l + 3 (+ 128 for
-// D = 256); the splits' weights exp2(lse_s - max) are spread over the lanes and
+// D = 256: kH = 2); the splits' weights exp2(lse_s - max) are spread over the lanes and
 // broadcast by shuffle, so the partial-output loads of all splits are independent.
 // (The first version looped over the splits inside a loop over the features with the
 // weight computed per load: at B = 1, 7-28 splits, ncu measured 10-14 us for a 0.1 MB
-// read, one L2 round trip per split and feature group.) Launched as a programmatic
-// dependent of the decode kernel where the GPU has PDL: it waits for it here.
-template <typename T>
+// read, one L2 round trip per split and feature group.) The partial rows of the first
+// 32 / kH splits are loaded with the lse, before any weight is known: one L2 round trip
+// where the next version took one for the lse and one per 8 splits (ncu, night of
+// 2026-11-24: 14.9 us, long scoreboard 11.9 warps per issue, at B = 1 with 31 splits).
+// Launched as a programmatic dependent of the decode kernel where the GPU has PDL: it
+// waits for it here.
+template <typename T, int kH>
 __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const __grid_constant__ CombineParams p) {
   // Everything before the wait (params, indices) overlaps the decode kernel under PDL.
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -554,14 +558,26 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const _
   const int64_t hq = row % p.Hq, j = (row / p.Hq) % p.q_len, b = row / (p.Hq * p.q_len);
   const int64_t w0 = ((b * p.Hq + hq) * p.q_len + j) * ns;
   const float* lse = p.ws_lse + w0;
+  const float* ws = p.ws_o + w0 * D;
   T* o = static_cast<T*>(p.o) + row * D;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
   if (!live) return;
   const float ninf = -INFINITY;
-  float M = ninf;
-  for (int s = lane; s < ns; s += 32) M = fmaxf(M, lse[s]);
+  constexpr int kPre = 32 / kH;
+  const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+  float4 pre[kPre][kH];
+#pragma unroll
+  for (int k = 0; k < kPre; ++k)
+#pragma unroll
+    for (int h = 0; h < kH; ++h) {
+      const int d = 4 * lane + 128 * h;
+      pre[k][h] = k < ns && d < D ? *reinterpret_cast<const float4*>(ws + static_cast<int64_t>(k) * D + d) : zero;
+    }
+  const float l0 = lane < ns ? lse[lane] : ninf;
+  float M = l0;
+  for (int s = lane + 32; s < ns; s += 32) M = fmaxf(M, lse[s]);
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
   if (M == ninf) {  // no key in any split
@@ -569,27 +585,38 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const _
     if (lane == 0) p.lse[row] = ninf;
     return;
   }
-  float4 acc[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
+  float4 acc[kH];
+#pragma unroll
+  for (int h = 0; h < kH; ++h) acc[h] = zero;
   float lsum = 0.f;
-  const int nh = (D + 127) / 128;  // float4 groups per lane
+  auto add = [&](float4& a, float w, const float4& v) {
+    a.x = fmaf(w, v.x, a.x);
+    a.y = fmaf(w, v.y, a.y);
+    a.z = fmaf(w, v.z, a.z);
+    a.w = fmaf(w, v.w, a.w);
+  };
   for (int s0 = 0; s0 < ns; s0 += 32) {
-    const float wl = s0 + lane < ns ? exp2f(lse[s0 + lane] - M) : 0.f;
+    const float wl = s0 + lane < ns ? exp2f((s0 == 0 ? l0 : lse[s0 + lane]) - M) : 0.f;
     lsum += wl;
     const int n = min(32, ns - s0);
-#pragma unroll 8
-    for (int k = 0; k < n; ++k) {
-      const float w = __shfl_sync(0xffffffffu, wl, k);
-      const float* src = p.ws_o + (w0 + s0 + k) * D;
+    int k = 0;
+    if (s0 == 0) {  // the prefetched splits (a split past ns has w = 0 and a zero row)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
+      for (int kk = 0; kk < kPre; ++kk) {
+        const float w = __shfl_sync(0xffffffffu, wl, kk);
+#pragma unroll
+        for (int h = 0; h < kH; ++h) add(acc[h], w, pre[kk][h]);
+      }
+      k = kPre;
+    }
+#pragma unroll 8
+    for (; k < n; ++k) {
+      const float w = __shfl_sync(0xffffffffu, wl, k);
+      const float* src = ws + static_cast<int64_t>(s0 + k) * D;
+#pragma unroll
+      for (int h = 0; h < kH; ++h) {
         const int d = 4 * lane + 128 * h;
-        if (h < nh && d < D) {
-          const float4 v = *reinterpret_cast<const float4*>(src + d);
-          acc[h].x = fmaf(w, v.x, acc[h].x);
-          acc[h].y = fmaf(w, v.y, acc[h].y);
-          acc[h].z = fmaf(w, v.z, acc[h].z);
-          acc[h].w = fmaf(w, v.w, acc[h].w);
-        }
+        if (d < D) add(acc[h], w, *reinterpret_cast<const float4*>(src + d));
       }
     }
   }
@@ -597,9 +624,9 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const _
   for (int off = 16; off > 0; off >>= 1) lsum += __shfl_xor_sync(0xffffffffu, lsum, off);
   const float inv = 1.f / lsum;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
+  for (int h = 0; h < kH; ++h) {
     const int d = 4 * lane + 128 * h;
-    if (h < nh && d < D) {
+    if (d < D) {
       o[d] = static_cast<T>(acc[h].x * inv);
       o[d + 1] = static_cast<T>(acc[h].y * inv);
       o[d + 2] = static_cast<T>(acc[h].z * inv);
