@@ -148,7 +148,7 @@ def graph_us(fn, reps=200, flush=None, clean=None):
     ts = []
     for _ in range(reps):
         flush_l2(flush, clean)
-        torch.cuda._sleep(100_000)
+        torch.cuda._sleep(500_000)  # ~250 us: longer than the host takes to enqueue the replay
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record(); g.replay(); b.record(); b.synchronize()  # noqa: E702
         ts.append(a.elapsed_time(b) * 1e3)

@@ -118,6 +118,15 @@ constexpr int64_t kFp8Ctas = 128;
 constexpr int64_t kFp8SplitKeys = 128;
 // The cluster merge's limit of keys per split (cluster_merge_pays below).
 constexpr int64_t kClusterSplitKeys = 512;
+// Variant 5 after the lean issue path (runs 2-3 of the night of 2026-11-24, H100, Hq 32 /
+// Hk 8 / D 128, contiguous): with the grid at >= half the SMs (B = 8: 64 CTAs) and at
+// most kNoSplitKeys keys, one split beat the efficiency rule's 4 + combine (ctx 512:
+// 15.8 vs 17.3-19.6 us; ctx 2048: 37.9 vs 40.8; at ctx 8192 4 splits won, 107.9 vs 109.0):
+// a split's fixed cost (its own Q prologue and merge, the combine) outweighs the SMs it
+// adds. And at B = 1 the cluster takes at most 8 splits up to 8 x kClusterShortKeys keys
+// (ctx 2048: 8 splits 13.5-13.7 us vs 16 splits 14.3-14.6; ctx 512: 8 vs 16 10.8 vs 11.8).
+constexpr int64_t kNoSplitKeys = 2048;
+constexpr int64_t kClusterShortKeys = 256;
 
 template <typename T, int D, int kRows, bool kFull>
 void launch_decode_kernel(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
@@ -246,6 +255,7 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
       occ = decode_mma_ctas_per_sm<T, D, kFp8>(p.G * p.q_len, dev);
     });
     const double slots = static_cast<double>(sm_count(dev)) * occ;
+    if (!p.cache.fp8 && 2 * ctas >= sm_count(dev) && max_keys <= kNoSplitKeys) return 1;
     const int64_t short_s = ceil_div(kShortCtas, ctas);
     int64_t s = ceil_div(max_keys, short_s) <= kShortSplitKeys
                     ? short_s : choose_splits(ctas, slots, max_keys, kMinKeysPerSplitMma);
@@ -308,14 +318,17 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
   }
   if (hybrid) {
     // Few kv heads in the grid (B = 1): as many splits as one CTA per SM allows (<= 16, >=
-    // 64 keys each), merged in their cluster, where that measured fastest (ctx 512: 8
-    // splits 12.8 us vs 16 splits 14.0; ctx 2048: 16 splits 15.6 vs 8 16.9; ctx 8192: 16
-    // splits 28.0 vs the rule's 32 + combine 31.1). Paged caches need >= 4 of them: at B =
-    // 8 ctx 512 paged, 2 splits in a cluster took 21.1-21.2 us against the rule's 4 splits
-    // + combine 20.2-20.4 (runs 2 and 3; contiguous, 2 in a cluster won: 18.3 vs 20.0).
+    // 64 keys each; <= 8 up to 8 x kClusterShortKeys keys), merged in their cluster, where
+    // that measured fastest (ctx 512: 8 splits 10.8 us vs 16 splits 11.8; ctx 2048: 8
+    // splits 13.7 vs 16 14.3; ctx 8192: 16 splits 26.4 vs 32 + combine 27.3). Paged caches
+    // need >= 4 of them: at B = 8 ctx 512 paged, 2 splits in a cluster took 21.1-21.2 us
+    // against the rule's 4 splits + combine 20.2-20.4 (first kernel, runs 2 and 3 of the
+    // evening). A grid of >= half the SMs takes no split at short contexts (kNoSplitKeys).
     const int64_t ctas = std::max<int64_t>(1, p.B * p.cache.Hk * p.row_groups);
-    const int sc = static_cast<int>(std::min<int64_t>({cuda::kMaxClusterSplits, sm_count(dev) / ctas,
-                                                        ceil_div(max_keys, kMinKeysPerSplitMma)}));
+    if (!p.cache.fp8 && 2 * ctas >= sm_count(dev) && max_keys <= kNoSplitKeys) return {1, false};
+    int sc = static_cast<int>(std::min<int64_t>({cuda::kMaxClusterSplits, sm_count(dev) / ctas,
+                                                  ceil_div(max_keys, kMinKeysPerSplitMma)}));
+    if (!p.cache.fp8 && max_keys <= 8 * kClusterShortKeys) sc = std::min(sc, 8);
     if ((!p.cache.paged || sc >= 4) && cluster_merge_pays(p, sc, max_keys, dev, dtype)) return {sc, true};
   }
   const int s = rule_splits(p, max_keys, dev, dtype, impl);

@@ -20,44 +20,76 @@ namespace cuda {
 // the portable one). More splits take the combine kernel.
 constexpr int kMaxClusterSplits = 16;
 
+// Four consecutive features of an output row, rounded to T (8 bytes for 16-bit T).
+template <typename T>
+__device__ __forceinline__ void store4(T* dst, float4 v) {
+  dst[0] = static_cast<T>(v.x);
+  dst[1] = static_cast<T>(v.y);
+  dst[2] = static_cast<T>(v.z);
+  dst[3] = static_cast<T>(v.w);
+}
+
+__device__ __forceinline__ void fma4(float4& a, float w, const float4& v) {
+  a.x = fmaf(w, v.x, a.x);
+  a.y = fmaf(w, v.y, a.y);
+  a.z = fmaf(w, v.z, a.z);
+  a.w = fmaf(w, v.w, a.w);
+}
+
 // Shared memory: ms, ls [kParts][kRows] (running max in log2 units, sum), os
-// [kParts][kRows][D] (un-normalised P.V). Rows >= nrows are not read. part_o / part_lse
-// (cluster merge only): this CTA's merged rows [kRows][D] (normalised) and [kRows]
-// (log2-sum-exp), in shared memory apart from the three above.
+// [kParts][kRows][D] (un-normalised P.V). Rows >= nrows are not read. First one thread
+// per row turns ms into the parts' normalised weights exp2(m_w - M) / l and ls[row] (of
+// part 0) into the row's log2-sum-exp (in place: a row's thread reads and writes its own
+// row only); after a barrier every thread merges groups of 4 features with those
+// weights. (The first version computed the weights, a division and a log2 for every
+// feature: ncu counted ~450 of a B = 1 ctx 512 warp's ~2,000 instructions here.)
+// part_o / part_lse (cluster merge only): this CTA's merged rows [kRows][D] (normalised)
+// and [kRows] (log2-sum-exp), in shared memory apart from the three above.
 template <typename T, int kParts, int kRows>
-__device__ __forceinline__ void merge_and_write_rows(const DecodeParams& p, const float* ms, const float* ls,
-                                                     const float* os, int D, int nrows, int row0, int hk, int64_t b,
-                                                     int split, int tid, int nthreads, float* part_o = nullptr,
+__device__ __forceinline__ void merge_and_write_rows(const DecodeParams& p, float* ms, float* ls, const float* os,
+                                                     int D, int nrows, int row0, int hk, int64_t b, int split,
+                                                     int tid, int nthreads, float* part_o = nullptr,
                                                      float* part_lse = nullptr) {
   constexpr float kLn2 = 0.6931471805599453f;
   const float ninf = -INFINITY;
   const int G = static_cast<int>(p.G);
-  for (int e = tid; e < nrows * D; e += nthreads) {
-    const int rr = e / D, d = e - rr * D;
+  if (tid < nrows) {
+    const int rr = tid;
     float M = ninf;
 #pragma unroll
     for (int w = 0; w < kParts; ++w) M = fmaxf(M, ms[w * kRows + rr]);
-    float acc = 0.f, lsum = 0.f;
-    if (M != ninf) {
+    float wt[kParts], lsum = 0.f;
 #pragma unroll
-      for (int w = 0; w < kParts; ++w) {
-        const float wt = exp2f(ms[w * kRows + rr] - M);
-        lsum = fmaf(ls[w * kRows + rr], wt, lsum);
-        acc = fmaf(os[(w * kRows + rr) * D + d], wt, acc);
-      }
-      acc /= lsum;
+    for (int w = 0; w < kParts; ++w) {
+      wt[w] = M == ninf ? 0.f : exp2f(ms[w * kRows + rr] - M);
+      lsum = fmaf(ls[w * kRows + rr], wt[w], lsum);
     }
-    const int row = row0 + rr, j = row / G, hq = hk * G + (row - j * G);
-    const float lse2 = M == ninf ? ninf : M + log2f(lsum);
+    const float inv = M == ninf ? 0.f : 1.f / lsum;
+#pragma unroll
+    for (int w = 0; w < kParts; ++w) ms[w * kRows + rr] = wt[w] * inv;
+    ls[rr] = M == ninf ? ninf : M + log2f(lsum);
+  }
+  __syncthreads();
+  const int D4 = D / 4;
+  for (int g = tid; g < nrows * D4; g += nthreads) {
+    const int rr = g / D4, d = (g - rr * D4) * 4;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < kParts; ++w)
+      fma4(acc, ms[w * kRows + rr], *reinterpret_cast<const float4*>(os + (w * kRows + rr) * D + d));
+    const float lse2 = ls[rr];
     if (part_o) {
-      part_o[rr * D + d] = acc;
+      *reinterpret_cast<float4*>(part_o + rr * D + d) = acc;
       if (d == 0) part_lse[rr] = lse2;
-    } else if (p.num_splits == 1) {
-      static_cast<T*>(p.o)[((b * p.q_len + j) * p.Hq + hq) * D + d] = static_cast<T>(acc);
+      continue;
+    }
+    const int row = row0 + rr, j = p.q_len == 1 ? 0 : row / G, hq = hk * G + (row - j * G);
+    if (p.num_splits == 1) {
+      store4(static_cast<T*>(p.o) + ((b * p.q_len + j) * p.Hq + hq) * D + d, acc);
       if (d == 0) p.lse[(b * p.q_len + j) * p.Hq + hq] = lse2 * kLn2;
     } else {
       const int64_t w = ((b * p.Hq + hq) * p.q_len + j) * p.num_splits + split;
-      p.ws_o[w * D + d] = acc;
+      *reinterpret_cast<float4*>(p.ws_o + w * D + d) = acc;
       if (d == 0) p.ws_lse[w] = lse2;
     }
   }
@@ -66,12 +98,16 @@ __device__ __forceinline__ void merge_and_write_rows(const DecodeParams& p, cons
 // The split merge without a second kernel (sm_90+): the p.num_splits CTAs of one row
 // group are a thread-block cluster (the launcher sets its size), and each has written its
 // merged rows into part_o / part_lse (merge_and_write_rows above). After a cluster
-// barrier, CTA c of the cluster finishes elements c * nthreads + tid, + num_splits *
-// nthreads, ... of the rows: it reads every split's part through distributed shared memory
-// and merges them as the combine kernel does (weights exp2(lse_s - max); no key in any
-// split: O = 0, lse = -inf). A second barrier keeps every CTA's shared memory alive until
-// its peers have read it. Why: at B = 1 the combine kernel was a second launch with its
-// own cold start after the L2 flush, on the critical path of a ~14 us call.
+// barrier, the groups of 4 features of the rows are dealt round-robin to the cluster's
+// CTAs; a thread reads every split's part of its group through distributed shared memory
+// (all loads independent: one DSMEM round trip) and merges them as the combine kernel
+// does (weights exp2(lse_s - max); no key in any split: O = 0, lse = -inf). A second
+// barrier keeps every CTA's shared memory alive until its peers have read it: arrive
+// .relaxed, as the peers' reads are consumed by their output stores before they arrive
+// (the default release arrive compiled to a MEMBAR.ALL.GPU that waited for those stores:
+// ncu put ~15% of a B = 1 ctx 512 call's stall samples there). Why a cluster: at B = 1
+// the combine kernel was a second launch with its own cold start after the L2 flush, on
+// the critical path of a ~14 us call.
 template <typename T>
 __device__ __forceinline__ void cluster_merge_and_write(const DecodeParams& p, float* part_o, float* part_lse, int D,
                                                         int nrows, int row0, int hk, int64_t b, int tid, int nthreads) {
@@ -83,36 +119,43 @@ __device__ __forceinline__ void cluster_merge_and_write(const DecodeParams& p, f
   cl.sync();
   const int ns = p.num_splits, G = static_cast<int>(p.G);
   const int me = static_cast<int>(cl.block_rank());
-  for (int e = me * nthreads + tid; e < nrows * D; e += ns * nthreads) {
-    const int rr = e / D, d = e - rr * D;
-    float lse[kMaxClusterSplits], ov[kMaxClusterSplits];
+  const int D4 = D / 4;
+  for (int g = me + ns * tid; g < nrows * D4; g += ns * nthreads) {
+    const int rr = g / D4, d = (g - rr * D4) * 4;
+    float lse[kMaxClusterSplits];
+    float4 ov[kMaxClusterSplits];
     float M = ninf;
 #pragma unroll
     for (int s = 0; s < kMaxClusterSplits; ++s) {
       if (s < ns) {
         lse[s] = *cl.map_shared_rank(part_lse + rr, s);
-        ov[s] = *cl.map_shared_rank(part_o + e, s);
+        ov[s] = *reinterpret_cast<const float4*>(cl.map_shared_rank(part_o + rr * D + d, s));
         M = fmaxf(M, lse[s]);
       }
     }
-    float acc = 0.f, lsum = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    float lsum = 0.f;
     if (M != ninf) {
 #pragma unroll
       for (int s = 0; s < kMaxClusterSplits; ++s) {
         if (s < ns) {
           const float w = exp2f(lse[s] - M);
           lsum += w;
-          acc = fmaf(w, ov[s], acc);
+          fma4(acc, w, ov[s]);
         }
       }
-      acc *= 1.f / lsum;
+      const float inv = 1.f / lsum;
+      acc.x *= inv;
+      acc.y *= inv;
+      acc.z *= inv;
+      acc.w *= inv;
     }
-    const int row = row0 + rr, j = row / G, hq = hk * G + (row - j * G);
+    const int row = row0 + rr, j = p.q_len == 1 ? 0 : row / G, hq = hk * G + (row - j * G);
     const int64_t orow = (b * p.q_len + j) * p.Hq + hq;
-    static_cast<T*>(p.o)[orow * D + d] = static_cast<T>(acc);
+    store4(static_cast<T*>(p.o) + orow * D + d, acc);
     if (d == 0) p.lse[orow] = M == ninf ? ninf : (M + log2f(lsum)) * kLn2;
   }
-  cl.sync();
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
 #else
   __trap();  // the host sets cluster_merge on sm_90+ only
 #endif
