@@ -10,8 +10,9 @@
 #   append kernels, bench/profile_decode.py (every case, or those of --ncu-cases), into
 #   $OUT/ncu_decode.txt; --ncu-rope: ncu of the small rope call, rope_ext's kernel and
 #   torch.compile's, into $OUT/ncu_rope.txt; both with the warp stall reasons per issued
-#   instruction; --ncu-src CASE: instructions executed per CUDA source line (and per SASS instruction, ncu_sass.csv) of the decode
-#   kernel in one profile_decode.py case, into $OUT/ncu_src.csv; --run: more commands
+#   instruction; --ncu-src "REGEX SKIP SCRIPT ARGS;...": instructions executed and stall
+#   samples per SASS instruction of the first kernel matching REGEX after SKIP launches,
+#   into $OUT/ncu_sass_N.csv (bench/sass_profile.py reads them); --run: more commands
 #   after the build, into $OUT/run.txt; --bench "": no bench)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -66,13 +67,17 @@ if [[ $ncu_rope == 1 ]]; then
   done > "$OUT/ncu_rope.txt" 2>&1
   grep -E "^  [a-z_].*(kernel|triton)|Duration|stalled_(no_inst|long_score|barrier|wait|short)" "$OUT/ncu_rope.txt" | head -40
 fi
-if [[ -n $ncu_src ]]; then
-  rep=$(mktemp -d)/src
-  ncu --profile-from-start off -k regex:"decode_mma" --section SourceCounters --section WarpStateStats -o "$rep" \
-      $PY bench/profile_decode.py "$ncu_src" > /dev/null 2>&1
-  ncu -i "$rep.ncu-rep" --page source --csv --print-source cuda > "$OUT/ncu_src.csv" 2>&1
-  ncu -i "$rep.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_sass.csv" 2>&1
-  echo "ncu-src: $(wc -l < "$OUT/ncu_src.csv") lines"; head -3 "$OUT/ncu_src.csv" | cut -c1-300
+if [[ -n $ncu_src ]]; then  # "REGEX SKIP SCRIPT ARGS...;REGEX SKIP ..." -> ncu_sass_1.csv, ...
+  i=0
+  IFS=';' read -ra specs <<< "$ncu_src"
+  for spec in "${specs[@]}"; do
+    i=$((i + 1)); read -r kre skip cmd <<< "$spec"
+    rep=$(mktemp -d)/src
+    ncu -k regex:"$kre" --launch-skip "$skip" --launch-count 1 --section SourceCounters --section WarpStateStats \
+        -o "$rep" $PY $cmd > /dev/null 2>&1
+    ncu -i "$rep.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_sass_$i.csv" 2>&1
+    echo "ncu-src $i ($spec): $(wc -l < "$OUT/ncu_sass_$i.csv") lines"
+  done
 fi
 if [[ -n $extra ]]; then
   bash -c "$extra" > "$OUT/run.txt" 2>&1; echo "--run rc=$?"; cat "$OUT/run.txt"

@@ -119,7 +119,7 @@ constexpr int64_t kFp8SplitKeys = 128;
 // The cluster merge's limit of keys per split (cluster_merge_pays below).
 constexpr int64_t kClusterSplitKeys = 512;
 // Variant 5 after the lean issue path (runs 2-3 of the night of 2026-11-24, H100, Hq 32 /
-// Hk 8 / D 128, contiguous): with the grid at >= half the SMs (B = 8: 64 CTAs) and at
+// Hk 8 / D 128, contiguous): with the grid at >= 45% of the SMs (B = 8: 64 CTAs) and at
 // most kNoSplitKeys keys, one split beat the efficiency rule's 4 + combine (ctx 512:
 // 15.8 vs 17.3-19.6 us; ctx 2048: 37.9 vs 40.8; at ctx 8192 4 splits won, 107.9 vs 109.0):
 // a split's fixed cost (its own Q prologue and merge, the combine) outweighs the SMs it
@@ -255,7 +255,7 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
       occ = decode_mma_ctas_per_sm<T, D, kFp8>(p.G * p.q_len, dev);
     });
     const double slots = static_cast<double>(sm_count(dev)) * occ;
-    if (!p.cache.fp8 && 2 * ctas >= sm_count(dev) && max_keys <= kNoSplitKeys) return 1;
+    if (!p.cache.fp8 && 20 * ctas >= 9 * sm_count(dev) && max_keys <= kNoSplitKeys) return 1;
     const int64_t short_s = ceil_div(kShortCtas, ctas);
     int64_t s = ceil_div(max_keys, short_s) <= kShortSplitKeys
                     ? short_s : choose_splits(ctas, slots, max_keys, kMinKeysPerSplitMma);
@@ -323,9 +323,10 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
     // splits 13.7 vs 16 14.3; ctx 8192: 16 splits 26.4 vs 32 + combine 27.3). Paged caches
     // need >= 4 of them: at B = 8 ctx 512 paged, 2 splits in a cluster took 21.1-21.2 us
     // against the rule's 4 splits + combine 20.2-20.4 (first kernel, runs 2 and 3 of the
-    // evening). A grid of >= half the SMs takes no split at short contexts (kNoSplitKeys).
+    // evening). A grid of >= 45% of the SMs takes no split at short contexts (kNoSplitKeys;
+    // run 4 had "half", which 64 CTAs on 132 SMs missed).
     const int64_t ctas = std::max<int64_t>(1, p.B * p.cache.Hk * p.row_groups);
-    if (!p.cache.fp8 && 2 * ctas >= sm_count(dev) && max_keys <= kNoSplitKeys) return {1, false};
+    if (!p.cache.fp8 && 20 * ctas >= 9 * sm_count(dev) && max_keys <= kNoSplitKeys) return {1, false};
     int sc = static_cast<int>(std::min<int64_t>({cuda::kMaxClusterSplits, sm_count(dev) / ctas,
                                                   ceil_div(max_keys, kMinKeysPerSplitMma)}));
     if (!p.cache.fp8 && max_keys <= 8 * kClusterShortKeys) sc = std::min(sc, 8);
