@@ -69,10 +69,11 @@ namespace rope_ext {
 namespace cuda {
 namespace mma_decode {
 
-// fp8: 3 stages at D >= 128 (the merge must fit in the rings at D = 256; at D = 128 it
-// leaves 60 KB per CTA, 3 CTAs per SM), 4 at D = 64.
+// fp8: 6 stages at D <= 128 (108 KB per CTA at D = 128, 2 CTAs per SM: 5 tiles of 4 KB in
+// flight per warp, 160 KB per SM; 3 stages, 3 CTAs per SM, held 96 KB per SM and B = 8
+// ctx 32768 at 85% of copy on the fp8 bytes), 3 at D = 256 (the merge must fit in the rings).
 template <int D, bool kFp8>
-constexpr int stages() { return kFp8 ? (D >= 128 ? 3 : 4) : (D >= 256 ? 2 : 3); }
+constexpr int stages() { return kFp8 ? (D >= 256 ? 3 : 6) : (D >= 256 ? 2 : 3); }
 
 // Shared memory: the warps' tile rings (cache elements: 2 bytes, or 1 for fp8) | Q
 // [16][D] in the MMA type | the Q sin/cos table [16 tokens][D/2] x 2 floats | the warps'
