@@ -69,11 +69,13 @@ namespace rope_ext {
 namespace cuda {
 namespace mma_decode {
 
-// fp8: 6 stages at D <= 128 (108 KB per CTA at D = 128, 2 CTAs per SM: 5 tiles of 4 KB in
-// flight per warp, 160 KB per SM; 3 stages, 3 CTAs per SM, held 96 KB per SM and B = 8
-// ctx 32768 at 85% of copy on the fp8 bytes), 3 at D = 256 (the merge must fit in the rings).
+// fp8: 3 stages at D >= 128 (the merge must fit in the rings at D = 256; at D = 128 it
+// leaves 60 KB per CTA, 3 CTAs per SM), 4 at D = 64. (6 stages at D <= 128, 2 CTAs per SM
+// and 160 KB in flight per SM instead of 96, measured slower everywhere: B = 8 ctx 32768
+// 213.0 vs 210.6 us, ctx 2048 34.6 vs 27.8, B = 64 ctx 32768 1512 vs 1490; run 6 of the
+// night of 2026-11-24: bytes in flight are not what holds fp8 at ~85% of copy at B = 8.)
 template <int D, bool kFp8>
-constexpr int stages() { return kFp8 ? (D >= 256 ? 3 : 6) : (D >= 256 ? 2 : 3); }
+constexpr int stages() { return kFp8 ? (D >= 128 ? 3 : 4) : (D >= 256 ? 2 : 3); }
 
 // Shared memory: the warps' tile rings (cache elements: 2 bytes, or 1 for fp8) | Q
 // [16][D] in the MMA type | the Q sin/cos table [16 tokens][D/2] x 2 floats | the warps'

@@ -537,11 +537,30 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   const int64_t b = blockIdx.z, s = blockIdx.y;
   const int d0 = c * V, d1 = d0 + p.half;
 
-  // 1. Position and frequencies first, then x: the sin/cos chain needs only the former.
-  //    ncu's SASS page (night of 2026-11-24, [1,16,32,128] bf16) showed the x loads
-  //    first, their values unpacked inside the load loop's branch region (its `break`),
-  //    the frequency loads issued only after x had arrived: two DRAM round trips in
-  //    series. Loads in this order, and the x loop predicated (no break), overlap them.
+  // 1. The x loads. Selects, not p.in[t]: a runtime index into the parameters would
+  //    copy them to local memory.
+  Word xa[U], xb[U];
+  T* out[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int r = r0 + u * p.rows_per_block;
+    if (r >= p.rows) break;
+    const bool k = r >= p.H0;
+    const int64_t h = k ? r - p.H0 : r;
+    const T* in = static_cast<const T*>(k ? p.in[1] : p.in[0]) + b * (k ? p.in_sb[1] : p.in_sb[0]) +
+                  s * (k ? p.in_ss[1] : p.in_ss[0]) + h * (k ? p.in_sh[1] : p.in_sh[0]);
+    out[u] = static_cast<T*>(k ? p.out[1] : p.out[0]) + b * (k ? p.out_sb[1] : p.out_sb[0]) +
+             s * (k ? p.out_ss[1] : p.out_ss[0]) + h * (k ? p.out_sh[1] : p.out_sh[0]);
+    xa[u] = *reinterpret_cast<const Word*>(in + d0);
+    if (!kInterleaved) xb[u] = *reinterpret_cast<const Word*>(in + d1);
+  }
+
+  // 2. Position and frequencies, loads in flight with x's; then the chunk's P sin/cos
+  //    (position_of's rules for the cases the host lets through). (ncu's SASS page shows
+  //    x unpacked inside the loop above before the frequency loads issue; loading those
+  //    first with the x loop predicated gained 0.1 us at 0.12 MB and lost 20-25% at 8-32
+  //    MB: run 6 of the night of 2026-11-24, reverted. Most of a 0.12 MB call's stall
+  //    samples sit on the first parameter loads, a cold constant cache.)
   int64_t pos;
   if (p.positions.ptr) {
     pos = load_index(p.positions, b * p.pos_stride_b + s * p.positions.stride);
@@ -552,27 +571,6 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   float f[P], sn[P], cs[P];
 #pragma unroll
   for (int j = 0; j < P; ++j) f[j] = p.inv_freq[(c * P + j) * p.inv_freq_stride];
-  //    The x loads. Selects, not p.in[t]: a runtime index into the parameters would
-  //    copy them to local memory.
-  Word xa[U], xb[U];
-  T* out[U];
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const int r = r0 + u * p.rows_per_block;
-    const bool live = r < p.rows;
-    const bool k = r >= p.H0;
-    const int64_t h = k ? r - p.H0 : r;
-    const T* in = static_cast<const T*>(k ? p.in[1] : p.in[0]) + b * (k ? p.in_sb[1] : p.in_sb[0]) +
-                  s * (k ? p.in_ss[1] : p.in_ss[0]) + h * (k ? p.in_sh[1] : p.in_sh[0]);
-    out[u] = static_cast<T*>(k ? p.out[1] : p.out[0]) + b * (k ? p.out_sb[1] : p.out_sb[0]) +
-             s * (k ? p.out_ss[1] : p.out_ss[0]) + h * (k ? p.out_sh[1] : p.out_sh[0]);
-    if (live) {
-      xa[u] = *reinterpret_cast<const Word*>(in + d0);
-      if (!kInterleaved) xb[u] = *reinterpret_cast<const Word*>(in + d1);
-    }
-  }
-
-  // 2. The chunk's P sin/cos (position_of's rules for the cases the host lets through).
 #pragma unroll
   for (int j = 0; j < P; ++j) {
     float sv, cv;
@@ -584,7 +582,7 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   // 3. Rotate and store.
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    if (r0 + u * p.rows_per_block >= p.rows) continue;
+    if (r0 + u * p.rows_per_block >= p.rows) break;
     VecT va, vb;
     *reinterpret_cast<Word*>(&va) = xa[u];
     if (!kInterleaved) *reinterpret_cast<Word*>(&vb) = xb[u];
