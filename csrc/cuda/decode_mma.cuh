@@ -30,10 +30,18 @@
 //     (decode_merge.cuh, cluster_merge_and_write): one launch. Otherwise the combine
 //     kernel (variant 4) merges them, launched as a programmatic dependent of this one
 //     (PDL): its launch overlaps this kernel.
+//   - At B <= 8 this kernel was issue-bound, not DRAM-bound (ncu, night of 2026-11-24:
+//     2,743 instructions per warp at B = 1 ctx 512 for one tile, ~740 per tile at ctx
+//     32768, < 1 warp per scheduler, "no instruction" the largest stall). So the issue
+//     path is lean: Q by 16-byte loads staged through q_s, one pair unit per thread; K/V
+//     copies by a running pointer per row group; a warp's block ids 32 tiles at a time;
+//     the ring slot as a counter; ldmatrix addresses as one XOR; ex2.approx weights;
+//     merges with per-row weights (decode_merge.cuh): 1,567 and ~500.
 // Measured (H100, CUDA graph, cold L2, Hq 32 / Hk 8 / D 128 bf16; docs/attention.md):
-// B = 64, ctx 32768 2.78-2.81 ms = SDPA (102% of copy), paged 99%; B = 8 1.00-1.07x
-// SDPA; B = 1 1.17x at ctx 512, 0.98x at 32768 (65% of copy). Variant 2 takes 1.08-1.42x
-// this kernel's time. The split rule (attention_dispatch.cu) came from forced-split rows.
+// B = 1 1.59x / 1.42x / 1.10x / 1.05x rope + SDPA at ctx 512 / 2048 / 8192 / 32768 (70% of
+// copy there); B = 8 1.32x at ctx 512, 1.01x at 32768 (98%); B = 64 1.00-1.07x (103% at
+// ctx 32768), paged within 1-3% from B = 8 ctx 2048 up. Variant 2 takes 1.1-1.9x this
+// kernel's time. The split rule (attention_dispatch.cu) came from forced-split rows.
 //   - Shared-memory tiles are XOR-swizzled by 16-byte chunk (chunk ^ key % 8), so the
 //     8 rows an ldmatrix reads fall in 8 different bank groups.
 //   - FP8 caches (kFp8, issue 20): the rings hold e4m3 tiles and the MMA fragments
