@@ -245,17 +245,19 @@ int decode_rows_per_cta(int64_t rows, DecodeImpl impl) {
 namespace {
 std::atomic<bool> g_cluster_merge{true};
 
+// CTAs per split: (b, kv head, row group).
+int64_t grid_ctas(const DecodeParams& p) { return std::max<int64_t>(1, p.B * p.cache.Hk * p.row_groups); }
+
 // The number of key splits, from shapes only (variant 5: the cluster merge's choice
-// comes first in decode_plan below).
+// and the no-split case come first in decode_plan below).
 int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType dtype, DecodeImpl impl) {
   int occ = 1;
-  const int64_t ctas = std::max<int64_t>(1, p.B * p.cache.Hk * p.row_groups);
+  const int64_t ctas = grid_ctas(p);
   if (impl == DecodeImpl::kHybrid) {
     visit_decode_mma(dtype, p.rope.D, p.cache.fp8, [&]<typename T, int D, bool kFp8>() {
       occ = decode_mma_ctas_per_sm<T, D, kFp8>(p.G * p.q_len, dev);
     });
     const double slots = static_cast<double>(sm_count(dev)) * occ;
-    if (!p.cache.fp8 && 20 * ctas >= 9 * sm_count(dev) && max_keys <= kNoSplitKeys) return 1;
     const int64_t short_s = ceil_div(kShortCtas, ctas);
     int64_t s = ceil_div(max_keys, short_s) <= kShortSplitKeys
                     ? short_s : choose_splits(ctas, slots, max_keys, kMinKeysPerSplitMma);
@@ -292,7 +294,7 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
 // launch keeps resident), and with 2048 keys per split at B = 1 ctx 32768 it lost too
 // (80.7 vs 68.8 for 32 splits + combine).
 bool cluster_merge_pays(const DecodeParams& p, int s, int64_t max_keys, int dev, at::ScalarType dtype) {
-  const int64_t ctas = std::max<int64_t>(1, p.B * p.cache.Hk * p.row_groups);
+  const int64_t ctas = grid_ctas(p);
   if (!g_cluster_merge.load(std::memory_order_relaxed) || s < 2 || s > cuda::kMaxClusterSplits ||
       ctas * s > sm_count(dev) || ceil_div(max_keys, s) > kClusterSplitKeys)
     return false;
@@ -325,7 +327,7 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
     // against the rule's 4 splits + combine 20.2-20.4 (first kernel, runs 2 and 3 of the
     // evening). A grid of >= 45% of the SMs takes no split at short contexts (kNoSplitKeys;
     // run 4 had "half", which 64 CTAs on 132 SMs missed).
-    const int64_t ctas = std::max<int64_t>(1, p.B * p.cache.Hk * p.row_groups);
+    const int64_t ctas = grid_ctas(p);
     if (!p.cache.fp8 && 20 * ctas >= 9 * sm_count(dev) && max_keys <= kNoSplitKeys) return {1, false};
     int sc = static_cast<int>(std::min<int64_t>({cuda::kMaxClusterSplits, sm_count(dev) / ctas,
                                                   ceil_div(max_keys, kMinKeysPerSplitMma)}));

@@ -589,12 +589,6 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const _
 #pragma unroll
   for (int h = 0; h < kH; ++h) acc[h] = zero;
   float lsum = 0.f;
-  auto add = [&](float4& a, float w, const float4& v) {
-    a.x = fmaf(w, v.x, a.x);
-    a.y = fmaf(w, v.y, a.y);
-    a.z = fmaf(w, v.z, a.z);
-    a.w = fmaf(w, v.w, a.w);
-  };
   for (int s0 = 0; s0 < ns; s0 += 32) {
     const float wl = s0 + lane < ns ? exp2f((s0 == 0 ? l0 : lse[s0 + lane]) - M) : 0.f;
     lsum += wl;
@@ -605,7 +599,7 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const _
       for (int kk = 0; kk < kPre; ++kk) {
         const float w = __shfl_sync(0xffffffffu, wl, kk);
 #pragma unroll
-        for (int h = 0; h < kH; ++h) add(acc[h], w, pre[kk][h]);
+        for (int h = 0; h < kH; ++h) fma4(acc[h], w, pre[kk][h]);
       }
       k = kPre;
     }
@@ -616,7 +610,7 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const _
 #pragma unroll
       for (int h = 0; h < kH; ++h) {
         const int d = 4 * lane + 128 * h;
-        if (d < D) add(acc[h], w, *reinterpret_cast<const float4*>(src + d));
+        if (d < D) fma4(acc[h], w, *reinterpret_cast<const float4*>(src + d));
       }
     }
   }
