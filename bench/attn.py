@@ -22,9 +22,13 @@ Rows per point (µs; GB/s and % of copy count the KV bytes read: B * ctx * Hk * 
                               gather of the blocks first); "step" rows are held against it
     step: torch.compile(separate)
     flash_attn_with_kvcache / FlashInfer decode: when importable (n/a otherwise)
+    same-size read (torch.sum)  a reference (contiguous points): torch.sum of one fp32
+                              buffer of the KV's bytes, timed the same way: the plain read
+                              this harness allows at that size
 Append: append_kv of T = 16 (16 sequences x 1 token) and T = 8192 (one sequence) tokens,
 with and without q; GB/s count k, v (and q) read + written, against the separate path
-(apply_rope_qk + cache writes).
+(apply_rope_qk + cache writes); "same-size copy" (y.copy_(x) moving the same bytes) is
+the reference.
 Prefill: rope_attention fused vs separate, B in {1, 8}, S in {1, 4, 16, 64}.
 FP8 (issue 20; also alone: --suite fp8): decode over a float8_e4m3fn cache against the bf16
 cache at the same point (% copy of each cache's own bytes: fp8 moves half), the fp8
@@ -200,6 +204,12 @@ def decode_suite(timer, bw, quick=False):
                                 lambda ns=ns: rope_ext.attention_decode(q, kc, vc, lens, block_table=bt, num_splits=ns,
                                                                         **hint)))
             if not paged:
+                # A reference, not a peer: the fastest plain read of the same bytes in this
+                # harness (torch.sum of one buffer of the KV's size): where it stays below 90%
+                # of the copy rate, so must any decode (the flush's dirty lines: timing.py).
+                ref = torch.empty(kv_bytes // 4, device=DEV)
+                ref_out = torch.empty((), device=DEV)
+                fns += [("same-size read (torch.sum)", lambda: torch.sum(ref, dim=0, out=ref_out))]
                 fns += [("separate", lambda: _separate_attn(q, kc, vc, ctx))]
                 if CUDA:
                     fns += [("torch.compile(separate)", lambda: compiled_attn(q, kc, vc, ctx))]
@@ -223,6 +233,7 @@ def decode_suite(timer, bw, quick=False):
             _print(title, rows, "x separate")
             results.append(dict(workload=title, kind="decode", paged=paged, B=B, ctx=ctx, rows=rows))
             del kc, vc
+            ref = None
             if CUDA:
                 torch.cuda.empty_cache()
     return results
@@ -297,7 +308,10 @@ def append_suite(timer, bw, quick=False):
                 fns += [(f"rope_ext append_kv, shape {sh} ({desc})", _append_shape(sh, fns[0][1]))
                         for sh, desc in ((0, "4 items, 3 blocks/SM"), (1, "2 items, 4 blocks/SM, auto's"),
                                          (2, "1 item, 6 blocks/SM"))]
-            fns += [
+            # A reference, not a peer: a copy of the same bytes (half read, half written).
+            cx = torch.empty(nbytes // 8, device=DEV)
+            cy = torch.empty_like(cx)
+            fns += [("same-size copy (y.copy_(x))", lambda cx=cx, cy=cy: cy.copy_(cx)),
                    ("separate: apply_rope_qk + cache writes",
                     lambda: separate_append(qq, k, v, kc, vc, pos, rows_b, rows_i))]
             rows = _rows(fns, nbytes, timer, bw, base="separate: apply_rope_qk + cache writes")

@@ -6,7 +6,8 @@ Profiles one call of each case after warm-up (the profiler range covers only tho
 calls), Hq 32, Hk 8, D 128, bf16 q, contiguous cache. Cases (default: all):
   bf16_b1_512, bf16_b1_2048, bf16_b1_8192, bf16_b1_32768, bf16_b8_8192, fp8_b8_8192, fp8_b8_32768,
   fp8_b64_8192, step_b1_8192 (the decode step in one call: attention_decode with k, v),
-  append_8192 (append_kv without q, T = 8192 tokens), append_16."""
+  append_8192 (append_kv without q, T = 8192 tokens of one sequence), append_16 (16
+  sequences of one token), both varlen as in the attn suite."""
 import sys
 
 import torch
@@ -34,12 +35,16 @@ def decode_case(cache, B, ctx, step=False):
 
 
 def append_case(T):
-    k = torch.randn(1, T, Hk, D, device=dev, dtype=torch.bfloat16)
+    """As the attn suite's rows: varlen, T = 16 is 16 sequences of one token, else one
+    sequence of T."""
+    B = 16 if T == 16 else 1
+    k = torch.randn(T, Hk, D, device=dev, dtype=torch.bfloat16)
     v = torch.randn_like(k)
-    kc = torch.zeros(1, T, Hk, D, device=dev, dtype=torch.bfloat16)
+    kc = torch.zeros(B, T // B + 4096, Hk, D, device=dev, dtype=torch.bfloat16)
     vc = torch.zeros_like(kc)
-    lens = torch.zeros(1, dtype=torch.int32, device=dev)
-    return lambda: rope_ext.append_kv(k, v, kc, vc, lens)
+    lens = torch.randint(0, 4096, (B,), dtype=torch.int32, device=dev)
+    cu = torch.arange(0, T + 1, T // B, dtype=torch.int32, device=dev)
+    return lambda: rope_ext.append_kv(k, v, kc, vc, lens, cu_seqlens=cu)
 
 
 CASES = {

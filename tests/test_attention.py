@@ -413,6 +413,30 @@ def test_append_kv_batched_matches_varlen(device):
         assert torch.isnan(kc).all() and torch.isnan(vc).all(), "only the new slots are written"
 
 
+@pytest.mark.parametrize("B", [37, 300], ids=["lens-early", "lens-per-token"])
+def test_append_kv_varlen_many_sequences(device, B):
+    """Varlen appends of many sequences, some with no new token: the kernel loads every
+    sequence's cache length up front when B <= 256 (its block size) and per token
+    otherwise; both write the float64 truth into exactly the new slots."""
+    Hk, D, cap = 2, 64, 24
+    new = torch.randint(0, 4, (B,))
+    new[::7] = 0
+    T = int(new.sum())
+    before = torch.randint(0, cap - 3, (B,), dtype=torch.int32)
+    cu = torch.zeros(B + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(new, 0)
+    k, v = randn((T, Hk, D), torch.bfloat16, device), randn((T, Hk, D), torch.bfloat16, device)
+    kc, vc, _ = new_cache(B, cap, Hk, D, torch.bfloat16, device, False)
+    rope_ext.append_kv(k, v, kc, vc, before.to(device), cu_seqlens=cu.to(device))
+    seq = torch.repeat_interleave(torch.arange(B), new)
+    idx = before[seq].long() + (torch.arange(T) - cu[seq].long())
+    sd, idd = seq.to(device), idx.to(device)
+    assert_close_f64(kc[sd, idd], ref.rope_float64(k, idd, layout="thd"), 8.0, "k in the cache")
+    assert torch.equal(vc[sd, idd], v), "v is copied exactly"
+    kc[sd, idd], vc[sd, idd] = float("nan"), float("nan")
+    assert torch.isnan(kc).all() and torch.isnan(vc).all(), "only the new slots are written"
+
+
 @pytest.mark.parametrize("rotary_dim,interleaved", [(64, False), (6, False), (10, True)])
 def test_append_kv_scalar_path(device, rotary_dim, interleaved):
     """Inputs the 16-byte kernel cannot take (feature stride != 1, a rotary half of 3

@@ -65,7 +65,9 @@ void launch_append_shape(const AppendParams& p, int device, cudaStream_t stream)
   int64_t tpb = std::max<int64_t>(1, cap / std::max<int64_t>(1, per_token));
   tpb = std::min<int64_t>(tpb, std::max<int64_t>(1, p.num_tokens / (2 * sm_count(device))));
   tpb = std::min<int64_t>(tpb, std::max<int64_t>(1, 32 * 1024 / (8 * std::max(1, half))));
-  const size_t smem = tpb * sizeof(cuda::AppendSlot) + 2 * sizeof(float) * tpb * half;
+  // + the sequences' lengths (varlen, at most kAppendThreads sequences: the kernel's step 2)
+  const size_t smem = tpb * sizeof(cuda::AppendSlot) + 2 * sizeof(float) * tpb * half +
+                      (p.varlen && p.B <= cuda::kAppendThreads ? sizeof(int64_t) * p.B : 0);
   const int64_t blocks = ceil_div(p.num_tokens, tpb);
   TORCH_CHECK_VALUE(blocks < (int64_t(1) << 31), "rope_ext: append_kv: too many tokens for one launch");
   cuda::append_kv_kernel<T, kInterleaved, kVec, kFp8, kItems, kMinBlocks>

@@ -239,6 +239,25 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   const int row0 = rg * kRows;
   const int nrows = min(kRows, static_cast<int>(p.G * p.q_len) - row0);
   const int64_t seqlen = decode_seqlen(p, b);
+  // Paged caches with 16-aligned blocks, one split: the warp's tile t starts at key (warp +
+  // kWarps t) * 16 whatever the length, so lane l looks up tile l's block id now, in flight
+  // with cache_seqlens instead of after it (slot_of below takes these as its first batch).
+  struct Slot { int64_t ko, vo; bool ok; };
+  int bt_t0 = -32;
+  Slot bt{0, 0, false};
+  if (p.cache.paged && p.cache.block_size % kTileKeys == 0 && p.num_splits == 1) {
+    const KVCacheView& c = p.cache;
+    bt_t0 = 0;
+    const int key0 = (warp + lane * kWarps) * kTileKeys;
+    if (key0 < c.capacity) {  // inside the block table's row
+      const int64_t n = div_small(key0, c.block_size);
+      const int64_t blk = load_index(c.block_table, b * c.bt_stride_b + n * c.block_table.stride);
+      const int64_t in_block = key0 - n * c.block_size;
+      bt.ok = blk >= 0 && blk < c.num_blocks;
+      bt.ko = blk * c.k_stride[0] + in_block * c.k_stride[1];
+      bt.vo = blk * c.v_stride[0] + in_block * c.v_stride[1];
+    }
+  }
   // The decode step in this launch (p.k_new): the q_len new keys [old, seqlen) are one
   // extra tile of the last split, built by its last warp (the one with the fewest cached
   // tiles) from k_new / v_new after its cached tiles, and written into the cache. The
@@ -325,7 +344,6 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   // Slot of tile t. Modes 0 and 1: ko / vo = the element offset of the tile's first key
   // row, ok = its block exists (rows follow at the slot stride); mode 2: lane k < 16's
   // own key k (shared by shuffle in issue).
-  struct Slot { int64_t ko, vo; bool ok; };
   auto tile_key0 = [&](int t) { return kbeg + (warp + t * kWarps) * kTileKeys; };
   const int64_t ks1 = cv.k_stride[1], vs1 = cv.v_stride[1];
   // Mode 1: the slots of the warp's tiles bt_t0 .. bt_t0 + 31 (lane l: tile bt_t0 + l), looked
@@ -333,8 +351,6 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   // ahead, left an L2 round trip on every tile's chain: paged B = 8 with one split per
   // sequence took 19.5 us against 15.8 contiguous at ctx 512, run 3 of the night of
   // 2026-11-24.)
-  int bt_t0 = -32;
-  Slot bt{0, 0, false};
   auto bt_fill = [&](int t0) {
     bt_t0 = t0;
     bt = Slot{0, 0, false};
