@@ -383,6 +383,12 @@ def fp8_suite(timer, bw, quick=False):
                 q, fk, fv, lens, block_table=bt, max_seqlen=ctx, k_scale=ks, v_scale=vs))], fp8_bytes, timer, bw,
                 base="", base_us=base)
             rows = bf16 + fp8
+            if not paged:  # the reference: a plain read of the fp8 KV's bytes (decode_suite's)
+                ref = torch.empty(fp8_bytes // 4, device=DEV)
+                ref_out = torch.empty((), device=DEV)
+                rows += _rows([("same-size read (torch.sum)", lambda: torch.sum(ref, dim=0, out=ref_out))], fp8_bytes,
+                              timer, bw, base="", base_us=base)
+                ref = None
             if base:
                 bf16[0]["speedup"] = 1.0
             title = (f"decode {'paged(16)' if paged else 'contiguous'} fp8 vs bf16 cache B={B} ctx={ctx} Hq={Hq} "

@@ -42,6 +42,33 @@ struct KVCacheView {
   int64_t v_scale_stride = 0;
 };
 
+// n / d for 0 <= n < 2^31 by a multiply-high, an add and a shift, d (>= 1, < 2^31) fixed
+// per launch and its multiplier computed on the host (division by invariant integers,
+// Granlund and Montgomery; PyTorch's IntDivider is the same). A run-time 32-bit division
+// is ~20 instructions: append_kv's item decode did five per 16-byte item.
+struct FastDiv {
+  uint32_t d = 1, m = 1;
+  int32_t s = 0;
+  FastDiv() = default;
+  explicit FastDiv(uint32_t divisor) : d(divisor < 1 ? 1 : divisor) {
+    while ((uint64_t(1) << s) < d) ++s;
+    m = static_cast<uint32_t>(((uint64_t(1) << 32) * ((uint64_t(1) << s) - d)) / d + 1);
+  }
+#if defined(__CUDACC__)
+  __host__ __device__ __forceinline__
+#else
+  inline
+#endif
+  uint32_t div(uint32_t n) const {
+#if defined(__CUDA_ARCH__)
+    const uint32_t t = __umulhi(n, m);
+#else
+    const uint32_t t = static_cast<uint32_t>((uint64_t(n) * m) >> 32);
+#endif
+    return (t + n) >> s;
+  }
+};
+
 // append_kv: rotate k (and q in place), write rotated k and v into the cache slots
 // cache_seqlens[b] + j of the new tokens.
 //   batched  k, v [B, T, Hk, D] (q [B, T, Hq, D]): token (b, j), input row (b, j)
@@ -63,6 +90,10 @@ struct AppendParams {
   int64_t num_tokens = 0;              // B * T, or Ttot
   bool varlen = false;                 // rope.cu_seqlens / rope.num_seqs then hold the sequences
   bool rotate_k = true;                // false: k is written as given (the full-fusion cache)
+  // The CUDA kernel's divisors, set by its launcher (they depend on its chunk width):
+  // items per token, K rotary / K pass-through / V chunks per head, Q rotary chunks per
+  // head (= K's), tokens per sequence (batched), pairs per token (R / 2).
+  struct Dividers { FastDiv per_tok, k_rot, k_tail, v_chunks, n_rot, T, half; } div;
   // Last: the kernels read the fields above in dependent steps, and with the ~1 KB
   // RopeParams (its frequency table) first they straddled more constant-cache lines.
   RopeParams rope;

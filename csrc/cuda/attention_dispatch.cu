@@ -52,7 +52,8 @@ std::atomic<int> g_append_shape{-1};
 constexpr int kDefaultAppendShape = 1;
 
 template <typename T, bool kInterleaved, bool kVec, bool kFp8, int kItems, int kMinBlocks>
-void launch_append_shape(const AppendParams& p, int device, cudaStream_t stream) {
+void launch_append_shape(const AppendParams& params, int device, cudaStream_t stream) {
+  AppendParams p = params;
   const int half = p.rope.R / 2;
   // Tokens per block: the block's threads own kItems items each (every item of a
   // token stays in one block), at least 2 blocks per SM where the token count allows,
@@ -61,13 +62,23 @@ void launch_append_shape(const AppendParams& p, int device, cudaStream_t stream)
   const int64_t n_rot = p.rope.interleaved ? p.rope.R / V : p.rope.R / 2 / V;
   const int64_t per_token = p.cache.Hk * ((p.rotate_k ? n_rot + (p.rope.D - p.rope.R) / V : p.rope.D / V) + p.Dv / V) +
                             p.Hq * n_rot;
+  // The kernel's item and token indices go through FastDiv (32-bit, below 2^31).
+  TORCH_CHECK_VALUE(p.num_tokens < (int64_t(1) << 31) && per_token < (int64_t(1) << 30),
+                    "rope_ext: append_kv: too many tokens or heads for one launch (the kernel's indices are 32-bit)");
+  p.div.per_tok = FastDiv(static_cast<uint32_t>(per_token));
+  p.div.k_rot = FastDiv(static_cast<uint32_t>(n_rot));
+  p.div.k_tail = FastDiv(static_cast<uint32_t>(p.rotate_k ? (p.rope.D - p.rope.R) / V : p.rope.D / V));
+  p.div.v_chunks = FastDiv(static_cast<uint32_t>(p.Dv / V));
+  p.div.n_rot = FastDiv(static_cast<uint32_t>(n_rot));
+  p.div.T = FastDiv(static_cast<uint32_t>(std::min<int64_t>(p.T, INT32_MAX)));
+  p.div.half = FastDiv(static_cast<uint32_t>(std::max(half, 1)));
   const int64_t cap = int64_t(cuda::kAppendThreads) * kItems;  // items a block holds at once
   int64_t tpb = std::max<int64_t>(1, cap / std::max<int64_t>(1, per_token));
   tpb = std::min<int64_t>(tpb, std::max<int64_t>(1, p.num_tokens / (2 * sm_count(device))));
   tpb = std::min<int64_t>(tpb, std::max<int64_t>(1, 32 * 1024 / (8 * std::max(1, half))));
-  // + the sequences' lengths (varlen, at most kAppendThreads sequences: the kernel's step 2)
-  const size_t smem = tpb * sizeof(cuda::AppendSlot) + 2 * sizeof(float) * tpb * half +
-                      (p.varlen && p.B <= cuda::kAppendThreads ? sizeof(int64_t) * p.B : 0);
+  // + cu_seqlens and the lengths (varlen, fewer than kAppendThreads sequences: the kernel's step 2)
+  const size_t smem = 2 * sizeof(float) * tpb * half + tpb * sizeof(cuda::AppendSlot) +
+                      (p.varlen && p.B < cuda::kAppendThreads ? sizeof(int64_t) * (2 * p.B + 1) : 0);
   const int64_t blocks = ceil_div(p.num_tokens, tpb);
   TORCH_CHECK_VALUE(blocks < (int64_t(1) << 31), "rope_ext: append_kv: too many tokens for one launch");
   cuda::append_kv_kernel<T, kInterleaved, kVec, kFp8, kItems, kMinBlocks>

@@ -139,10 +139,13 @@ __global__ void __launch_bounds__(kAppendThreads, kMinBlocks) append_kv_kernel(c
   using VecT = Vec<T, V>;
   const RopeParams& r = p.rope;
   const int half = r.R / 2;
+  // Shared memory: the tables first (16-byte aligned rows: a chunk's P sines / cosines
+  // in one or two vector reads), then the slots, then (varlen, few sequences) cu_seqlens
+  // and the cache lengths.
   extern __shared__ float4 append_smem[];
-  AppendSlot* slots = reinterpret_cast<AppendSlot*>(append_smem);  // [tokens_per_block]
-  float* cos_tab = reinterpret_cast<float*>(slots + tokens_per_block);  // [tokens][R/2]
+  float* cos_tab = reinterpret_cast<float*>(append_smem);  // [tokens][R/2]
   float* sin_tab = cos_tab + tokens_per_block * half;
+  AppendSlot* slots = reinterpret_cast<AppendSlot*>(sin_tab + tokens_per_block * half);  // [tokens_per_block]
 
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * tokens_per_block;
   const int nt = static_cast<int>(min(static_cast<int64_t>(tokens_per_block), p.num_tokens - t0));
@@ -155,6 +158,7 @@ __global__ void __launch_bounds__(kAppendThreads, kMinBlocks) append_kv_kernel(c
   const int v_chunks = static_cast<int>(p.Dv) / V;  // V's own head dim (MLA's latent: kv_lora_rank)
   const int nkr = Hk * ck_rot, nkt = Hk * n_tail, nv = Hk * v_chunks, nq = static_cast<int>(p.Hq) * n_rot;
   const int per_tok = nkr + nkt + nv + nq;
+  const AppendParams::Dividers& dv = p.div;  // the divisions below by these, as multiplies
   const T* kin = static_cast<const T*>(p.k);
   const T* vin = static_cast<const T*>(p.v);
   T* qio = static_cast<T*>(p.q);
@@ -166,33 +170,34 @@ __global__ void __launch_bounds__(kAppendThreads, kMinBlocks) append_kv_kernel(c
   // without q ran at 63% of copy, T = 16 took 7 us.
   struct Item { int kind, tl, h, d0; };  // kind: 0 K rotary, 1 K copy, 2 V, 3 Q; -1 none
   auto input_row = [&](int tl, int64_t* rb, int64_t* rt) {  // (b, j) batched, (0, t) varlen
-    const int64_t tok = t0 + tl;
-    *rb = p.varlen ? 0 : div_small(tok, p.T);
+    const int64_t tok = t0 + tl;  // < 2^31 (the host checks)
+    *rb = p.varlen ? 0 : dv.T.div(static_cast<uint32_t>(tok));
     *rt = p.varlen ? tok : tok - *rb * p.T;
   };
   auto load_item = [&](int w_all, Item& m, VecT& a, VecT& b) {
     m.kind = -1;
     if (w_all >= nt * per_tok) return;
-    m.tl = w_all / per_tok;
+    m.tl = dv.per_tok.div(w_all);
     int w = w_all - m.tl * per_tok;
     int64_t rb, rt;
     input_row(m.tl, &rb, &rt);
     const T* src;
     int64_t sd;
     if (w < nkr) {
-      m.kind = 0; m.h = w / ck_rot; m.d0 = chunk_start(r, w - m.h * ck_rot, V);
+      m.kind = 0; m.h = dv.k_rot.div(w); m.d0 = chunk_start(r, w - m.h * ck_rot, V);
       src = kin + rb * p.k_stride[0] + rt * p.k_stride[1] + m.h * p.k_stride[2]; sd = p.k_stride[3];
     } else if ((w -= nkr) < nkt) {
-      m.kind = 1; m.h = w / n_tail; m.d0 = (p.rotate_k ? r.R : 0) + (w - m.h * n_tail) * V;
+      m.kind = 1; m.h = dv.k_tail.div(w); m.d0 = (p.rotate_k ? r.R : 0) + (w - m.h * n_tail) * V;
       src = kin + rb * p.k_stride[0] + rt * p.k_stride[1] + m.h * p.k_stride[2]; sd = p.k_stride[3];
     } else if ((w -= nkt) < nv) {
-      m.kind = 2; m.h = w / v_chunks; m.d0 = (w - m.h * v_chunks) * V;
+      m.kind = 2; m.h = dv.v_chunks.div(w); m.d0 = (w - m.h * v_chunks) * V;
       src = vin + rb * p.v_stride[0] + rt * p.v_stride[1] + m.h * p.v_stride[2]; sd = p.v_stride[3];
     } else {
       w -= nv;
-      m.kind = 3; m.h = w / n_rot; m.d0 = chunk_start(r, w - m.h * n_rot, V);
+      m.kind = 3; m.h = dv.n_rot.div(w); m.d0 = chunk_start(r, w - m.h * n_rot, V);
       src = qio + rb * p.q_stride[0] + rt * p.q_stride[1] + m.h * p.q_stride[2]; sd = p.q_stride[3];
     }
+    if (kVec) sd = 1;  // the host's condition for 16-byte vectors (no strided-constant reads)
     a = load_chunk<kVec, VecT>(src + m.d0 * sd, sd);
     if (!kInterleaved && (m.kind == 0 || m.kind == 3)) b = load_chunk<kVec, VecT>(src + (m.d0 + half) * sd, sd);
   };
@@ -219,12 +224,14 @@ __global__ void __launch_bounds__(kAppendThreads, kMinBlocks) append_kv_kernel(c
           for (int j = 0; j < V; ++j) fb[j] = static_cast<float>(b.v[j]);
         if (m.kind == 0) {
           const int i0 = kInterleaved ? m.d0 / 2 : m.d0;
+          float sn[P], cs[P];
+          load_table<P>(sin_tab + m.tl * half + i0, sn);
+          load_table<P>(cos_tab + m.tl * half + i0, cs);
 #pragma unroll
           for (int e = 0; e < P; ++e) {
-            const float sn = sin_tab[m.tl * half + i0 + e], cs = cos_tab[m.tl * half + i0 + e];
             const int j0 = kInterleaved ? 2 * e : e;
             const float x0 = fa[j0], x1 = kInterleaved ? fa[j0 + 1] : fb[e];
-            const float y0 = rot_y0(x0, x1, cs, sn), y1 = rot_y1(x0, x1, cs, sn);
+            const float y0 = rot_y0(x0, x1, cs[e], sn[e]), y1 = rot_y1(x0, x1, cs[e], sn[e]);
             fa[j0] = y0;
             (kInterleaved ? fa[j0 + 1] : fb[e]) = y1;
           }
@@ -240,7 +247,7 @@ __global__ void __launch_bounds__(kAppendThreads, kMinBlocks) append_kv_kernel(c
       int64_t rb, rt;
       input_row(m.tl, &rb, &rt);
       dst = qio + rb * p.q_stride[0] + rt * p.q_stride[1] + m.h * p.q_stride[2];
-      dsd = p.q_stride[3];
+      dsd = kVec ? 1 : p.q_stride[3];
     } else if (m.kind == 2) {
       if (sl.v_out < 0) return;
       dst = vc + sl.v_out + m.h * p.cache.v_stride[2];
@@ -251,11 +258,8 @@ __global__ void __launch_bounds__(kAppendThreads, kMinBlocks) append_kv_kernel(c
     if (m.kind == 0 || m.kind == 3) {
       float sn[P], cs[P];
       const int i0 = kInterleaved ? m.d0 / 2 : m.d0;  // first pair of the chunk
-#pragma unroll
-      for (int e = 0; e < P; ++e) {
-        sn[e] = sin_tab[m.tl * half + i0 + e];
-        cs[e] = cos_tab[m.tl * half + i0 + e];
-      }
+      load_table<P>(sin_tab + m.tl * half + i0, sn);
+      load_table<P>(cos_tab + m.tl * half + i0, cs);
       rotate_chunk<T, kInterleaved>(a, b, sn, cs);
       if (!kInterleaved) store_chunk<kVec, VecT>(dst + (m.d0 + half) * dsd, dsd, b);
     }
@@ -267,33 +271,69 @@ __global__ void __launch_bounds__(kAppendThreads, kMinBlocks) append_kv_kernel(c
 #pragma unroll
   for (int u = 0; u < kItems; ++u) load_item(tid + u * kAppendThreads, it[u], a[u], bv[u]);
 
-  // 2. Slots and positions of the block's tokens, then sin/cos once per (token, pair).
-  // Varlen inputs of at most kAppendThreads sequences: every sequence's cache length is
-  // loaded now, in flight with the token -> sequence search through cu_seqlens, instead
-  // of after it (the search and then the length were two DRAM round trips in series on
-  // the chain of a small append: T = 16 took 6.9 us against a 3.5 us empty kernel).
-  const bool lens_early = p.varlen && p.B <= kAppendThreads;
-  int64_t* lens_s = reinterpret_cast<int64_t*>(sin_tab + tokens_per_block * half);  // [B]
-  int64_t len_b = 0;
-  if (lens_early && tid < p.B) len_b = cache_len(p.cache, tid);
-  AppendToken at0{};
-  if (tid < nt) at0 = append_token(p, t0 + tid);
-  if (lens_early) {
-    if (tid < p.B) lens_s[tid] = len_b;
+  // 2. Slots and positions of the block's tokens, and sin/cos once per (token, pair).
+  // Varlen inputs of fewer than kAppendThreads sequences: cu_seqlens and every sequence's
+  // cache length into shared memory first, all loads at once and in flight with the
+  // items' (the search through cu_seqlens in global memory, one dependent sector after
+  // another, then the length: T = 16 of 16 sequences took 7.0 us against 6.1 batched and
+  // a 3.0 us one-store kernel, bench/latency_floor.py, H100). Then, where a thread can
+  // find its token's position itself (batched, or the tables above), the slot and the
+  // sin/cos phases run side by side, one barrier; else the sin/cos phase reads the
+  // positions the slot phase wrote.
+  const bool seqs_early = p.varlen && p.B < kAppendThreads;
+  int64_t* cu_s = reinterpret_cast<int64_t*>(slots + tokens_per_block);  // [B + 1]
+  int64_t* lens_s = cu_s + p.B + 1;                                      // [B]
+  if (seqs_early) {
+    if (tid <= p.B) cu_s[tid] = seq_start(r, tid);
+    if (tid < p.B) lens_s[tid] = cache_len(p.cache, tid);
     __syncthreads();
   }
+  auto token_at = [&](int tl) {
+    const int64_t t = t0 + tl;
+    AppendToken a;
+    if (!p.varlen) {
+      a.b = dv.T.div(static_cast<uint32_t>(t));
+      a.j = t - a.b * p.T;
+      a.row_b = a.b;
+      a.row_t = a.j;
+    } else if (seqs_early) {  // seq_of_token's search, in shared memory
+      int lo = 0, hi = static_cast<int>(p.B) - 1;
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (cu_s[mid] <= t) lo = mid; else hi = mid - 1;
+      }
+      a.b = lo;
+      a.j = t - cu_s[lo];
+      a.row_b = 0;
+      a.row_t = t;
+    } else {
+      a = append_token(p, t);
+    }
+    return a;
+  };
+  auto token_index = [&](const AppendToken& a) {  // the token's cache index
+    return (seqs_early ? lens_s[a.b] : cache_len(p.cache, a.b)) + a.j;
+  };
+  const bool merged = !p.varlen || seqs_early;
   for (int tl = tid; tl < nt; tl += blockDim.x) {
-    const AppendToken at = tl == tid ? at0 : append_token(p, t0 + tl);
-    const int64_t idx = (lens_early ? lens_s[at.b] : cache_len(p.cache, at.b)) + at.j;
+    const AppendToken at = token_at(tl);
+    const int64_t idx = token_index(at);
     AppendSlot sl;
     sl.pos = attn_position(r, at.row_b, at.row_t, at.b, idx);
     if (!cache_slot(p.cache, at.b, idx, &sl.k_out, &sl.v_out)) sl.k_out = sl.v_out = -1;
     slots[tl] = sl;
   }
-  __syncthreads();
+  if (!merged) __syncthreads();
   for (int e = tid; e < nt * half; e += blockDim.x) {
-    const int tl = e / half, i = e - tl * half;
-    pair_sincos(r, slots[tl].pos, i, inv_freq_of(r, i), &sin_tab[e], &cos_tab[e]);
+    const int tl = dv.half.div(e), i = e - tl * half;
+    int64_t pos;
+    if (merged) {
+      const AppendToken at = token_at(tl);
+      pos = attn_position(r, at.row_b, at.row_t, at.b, token_index(at));
+    } else {
+      pos = slots[tl].pos;
+    }
+    pair_sincos(r, pos, i, inv_freq_of(r, i), &sin_tab[e], &cos_tab[e]);
   }
   __syncthreads();
 
