@@ -44,8 +44,9 @@ int decode_rows_per_cta(int64_t rows, DecodeImpl impl);
 DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_splits, c10::Device device,
                        at::ScalarType dtype, DecodeImpl impl);
 void set_decode_cluster_merge(bool on);
-// tests/bench: append_kv's kernel shape (items per thread, blocks per SM; the list is
-// beside launch_append in attention_dispatch.cu), -1: the default.
+// tests/bench: append_kv's kernel and shape (0-2: kernel 1's items per thread and blocks
+// per SM; 3, 4: the bulk kernel's bytes per block where it applies; the list is beside
+// launch_append in attention_dispatch.cu), -1: auto.
 void set_append_shape(int shape);
 // Whether the vector kernels can read the caches (16-byte aligned rows); why not, if not.
 bool decode_cache_aligned(const KVCacheView& c, int64_t elem_size, std::string* why);

@@ -90,10 +90,11 @@ struct AppendParams {
   int64_t num_tokens = 0;              // B * T, or Ttot
   bool varlen = false;                 // rope.cu_seqlens / rope.num_seqs then hold the sequences
   bool rotate_k = true;                // false: k is written as given (the full-fusion cache)
-  // The CUDA kernel's divisors, set by its launcher (they depend on its chunk width):
+  // The CUDA kernels' divisors, set by their launchers (they depend on the chunk width):
   // items per token, K rotary / K pass-through / V chunks per head, Q rotary chunks per
-  // head (= K's), tokens per sequence (batched), pairs per token (R / 2).
-  struct Dividers { FastDiv per_tok, k_rot, k_tail, v_chunks, n_rot, T, half; } div;
+  // head (= K's), tokens per sequence (batched), pairs per token (R / 2); the bulk
+  // variant's rotary chunks of K and Q per token.
+  struct Dividers { FastDiv per_tok, k_rot, k_tail, v_chunks, n_rot, T, half, rot_tok; } div;
   // Last: the kernels read the fields above in dependent steps, and with the ~1 KB
   // RopeParams (its frequency table) first they straddled more constant-cache lines.
   RopeParams rope;

@@ -299,16 +299,19 @@ def test_empty_sequences_give_zeros(device):
 
 # ---------------------------------------------------------------------------- append_kv on its own
 @cuda
-@pytest.mark.parametrize("shape", [0, 2])
+@pytest.mark.parametrize("shape", [0, 1, 2, 4])
 def test_append_kernel_shapes_bit_equal_cuda(shape):
-    """append_kv's kernel shapes (rope_ext._C.set_append_shape: items per thread and blocks
-    per SM) only repartition the same per-element work: caches and q bit-equal to the
-    default shape's, over NaN-filled caches (an unwritten slot stays NaN and shows), for
-    bf16 / fp16 / fp32 / fp8 caches, paged and contiguous, varlen and batched, GPT-J and
-    neox, partial rotary, q in place, v with its own head dim (MLA) and the scalar path."""
+    """append_kv's kernels and shapes (rope_ext._C.set_append_shape: kernel 1's items per
+    thread and blocks per SM, 0-2; the bulk kernel's bytes per block, 3-4, where it
+    applies) only repartition the same per-element work: caches and q bit-equal to auto's
+    (the bulk kernel where it applies), over NaN-filled caches (an unwritten slot stays
+    NaN and shows), for bf16 / fp16 / fp32 / fp8 caches, paged and contiguous, varlen and
+    batched, GPT-J and neox, partial rotary, q in place, v with its own head dim (MLA),
+    q as a slice of a fused projection and the scalar path."""
     dev, B, Hk, Hq = "cuda", 3, 2, 8
     cases = [dict(dt=torch.bfloat16), dict(dt=torch.float16, interleaved=True), dict(dt=torch.float32, rotary_dim=32),
-             dict(dt=torch.bfloat16, fp8=True), dict(dt=torch.bfloat16, Dv=96), dict(dt=torch.bfloat16, strided=True)]
+             dict(dt=torch.bfloat16, fp8=True), dict(dt=torch.bfloat16, Dv=96), dict(dt=torch.bfloat16, strided=True),
+             dict(dt=torch.bfloat16, fused=True), dict(dt=torch.float16, heads_apart=True)]
     for c in cases:
         for paged in (False, True):
             for varlen in (False, True):
@@ -321,6 +324,13 @@ def test_append_kernel_shapes_bit_equal_cuda(shape):
                     k = randn(shape_k[:-1] + (2 * D,), dt, dev)[..., ::2]
                 v = randn(shape_k[:-1] + (Dv,), dt, dev)
                 q = randn(shape_k[:-2] + (Hq, D), dt, dev)
+                if c.get("fused"):  # q, k, v: views of one projection [..., (Hq + 2 Hk) D]
+                    qkv = randn(shape_k[:-2] + ((Hq + 2 * Hk) * D,), dt, dev)
+                    q = qkv[..., : Hq * D].unflatten(-1, (Hq, D))
+                    k = qkv[..., Hq * D:(Hq + Hk) * D].unflatten(-1, (Hk, D))
+                    v = qkv[..., (Hq + Hk) * D:].unflatten(-1, (Hk, D))
+                if c.get("heads_apart"):  # 16-byte rows, but a token's heads not adjacent: no bulk copy
+                    k = randn((Hk,) + shape_k[:-2] + (D,), dt, dev).movedim(0, -2)
                 kw = dict(q=None, interleaved=c.get("interleaved", False), rotary_dim=c.get("rotary_dim"))
                 if varlen:
                     kw["cu_seqlens"] = torch.arange(0, B * T + 1, T, dtype=torch.int32, device=dev)
@@ -333,7 +343,7 @@ def test_append_kernel_shapes_bit_equal_cuda(shape):
                                 for x in (kc0, vc0))
                     scales = dict(k_scale=torch.full((Hk,), 0.07, device=dev), v_scale=torch.full((1,), 0.03, device=dev))
                 out = []
-                for sh in (-1, shape):  # the default shape (1), then the other
+                for sh in (-1, shape):  # auto, then the forced shape
                     kc, vc, qq = kc0.clone(), vc0.clone(), q.clone()
                     rope_ext._C.set_append_shape(sh)
                     try:

@@ -41,15 +41,36 @@ bool append_vector_ok(const AppendParams& p, int64_t elem_size) {
   return true;
 }
 
-// The append kernel's shapes, (items per thread, blocks per SM): 0 = (4, 3), 1 = (2, 4),
-// 2 = (1, 6); set_append_shape picks one (bench A/B, tests). Measured (H100, run 3 of
-// 2026-11-24 evening, CUDA graph, cold L2; T = 8192 / with q / fp8 / fp8 with q, us):
-// (4, 3) 34.5 / 76.4 / 45.1 / 86.3; (2, 4) 34.1 / 75.5 / 41.5 / 77.2; (1, 6) 35.3 / 76.5 /
-// 44.6 / 83.1; T = 16 6.9-7.4 for all. So (2, 4): the bf16 rows within 1%, fp8 8-11%
-// faster. More blocks did not lift bf16 T = 8192 above ~65% of the 1 GiB copy rate:
-// a same-size copy (67 MB, cold L2) itself runs at ~78% of it (28.5 us).
+// The kernels' FastDiv divisors (AppendParams::Dividers) for chunks of V elements; the
+// kernels' indices are 32-bit. Returns the work items per token of kernel 1.
+int64_t set_append_dividers(AppendParams& p, int V) {
+  const int half = p.rope.R / 2;
+  const int64_t n_rot = p.rope.interleaved ? p.rope.R / V : half / V;
+  const int64_t k_tail = p.rotate_k ? (p.rope.D - p.rope.R) / V : p.rope.D / V;
+  const int64_t per_token = p.cache.Hk * ((p.rotate_k ? n_rot : 0) + k_tail + p.Dv / V) + p.Hq * n_rot;
+  TORCH_CHECK_VALUE(p.num_tokens < (int64_t(1) << 31) && per_token < (int64_t(1) << 30),
+                    "rope_ext: append_kv: too many tokens or heads for one launch (the kernel's indices are 32-bit)");
+  p.div.per_tok = FastDiv(static_cast<uint32_t>(per_token));
+  p.div.k_rot = FastDiv(static_cast<uint32_t>(n_rot));
+  p.div.k_tail = FastDiv(static_cast<uint32_t>(k_tail));
+  p.div.v_chunks = FastDiv(static_cast<uint32_t>(p.Dv / V));
+  p.div.n_rot = FastDiv(static_cast<uint32_t>(n_rot));
+  p.div.T = FastDiv(static_cast<uint32_t>(std::min<int64_t>(p.T, INT32_MAX)));
+  p.div.half = FastDiv(static_cast<uint32_t>(std::max(half, 1)));
+  p.div.rot_tok = FastDiv(static_cast<uint32_t>((p.rotate_k ? p.cache.Hk : 0) * n_rot + (p.q ? p.Hq : 0) * n_rot));
+  return per_token;
+}
+
+// The append kernels' shapes (set_append_shape picks one: bench A/B, tests; -1 auto):
+// kernel 1 (items per thread, blocks per SM) 0 = (4, 3), 1 = (2, 4), 2 = (1, 6); kernel 1b
+// (bulk) with ~16 KB (3) or ~32 KB (4) of staged rows per block. Auto: 3 where the bulk
+// kernel applies (append_bulk_ok), else 1. Measured (H100, run 3 of 2026-11-24 evening,
+// CUDA graph, cold L2; T = 8192 / with q / fp8 / fp8 with q, us): (4, 3) 34.5 / 76.4 /
+// 45.1 / 86.3; (2, 4) 34.1 / 75.5 / 41.5 / 77.2; (1, 6) 35.3 / 76.5 / 44.6 / 83.1; T = 16
+// 6.9-7.4 for all. So (2, 4) for kernel 1: the bf16 rows within 1%, fp8 8-11% faster.
+// Kernel 1 did not lift bf16 T = 8192 above ~77% of a same-size copy (35.5 us against
+// 27.4, run 1 of 2026-11-25; 33.3 with FastDiv, run 2).
 std::atomic<int> g_append_shape{-1};
-constexpr int kDefaultAppendShape = 1;
 
 template <typename T, bool kInterleaved, bool kVec, bool kFp8, int kItems, int kMinBlocks>
 void launch_append_shape(const AppendParams& params, int device, cudaStream_t stream) {
@@ -59,26 +80,12 @@ void launch_append_shape(const AppendParams& params, int device, cudaStream_t st
   // token stays in one block), at least 2 blocks per SM where the token count allows,
   // and a sin/cos table that fits in 32 KB.
   constexpr int V = kVec ? 16 / static_cast<int>(sizeof(T)) : (kInterleaved ? 2 : 1);
-  const int64_t n_rot = p.rope.interleaved ? p.rope.R / V : p.rope.R / 2 / V;
-  const int64_t per_token = p.cache.Hk * ((p.rotate_k ? n_rot + (p.rope.D - p.rope.R) / V : p.rope.D / V) + p.Dv / V) +
-                            p.Hq * n_rot;
-  // The kernel's item and token indices go through FastDiv (32-bit, below 2^31).
-  TORCH_CHECK_VALUE(p.num_tokens < (int64_t(1) << 31) && per_token < (int64_t(1) << 30),
-                    "rope_ext: append_kv: too many tokens or heads for one launch (the kernel's indices are 32-bit)");
-  p.div.per_tok = FastDiv(static_cast<uint32_t>(per_token));
-  p.div.k_rot = FastDiv(static_cast<uint32_t>(n_rot));
-  p.div.k_tail = FastDiv(static_cast<uint32_t>(p.rotate_k ? (p.rope.D - p.rope.R) / V : p.rope.D / V));
-  p.div.v_chunks = FastDiv(static_cast<uint32_t>(p.Dv / V));
-  p.div.n_rot = FastDiv(static_cast<uint32_t>(n_rot));
-  p.div.T = FastDiv(static_cast<uint32_t>(std::min<int64_t>(p.T, INT32_MAX)));
-  p.div.half = FastDiv(static_cast<uint32_t>(std::max(half, 1)));
+  const int64_t per_token = set_append_dividers(p, V);
   const int64_t cap = int64_t(cuda::kAppendThreads) * kItems;  // items a block holds at once
   int64_t tpb = std::max<int64_t>(1, cap / std::max<int64_t>(1, per_token));
   tpb = std::min<int64_t>(tpb, std::max<int64_t>(1, p.num_tokens / (2 * sm_count(device))));
   tpb = std::min<int64_t>(tpb, std::max<int64_t>(1, 32 * 1024 / (8 * std::max(1, half))));
-  // + cu_seqlens and the lengths (varlen, fewer than kAppendThreads sequences: the kernel's step 2)
-  const size_t smem = 2 * sizeof(float) * tpb * half + tpb * sizeof(cuda::AppendSlot) +
-                      (p.varlen && p.B < cuda::kAppendThreads ? sizeof(int64_t) * (2 * p.B + 1) : 0);
+  const size_t smem = cuda::append_tables_bytes(p, static_cast<int>(tpb), cuda::kAppendThreads);
   const int64_t blocks = ceil_div(p.num_tokens, tpb);
   TORCH_CHECK_VALUE(blocks < (int64_t(1) << 31), "rope_ext: append_kv: too many tokens for one launch");
   cuda::append_kv_kernel<T, kInterleaved, kVec, kFp8, kItems, kMinBlocks>
@@ -86,10 +93,55 @@ void launch_append_shape(const AppendParams& params, int device, cudaStream_t st
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// Kernel 1b's staged rows per token (bytes): K, V and Q (if given) rows of every head.
+int64_t append_bulk_row_bytes(const AppendParams& p, int64_t elem_size) {
+  return (p.cache.Hk * (p.rope.D + p.Dv) + (p.q ? p.Hq * p.rope.D : 0)) * elem_size;
+}
+
+// Kernel 1b applies: 16-byte vectors (append_vector_ok), not an fp8 cache, sm_90, and a
+// token's heads contiguous in k, v, q and in the cache rows (one bulk copy per row); a
+// token's rows within 40 KB.
+bool append_bulk_ok(const AppendParams& p, int64_t elem_size, int device) {
+  if (p.cache.fp8 || cuda_launch::device_attribute<cudaDevAttrComputeCapabilityMajor>(device) < 9) return false;
+  const int64_t Hk = p.cache.Hk, D = p.rope.D;
+  if (Hk > 1 && (p.k_stride[2] != D || p.v_stride[2] != p.Dv || p.cache.k_stride[2] != D ||
+                 p.cache.v_stride[2] != p.Dv))
+    return false;
+  if (p.q && p.Hq > 1 && p.q_stride[2] != D) return false;
+  return append_bulk_row_bytes(p, elem_size) <= 40 * 1024 && p.rope.R <= 512;  // one token within 48 KB
+}
+
+template <typename T, bool kInterleaved>
+void launch_append_bulk(const AppendParams& params, int device, cudaStream_t stream, int64_t target_bytes) {
+  AppendParams p = params;
+  set_append_dividers(p, 16 / static_cast<int>(sizeof(T)));
+  const int64_t row = append_bulk_row_bytes(p, sizeof(T));
+  // Tokens per block: ~target_bytes of rows, at most 16, and >= 2 blocks per SM where
+  // the token count allows.
+  int64_t tpb = std::clamp<int64_t>(target_bytes / row, 1, 16);
+  tpb = std::min<int64_t>(tpb, std::max<int64_t>(1, p.num_tokens / (2 * sm_count(device))));
+  auto smem_of = [&](int64_t n) {  // rows, the mbarrier (16 bytes: the tables stay aligned), the tables
+    return static_cast<size_t>(n * row + 16) + cuda::append_tables_bytes(p, static_cast<int>(n), cuda::kAppendBulkThreads);
+  };
+  while (tpb > 1 && smem_of(tpb) > 48 * 1024) --tpb;  // no opt-in to more dynamic shared memory
+  const size_t smem = smem_of(tpb);
+  const int64_t blocks = ceil_div(p.num_tokens, tpb);
+  TORCH_CHECK_VALUE(blocks < (int64_t(1) << 31), "rope_ext: append_kv: too many tokens for one launch");
+  TORCH_CHECK(smem <= 48 * 1024, "rope_ext: append_kv: internal error: bulk block of ", smem, " bytes");
+  cuda::append_kv_bulk_kernel<T, kInterleaved>
+      <<<static_cast<unsigned>(blocks), cuda::kAppendBulkThreads, smem, stream>>>(p, static_cast<int>(tpb));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 template <typename T, bool kInterleaved, bool kVec, bool kFp8>
 void launch_append(const AppendParams& p, int device, cudaStream_t stream) {
   const int forced = g_append_shape.load(std::memory_order_relaxed);
-  switch (forced >= 0 && forced < 3 ? forced : kDefaultAppendShape) {
+  int shape = forced >= 0 && forced < 5 ? forced : 3;
+  if constexpr (kVec && !kFp8) {
+    if (shape >= 3 && append_bulk_ok(p, sizeof(T), device))
+      return launch_append_bulk<T, kInterleaved>(p, device, stream, shape == 3 ? 16 * 1024 : 32 * 1024);
+  }
+  switch (shape) {
     case 0: return launch_append_shape<T, kInterleaved, kVec, kFp8, 4, 3>(p, device, stream);
     case 2: return launch_append_shape<T, kInterleaved, kVec, kFp8, 1, 6>(p, device, stream);
     default: return launch_append_shape<T, kInterleaved, kVec, kFp8, 2, 4>(p, device, stream);

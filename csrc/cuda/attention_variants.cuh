@@ -18,6 +18,12 @@
 //                       than 3 blocks of 256 threads x ~4 items here. The barriers were
 //                       not the cost; staging through shared memory (cp.async: no
 //                       registers per byte in flight) is the next thing to try.
+//                       FastDiv item decode (2026-11-25 run 2): 17.3 -> 14.0 M warp
+//                       instructions at T = 8192, 35.5 -> 33.3 us (same-size copy 27.5).
+//   1b. append_kv, bulk  (auto's choice where it applies: 16-byte rows, a token's heads
+//                       contiguous, not fp8, sm_90) the token rows staged whole into
+//                       shared memory by the copy engine, V stored from there, K and Q
+//                       rotated in place there; the same step 2 (slots, sin/cos).
 //   2. decode, hybrid_simt (impl="hybrid_simt"; auto takes variant 5, decode_mma.cuh,
 //                       which needs 0.70-0.93x of this one's time on the H100: this
 //                       kernel spends ~60 warp instructions per key and kv head on
@@ -74,6 +80,106 @@ struct AppendSlot {
   int64_t k_out, v_out;  // element offsets of the token's head-0 row in the caches; < 0: no slot (dropped)
   int64_t pos;
 };
+
+// Shared memory of an append block (after the bulk variant's staged rows): the cos and
+// sin tables [tokens][R/2] first (16-byte aligned rows: a chunk's P values in one or two
+// vector reads), the slots, then (varlen, fewer sequences than the block has threads:
+// append_seqs_early) cu_seqlens [B + 1] and the cache lengths [B].
+struct AppendTables {
+  float* cos_tab;
+  float* sin_tab;
+  AppendSlot* slots;
+  int64_t* cu_s;
+  int64_t* lens_s;
+};
+__host__ __device__ __forceinline__ bool append_seqs_early(const AppendParams& p, int threads) {
+  return p.varlen && p.B < threads;
+}
+__host__ __device__ __forceinline__ size_t append_tables_bytes(const AppendParams& p, int tokens_per_block,
+                                                               int threads) {
+  return 2 * sizeof(float) * tokens_per_block * (p.rope.R / 2) + tokens_per_block * sizeof(AppendSlot) +
+         (append_seqs_early(p, threads) ? sizeof(int64_t) * (2 * p.B + 1) : 0);
+}
+__device__ __forceinline__ AppendTables append_tables(void* base, const AppendParams& p, int tokens_per_block) {
+  const int half = p.rope.R / 2;
+  AppendTables t;
+  t.cos_tab = static_cast<float*>(base);
+  t.sin_tab = t.cos_tab + tokens_per_block * half;
+  t.slots = reinterpret_cast<AppendSlot*>(t.sin_tab + tokens_per_block * half);
+  t.cu_s = reinterpret_cast<int64_t*>(t.slots + tokens_per_block);
+  t.lens_s = t.cu_s + p.B + 1;
+  return t;
+}
+
+// Step 2 of both append kernels: the cache slot of each of the block's nt tokens (from
+// t0) and sin/cos once per (token, pair), into tb; ends with a barrier.
+// Varlen inputs of fewer sequences than the block has threads: cu_seqlens and every
+// sequence's cache length into shared memory first, all loads at once (and in flight
+// with the caller's input loads); the search through cu_seqlens in global memory, one
+// dependent sector after another, then the length, made T = 16 of 16 sequences 7.0 us
+// against 6.1 batched and a 3.0 us one-store kernel (bench/latency_floor.py, H100). Then,
+// where a thread can find its token's position itself (batched, or the tables above),
+// the slot and sin/cos phases run side by side, one barrier; else the sin/cos phase reads
+// the positions the slot phase wrote.
+__device__ __forceinline__ void append_slots_and_sincos(const AppendParams& p, const AppendTables& tb, int64_t t0,
+                                                        int nt) {
+  const RopeParams& r = p.rope;
+  const int half = r.R / 2, tid = threadIdx.x, nthreads = blockDim.x;
+  const bool seqs_early = append_seqs_early(p, nthreads);
+  if (seqs_early) {
+    if (tid <= p.B) tb.cu_s[tid] = seq_start(r, tid);
+    if (tid < p.B) tb.lens_s[tid] = cache_len(p.cache, tid);
+    __syncthreads();
+  }
+  auto token_at = [&](int tl) {
+    const int64_t t = t0 + tl;
+    AppendToken a;
+    if (!p.varlen) {
+      a.b = p.div.T.div(static_cast<uint32_t>(t));
+      a.j = t - a.b * p.T;
+      a.row_b = a.b;
+      a.row_t = a.j;
+    } else if (seqs_early) {  // seq_of_token's search, in shared memory
+      int lo = 0, hi = static_cast<int>(p.B) - 1;
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (tb.cu_s[mid] <= t) lo = mid; else hi = mid - 1;
+      }
+      a.b = lo;
+      a.j = t - tb.cu_s[lo];
+      a.row_b = 0;
+      a.row_t = t;
+    } else {
+      a = append_token(p, t);
+    }
+    return a;
+  };
+  auto token_index = [&](const AppendToken& a) {  // the token's cache index
+    return (seqs_early ? tb.lens_s[a.b] : cache_len(p.cache, a.b)) + a.j;
+  };
+  const bool merged = !p.varlen || seqs_early;
+  for (int tl = tid; tl < nt; tl += nthreads) {
+    const AppendToken at = token_at(tl);
+    const int64_t idx = token_index(at);
+    AppendSlot sl;
+    sl.pos = attn_position(r, at.row_b, at.row_t, at.b, idx);
+    if (!cache_slot(p.cache, at.b, idx, &sl.k_out, &sl.v_out)) sl.k_out = sl.v_out = -1;
+    tb.slots[tl] = sl;
+  }
+  if (!merged) __syncthreads();
+  for (int e = tid; e < nt * half; e += nthreads) {
+    const int tl = p.div.half.div(e), i = e - tl * half;
+    int64_t pos;
+    if (merged) {
+      const AppendToken at = token_at(tl);
+      pos = attn_position(r, at.row_b, at.row_t, at.b, token_index(at));
+    } else {
+      pos = tb.slots[tl].pos;
+    }
+    pair_sincos(r, pos, i, inv_freq_of(r, i), &tb.sin_tab[e], &tb.cos_tab[e]);
+  }
+  __syncthreads();
+}
 
 // A chunk of V elements: a 16-byte vector, or (kVec false: any strides / sizes)
 // V scalar elements at stride sd.
@@ -139,13 +245,11 @@ __global__ void __launch_bounds__(kAppendThreads, kMinBlocks) append_kv_kernel(c
   using VecT = Vec<T, V>;
   const RopeParams& r = p.rope;
   const int half = r.R / 2;
-  // Shared memory: the tables first (16-byte aligned rows: a chunk's P sines / cosines
-  // in one or two vector reads), then the slots, then (varlen, few sequences) cu_seqlens
-  // and the cache lengths.
   extern __shared__ float4 append_smem[];
-  float* cos_tab = reinterpret_cast<float*>(append_smem);  // [tokens][R/2]
-  float* sin_tab = cos_tab + tokens_per_block * half;
-  AppendSlot* slots = reinterpret_cast<AppendSlot*>(sin_tab + tokens_per_block * half);  // [tokens_per_block]
+  const AppendTables tb = append_tables(append_smem, p, tokens_per_block);
+  const float* cos_tab = tb.cos_tab;
+  const float* sin_tab = tb.sin_tab;
+  const AppendSlot* slots = tb.slots;
 
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * tokens_per_block;
   const int nt = static_cast<int>(min(static_cast<int64_t>(tokens_per_block), p.num_tokens - t0));
@@ -272,70 +376,7 @@ __global__ void __launch_bounds__(kAppendThreads, kMinBlocks) append_kv_kernel(c
   for (int u = 0; u < kItems; ++u) load_item(tid + u * kAppendThreads, it[u], a[u], bv[u]);
 
   // 2. Slots and positions of the block's tokens, and sin/cos once per (token, pair).
-  // Varlen inputs of fewer than kAppendThreads sequences: cu_seqlens and every sequence's
-  // cache length into shared memory first, all loads at once and in flight with the
-  // items' (the search through cu_seqlens in global memory, one dependent sector after
-  // another, then the length: T = 16 of 16 sequences took 7.0 us against 6.1 batched and
-  // a 3.0 us one-store kernel, bench/latency_floor.py, H100). Then, where a thread can
-  // find its token's position itself (batched, or the tables above), the slot and the
-  // sin/cos phases run side by side, one barrier; else the sin/cos phase reads the
-  // positions the slot phase wrote.
-  const bool seqs_early = p.varlen && p.B < kAppendThreads;
-  int64_t* cu_s = reinterpret_cast<int64_t*>(slots + tokens_per_block);  // [B + 1]
-  int64_t* lens_s = cu_s + p.B + 1;                                      // [B]
-  if (seqs_early) {
-    if (tid <= p.B) cu_s[tid] = seq_start(r, tid);
-    if (tid < p.B) lens_s[tid] = cache_len(p.cache, tid);
-    __syncthreads();
-  }
-  auto token_at = [&](int tl) {
-    const int64_t t = t0 + tl;
-    AppendToken a;
-    if (!p.varlen) {
-      a.b = dv.T.div(static_cast<uint32_t>(t));
-      a.j = t - a.b * p.T;
-      a.row_b = a.b;
-      a.row_t = a.j;
-    } else if (seqs_early) {  // seq_of_token's search, in shared memory
-      int lo = 0, hi = static_cast<int>(p.B) - 1;
-      while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (cu_s[mid] <= t) lo = mid; else hi = mid - 1;
-      }
-      a.b = lo;
-      a.j = t - cu_s[lo];
-      a.row_b = 0;
-      a.row_t = t;
-    } else {
-      a = append_token(p, t);
-    }
-    return a;
-  };
-  auto token_index = [&](const AppendToken& a) {  // the token's cache index
-    return (seqs_early ? lens_s[a.b] : cache_len(p.cache, a.b)) + a.j;
-  };
-  const bool merged = !p.varlen || seqs_early;
-  for (int tl = tid; tl < nt; tl += blockDim.x) {
-    const AppendToken at = token_at(tl);
-    const int64_t idx = token_index(at);
-    AppendSlot sl;
-    sl.pos = attn_position(r, at.row_b, at.row_t, at.b, idx);
-    if (!cache_slot(p.cache, at.b, idx, &sl.k_out, &sl.v_out)) sl.k_out = sl.v_out = -1;
-    slots[tl] = sl;
-  }
-  if (!merged) __syncthreads();
-  for (int e = tid; e < nt * half; e += blockDim.x) {
-    const int tl = dv.half.div(e), i = e - tl * half;
-    int64_t pos;
-    if (merged) {
-      const AppendToken at = token_at(tl);
-      pos = attn_position(r, at.row_b, at.row_t, at.b, token_index(at));
-    } else {
-      pos = slots[tl].pos;
-    }
-    pair_sincos(r, pos, i, inv_freq_of(r, i), &sin_tab[e], &cos_tab[e]);
-  }
-  __syncthreads();
+  append_slots_and_sincos(p, tb, t0, nt);
 
   // 3. The preloaded items, then (many heads, or the scalar path: a token has more
   // items than the block holds at once) the rest in batches, loads before stores.
@@ -347,6 +388,109 @@ __global__ void __launch_bounds__(kAppendThreads, kMinBlocks) append_kv_kernel(c
 #pragma unroll
     for (int u = 0; u < kItems; ++u) store_item(it[u], a[u], bv[u]);
   }
+}
+
+// ---------------------------------------------------------------- 1b. append_kv, bulk
+// The common case (16-byte vectors, a token's K / V / Q heads contiguous in the inputs
+// and in the cache rows, a bf16/fp16/fp32 cache, sm_90): one thread stages the block's
+// token rows of K, V (and Q) into shared memory with the copy engine (cp.async.bulk, one
+// copy per row, completing on an mbarrier) while the block computes the slots and the
+// sin/cos tables (step 2 above, the same code); V goes from shared memory straight to its
+// cache slot, K's and Q's rotary chunks are rotated in place in shared memory, and K's
+// row goes to its slot, Q's back to q. No registers per byte in flight, no per-byte index
+// math: the register kernel (1) moved T = 8192 at 77-82% of a same-size copy, issue- and
+// barrier-bound (ncu: ~280 instructions per 16-byte item before FastDiv, ~230 after).
+constexpr int kAppendBulkThreads = 128;
+
+template <typename T, bool kInterleaved>
+__global__ void __launch_bounds__(kAppendBulkThreads) append_kv_bulk_kernel(const __grid_constant__ AppendParams p,
+                                                                           int tokens_per_block) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int V = 16 / static_cast<int>(sizeof(T));
+  constexpr int P = kInterleaved ? V / 2 : V;
+  using VecT = Vec<T, V>;
+  const RopeParams& r = p.rope;
+  const int half = r.R / 2, D = r.D;
+  const int Hk = static_cast<int>(p.cache.Hk), Hq = static_cast<int>(p.Hq);
+  const int krow = Hk * D, vrow = Hk * static_cast<int>(p.Dv), qrow = p.q ? Hq * D : 0;  // elements per token
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * tokens_per_block;
+  const int nt = static_cast<int>(min(static_cast<int64_t>(tokens_per_block), p.num_tokens - t0));
+  const int tid = threadIdx.x;
+  extern __shared__ float4 bulk_smem[];
+  T* ks = reinterpret_cast<T*>(bulk_smem);  // [tokens][krow], then V's and Q's rows
+  T* vs = ks + tokens_per_block * krow;
+  T* qs = vs + tokens_per_block * vrow;
+  uint64_t* bar = reinterpret_cast<uint64_t*>(qs + tokens_per_block * qrow);
+  const AppendTables tb = append_tables(bar + 2, p, tokens_per_block);
+  const T* kin = static_cast<const T*>(p.k);
+  const T* vin = static_cast<const T*>(p.v);
+  T* qio = static_cast<T*>(p.q);
+  auto input_row = [&](int tl, int64_t* rb, int64_t* rt) {  // as kernel 1's
+    const int64_t tok = t0 + tl;
+    *rb = p.varlen ? 0 : p.div.T.div(static_cast<uint32_t>(tok));
+    *rt = p.varlen ? tok : tok - *rb * p.T;
+  };
+
+  // 1. The rows, by one thread (its arrival carries the byte count, so the barrier's
+  // phase cannot complete before every copy is issued).
+  if (tid == 0) mbar_init(bar, 1);
+  __syncthreads();
+  if (tid == 0) {
+    mbar_arrive_expect(bar, static_cast<uint32_t>(nt * (krow + vrow + qrow) * sizeof(T)));
+    for (int tl = 0; tl < nt; ++tl) {
+      int64_t rb, rt;
+      input_row(tl, &rb, &rt);
+      bulk_load(ks + tl * krow, kin + rb * p.k_stride[0] + rt * p.k_stride[1], krow * sizeof(T), bar);
+      bulk_load(vs + tl * vrow, vin + rb * p.v_stride[0] + rt * p.v_stride[1], vrow * sizeof(T), bar);
+      if (qrow) bulk_load(qs + tl * qrow, qio + rb * p.q_stride[0] + rt * p.q_stride[1], qrow * sizeof(T), bar);
+    }
+  }
+
+  // 2. Slots and sin/cos while the rows arrive.
+  append_slots_and_sincos(p, tb, t0, nt);
+  mbar_wait(bar, 0);
+
+  // 3. V to its slot as loaded; K's and Q's rotary chunks rotated in shared memory.
+  T* kc = static_cast<T*>(p.cache.k);
+  T* vc = static_cast<T*>(p.cache.v);
+  for (int tl = tid; tl < nt; tl += blockDim.x)
+    if (tb.slots[tl].v_out >= 0) bulk_store(vc + tb.slots[tl].v_out, vs + tl * vrow, vrow * sizeof(T));
+  const int n_rot = rot_chunks(r, V);
+  const int nrk = p.rotate_k ? Hk * n_rot : 0, per = nrk + (qrow ? Hq * n_rot : 0);
+  for (int it = tid; it < nt * per; it += blockDim.x) {
+    const int tl = p.div.rot_tok.div(it);
+    int w = it - tl * per;
+    T* row;
+    if (w < nrk) {
+      row = ks + tl * krow;
+    } else {
+      w -= nrk;
+      row = qs + tl * qrow;
+    }
+    const int h = p.div.n_rot.div(w), c = w - h * n_rot;
+    row += h * D + c * V;  // chunk c < n_rot starts at feature c * V (chunk_start)
+    const int i0 = kInterleaved ? c * V / 2 : c * V;
+    VecT a = load_vec<VecT>(row), b;
+    if (!kInterleaved) b = load_vec<VecT>(row + half);
+    float sn[P], cs[P];
+    load_table<P>(tb.sin_tab + tl * half + i0, sn);
+    load_table<P>(tb.cos_tab + tl * half + i0, cs);
+    rotate_chunk<T, kInterleaved>(a, b, sn, cs);
+    store_vec(row, a);
+    if (!kInterleaved) store_vec(row + half, b);
+  }
+  fence_proxy_async_smem();  // the rotated rows, visible to the bulk stores below
+  __syncthreads();
+  for (int tl = tid; tl < nt; tl += blockDim.x) {
+    if (tb.slots[tl].k_out >= 0) bulk_store(kc + tb.slots[tl].k_out, ks + tl * krow, krow * sizeof(T));
+    if (qrow) {
+      int64_t rb, rt;
+      input_row(tl, &rb, &rt);
+      bulk_store(qio + rb * p.q_stride[0] + rt * p.q_stride[1], qs + tl * qrow, qrow * sizeof(T));
+    }
+  }
+  if (tid < nt) bulk_store_drain();  // shared memory stays until the copies have read it
+#endif
 }
 
 // ---------------------------------------------------------------- 2 / 3. decode
