@@ -304,10 +304,10 @@ def append_suite(timer, bw, quick=False):
             qq = q if with_q else None
             fns = [("rope_ext append_kv", lambda: rope_ext.append_kv(k, v, kc, vc, before, cu_seqlens=cu,
                                                                       q=q if with_q else None))]
-            if CUDA:  # the kernels and shapes (attention_dispatch.cu; auto: bulk, 16 KB per block)
+            if CUDA:  # the kernels and shapes (attention_dispatch.cu; auto: bulk, 8 KB per block)
                 fns += [(f"rope_ext append_kv, shape {sh} ({desc})", _append_shape(sh, fns[0][1]))
                         for sh, desc in ((0, "registers: 4 items, 3 blocks/SM"), (1, "registers: 2 items, 4 blocks/SM"),
-                                         (2, "registers: 1 item, 6 blocks/SM"), (4, "bulk, 8 KB per block"))]
+                                         (2, "registers: 1 item, 6 blocks/SM"), (4, "bulk, 16 KB per block"))]
             # A reference, not a peer: a copy of the same bytes (half read, half written).
             cx = torch.empty(nbytes // 8, device=DEV)
             cy = torch.empty_like(cx)

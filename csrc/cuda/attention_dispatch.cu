@@ -63,9 +63,9 @@ int64_t set_append_dividers(AppendParams& p, int V) {
 
 // The append kernels' shapes (set_append_shape picks one: bench A/B, tests; -1 auto):
 // kernel 1 (items per thread, blocks per SM) 0 = (4, 3), 1 = (2, 4), 2 = (1, 6); kernel 1b
-// (bulk) with ~16 KB (3) or ~8 KB (4) of staged rows per block (~32 KB: T = 8192 32.0 us
-// against 30.1 at 16 KB, run 3 of 2026-11-25). Auto: 3 where the bulk kernel applies
-// (append_bulk_ok), else 1. Measured (H100, run 3 of 2026-11-24 evening,
+// (bulk) with ~8 KB (3) or ~16 KB (4) of staged rows per block (T = 8192: 29.9 / 30.6 us,
+// ~32 KB 32.0; with q 74.7 / 74.9; runs 3 and 4 of 2026-11-25). Auto: 3 where the bulk
+// kernel applies (append_bulk_ok), else 1. Measured (H100, run 3 of 2026-11-24 evening,
 // CUDA graph, cold L2; T = 8192 / with q / fp8 / fp8 with q, us): (4, 3) 34.5 / 76.4 /
 // 45.1 / 86.3; (2, 4) 34.1 / 75.5 / 41.5 / 77.2; (1, 6) 35.3 / 76.5 / 44.6 / 83.1; T = 16
 // 6.9-7.4 for all. So (2, 4) for kernel 1: the bf16 rows within 1%, fp8 8-11% faster.
@@ -140,7 +140,7 @@ void launch_append(const AppendParams& p, int device, cudaStream_t stream) {
   int shape = forced >= 0 && forced < 5 ? forced : 3;
   if constexpr (kVec && !kFp8) {
     if (shape >= 3 && append_bulk_ok(p, sizeof(T), device))
-      return launch_append_bulk<T, kInterleaved>(p, device, stream, shape == 3 ? 16 * 1024 : 8 * 1024);
+      return launch_append_bulk<T, kInterleaved>(p, device, stream, shape == 3 ? 8 * 1024 : 16 * 1024);
   }
   switch (shape) {
     case 0: return launch_append_shape<T, kInterleaved, kVec, kFp8, 4, 3>(p, device, stream);

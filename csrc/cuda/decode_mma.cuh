@@ -239,17 +239,16 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   const int row0 = rg * kRows;
   const int nrows = min(kRows, static_cast<int>(p.G * p.q_len) - row0);
   const int64_t seqlen = decode_seqlen(p, b);
-  // Paged caches with 16-aligned blocks: the warp's tile t starts at key ((warp + kWarps t)
-  // S + split) * 16 whatever the length (the round-robin tiles below), so lane l looks up
-  // tile l's block id now, in flight with cache_seqlens instead of after it (slot_of below
-  // takes these as its first batch).
+  // Paged caches with 16-aligned blocks, one split: the warp's tile t starts at key (warp +
+  // kWarps t) * 16 whatever the length, so lane l looks up tile l's block id now, in flight
+  // with cache_seqlens instead of after it (slot_of below takes these as its first batch).
   struct Slot { int64_t ko, vo; bool ok; };
   int bt_t0 = -32;
   Slot bt{0, 0, false};
-  if (p.cache.paged && p.cache.block_size % kTileKeys == 0) {
+  if (p.cache.paged && p.cache.block_size % kTileKeys == 0 && p.num_splits == 1) {
     const KVCacheView& c = p.cache;
     bt_t0 = 0;
-    const int64_t key0 = (static_cast<int64_t>(warp + lane * kWarps) * p.num_splits + split) * kTileKeys;
+    const int key0 = (warp + lane * kWarps) * kTileKeys;
     if (key0 < c.capacity) {  // inside the block table's row
       const int64_t n = div_small(key0, c.block_size);
       const int64_t blk = load_index(c.block_table, b * c.bt_stride_b + n * c.block_table.stride);
@@ -318,18 +317,19 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
     }
   }
 
-  // Keys: rows see [0, lim(row)), nondecreasing in the row's token. [0, n_keys) in whole
-  // 16-key tiles (aligned with 16-slot pages), dealt round-robin: split s takes tiles s,
-  // s + S, s + 2 S, ..., its warp w the split's tiles w, w + kWarps, ... So the tile of
-  // (split, warp, t) never depends on the length (only whether it exists does), and a
-  // paged cache's block ids load with cache_seqlens (bt below). (Contiguous ranges per
-  // split left the block-table read after the length at every split count > 1: paged
-  // B = 1 ctx 512 / 2048 took 10.3 / 13.4 us against 9.6 / 12.5 contiguous, run 1 of
-  // 2026-11-25.)
+  // Keys: rows see [0, lim(row)), nondecreasing in the row's token; this split takes
+  // [kbeg, kend) of [0, n_keys), in whole tiles (so tiles align with 16-slot pages).
+  // Tried and reverted (run 4 of 2026-11-25): tiles dealt round-robin to the splits (a
+  // tile's key independent of the length, so paged caches could load their block ids with
+  // cache_seqlens at any split count): paged B = 1 ctx 512 / 2048 10.3 / 13.4 -> 10.7 / 13.8
+  // us, contiguous 9.6 / 12.5 -> 9.8 / 12.7, B = 8 ctx 32768 366.5 -> 368.8: a split's
+  // keys in one range read faster than strided 4 KB tiles, more than the early ids saved.
   const int n_keys = static_cast<int>(min(old, max(int64_t(0), decode_key_limit(p, seqlen, (row0 + nrows - 1) / G))));
-  const int kend = n_keys;
-  const int n_split_tiles = max(0, ((n_keys + kTileKeys - 1) / kTileKeys - split + p.num_splits - 1) / p.num_splits);
-  const int my_tiles = warp < n_split_tiles ? (n_split_tiles - warp + kWarps - 1) / kWarps : 0;
+  const int per_split = ((n_keys + p.num_splits - 1) / p.num_splits + kTileKeys - 1) / kTileKeys * kTileKeys;
+  const int kbeg = min(n_keys, split * per_split);
+  const int kend = min(n_keys, kbeg + per_split);
+  const int n_tiles = (kend - kbeg + kTileKeys - 1) / kTileKeys;
+  const int my_tiles = warp < n_tiles ? (n_tiles - warp + kWarps - 1) / kWarps : 0;
 
   // ---- the warp's tile ring. A warp instruction copies whole rows (coalesced: RPI
   // consecutive keys of 256 B at D = 128); the slot of a tile's keys is looked up one
@@ -349,7 +349,7 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   // Slot of tile t. Modes 0 and 1: ko / vo = the element offset of the tile's first key
   // row, ok = its block exists (rows follow at the slot stride); mode 2: lane k < 16's
   // own key k (shared by shuffle in issue).
-  auto tile_key0 = [&](int t) { return ((warp + t * kWarps) * p.num_splits + split) * kTileKeys; };
+  auto tile_key0 = [&](int t) { return kbeg + (warp + t * kWarps) * kTileKeys; };
   const int64_t ks1 = cv.k_stride[1], vs1 = cv.v_stride[1];
   // Mode 1: the slots of the warp's tiles bt_t0 .. bt_t0 + 31 (lane l: tile bt_t0 + l), looked
   // up by all lanes at once and taken by shuffle per tile. (A lookup per tile, one tile
