@@ -424,7 +424,9 @@ def fp8_suite(timer, bw, quick=False):
             fns = [("rope_ext append_kv (fp8)", lambda: rope_ext.append_kv(
                         k, v, fk, fv, before, cu_seqlens=cu, q=q if with_q else None, k_scale=ks, v_scale=vs))]
             if CUDA:
-                fns += [(f"rope_ext append_kv (fp8), shape {sh}", _append_shape(sh, fns[0][1])) for sh in (0, 2)]
+                fns += [(f"rope_ext append_kv (fp8), shape {sh} ({desc})", _append_shape(sh, fns[0][1]))
+                        for sh, desc in ((0, "registers: 4 items, 3 blocks/SM"), (1, "registers: 2 items, 4 blocks/SM"),
+                                         (4, "bulk, 16 KB per block"))]
             fns += [
                    ("separate: rope + quantize + index_put", lambda: separate(with_q))]
             rows = _rows(fns, nbytes, timer, bw, base="separate: rope + quantize + index_put")

@@ -94,25 +94,30 @@ void launch_append_shape(const AppendParams& params, int device, cudaStream_t st
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// Kernel 1b's staged rows per token (bytes): K, V and Q (if given) rows of every head.
+// Kernel 1b's staged rows per token (bytes): K, V and Q (if given) rows of every head,
+// and for an fp8 cache the quantized K and V rows.
 int64_t append_bulk_row_bytes(const AppendParams& p, int64_t elem_size) {
-  return (p.cache.Hk * (p.rope.D + p.Dv) + (p.q ? p.Hq * p.rope.D : 0)) * elem_size;
+  const int64_t kv = p.cache.Hk * (p.rope.D + p.Dv);
+  return (kv + (p.q ? p.Hq * p.rope.D : 0)) * elem_size + (p.cache.fp8 ? kv : 0);
 }
 
-// Kernel 1b applies: 16-byte vectors (append_vector_ok), not an fp8 cache, sm_90, and a
-// token's heads contiguous in k, v, q and in the cache rows (one bulk copy per row); a
-// token's rows within 40 KB.
+// Kernel 1b applies: 16-byte vectors (append_vector_ok), sm_90, a token's heads contiguous
+// in k, v, q and in the cache rows (one bulk copy per row), and a token's rows within
+// 40 KB; an fp8 cache's rows and slots also in whole 16-byte units.
 bool append_bulk_ok(const AppendParams& p, int64_t elem_size, int device) {
-  if (p.cache.fp8 || cuda_launch::device_attribute<cudaDevAttrComputeCapabilityMajor>(device) < 9) return false;
+  if (cuda_launch::device_attribute<cudaDevAttrComputeCapabilityMajor>(device) < 9) return false;
   const int64_t Hk = p.cache.Hk, D = p.rope.D;
   if (Hk > 1 && (p.k_stride[2] != D || p.v_stride[2] != p.Dv || p.cache.k_stride[2] != D ||
                  p.cache.v_stride[2] != p.Dv))
+    return false;
+  if (p.cache.fp8 && ((Hk * D) % 16 || (Hk * p.Dv) % 16 || p.cache.k_stride[0] % 16 || p.cache.k_stride[1] % 16 ||
+                      p.cache.v_stride[0] % 16 || p.cache.v_stride[1] % 16))
     return false;
   if (p.q && p.Hq > 1 && p.q_stride[2] != D) return false;
   return append_bulk_row_bytes(p, elem_size) <= 40 * 1024 && p.rope.R <= 512;  // one token within 48 KB
 }
 
-template <typename T, bool kInterleaved>
+template <typename T, bool kInterleaved, bool kFp8>
 void launch_append_bulk(const AppendParams& params, int device, cudaStream_t stream, int64_t target_bytes) {
   AppendParams p = params;
   set_append_dividers(p, 16 / static_cast<int>(sizeof(T)));
@@ -129,7 +134,7 @@ void launch_append_bulk(const AppendParams& params, int device, cudaStream_t str
   const int64_t blocks = ceil_div(p.num_tokens, tpb);
   TORCH_CHECK_VALUE(blocks < (int64_t(1) << 31), "rope_ext: append_kv: too many tokens for one launch");
   TORCH_CHECK(smem <= 48 * 1024, "rope_ext: append_kv: internal error: bulk block of ", smem, " bytes");
-  cuda::append_kv_bulk_kernel<T, kInterleaved>
+  cuda::append_kv_bulk_kernel<T, kInterleaved, kFp8>
       <<<static_cast<unsigned>(blocks), cuda::kAppendBulkThreads, smem, stream>>>(p, static_cast<int>(tpb));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -138,9 +143,9 @@ template <typename T, bool kInterleaved, bool kVec, bool kFp8>
 void launch_append(const AppendParams& p, int device, cudaStream_t stream) {
   const int forced = g_append_shape.load(std::memory_order_relaxed);
   int shape = forced >= 0 && forced < 5 ? forced : 3;
-  if constexpr (kVec && !kFp8) {
+  if constexpr (kVec) {
     if (shape >= 3 && append_bulk_ok(p, sizeof(T), device))
-      return launch_append_bulk<T, kInterleaved>(p, device, stream, shape == 3 ? 8 * 1024 : 16 * 1024);
+      return launch_append_bulk<T, kInterleaved, kFp8>(p, device, stream, shape == 3 ? 8 * 1024 : 16 * 1024);
   }
   switch (shape) {
     case 0: return launch_append_shape<T, kInterleaved, kVec, kFp8, 4, 3>(p, device, stream);

@@ -21,9 +21,11 @@
 //                       FastDiv item decode (2026-11-25 run 2): 17.3 -> 14.0 M warp
 //                       instructions at T = 8192, 35.5 -> 33.3 us (same-size copy 27.5).
 //   1b. append_kv, bulk  (auto's choice where it applies: 16-byte rows, a token's heads
-//                       contiguous, not fp8, sm_90) the token rows staged whole into
-//                       shared memory by the copy engine, V stored from there, K and Q
-//                       rotated in place there; the same step 2 (slots, sin/cos).
+//                       contiguous, sm_90) the token rows staged whole into shared
+//                       memory by the copy engine, V stored from there, K and Q rotated
+//                       in place there (fp8 caches: K and V quantized into staged fp8
+//                       rows); the same step 2 (slots, sin/cos). T = 8192 29.9 us, 90%
+//                       of a same-size copy (run 4 of 2026-11-25).
 //   2. decode, hybrid_simt (impl="hybrid_simt"; auto takes variant 5, decode_mma.cuh,
 //                       which needs 0.70-0.93x of this one's time on the H100: this
 //                       kernel spends ~60 warp instructions per key and kv head on
@@ -64,6 +66,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "../attention_math.h"
 #include "decode_merge.cuh"
@@ -230,6 +233,36 @@ __device__ __forceinline__ void store_fp8_chunk(uint8_t* dst, const float* f, fl
   for (int j = 0; j < V; ++j) dst[j] = b[j];
 }
 
+// One fp8 cache item (kernels 1 and 1b): chunk a (and, a neox K rotary item, its partner
+// b R/2 later) as fp32; a K rotary item is rotated in fp32 by the P sines / cosines at
+// sin_row / cos_row (the chunk's first pair), then all is scaled and rounded once into
+// dst (and dst + R/2). One expression for both kernels: their caches are bit-equal.
+template <bool kInterleaved, int V, int P, typename VecT>
+__device__ __forceinline__ void store_fp8_item(uint8_t* dst, int half, const VecT& a, const VecT& b, bool rotary,
+                                               const float* sin_row, const float* cos_row, float scale, bool vec) {
+  float fa[V], fb[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) fa[j] = static_cast<float>(a.v[j]);
+  if (rotary) {
+    if (!kInterleaved)
+#pragma unroll
+      for (int j = 0; j < V; ++j) fb[j] = static_cast<float>(b.v[j]);
+    float sn[P], cs[P];
+    load_table<P>(sin_row, sn);
+    load_table<P>(cos_row, cs);
+#pragma unroll
+    for (int e = 0; e < P; ++e) {
+      const int j0 = kInterleaved ? 2 * e : e;
+      const float x0 = fa[j0], x1 = kInterleaved ? fa[j0 + 1] : fb[e];
+      const float y0 = rot_y0(x0, x1, cs[e], sn[e]), y1 = rot_y1(x0, x1, cs[e], sn[e]);
+      fa[j0] = y0;
+      (kInterleaved ? fa[j0 + 1] : fb[e]) = y1;
+    }
+    if (!kInterleaved) store_fp8_chunk<V>(dst + half, fb, scale, vec);
+  }
+  store_fp8_chunk<V>(dst, fa, scale, vec);
+}
+
 // Work items of one token, in this order: K rotary items (a chunk and, neox, its
 // partner R/2 later), K pass-through chunks (all of K when rotate_k is false), V chunks,
 // Q rotary items. Each thread owns kItems items of the block's tokens (the shapes the
@@ -320,28 +353,9 @@ __global__ void __launch_bounds__(kAppendThreads, kMinBlocks) append_kv_kernel(c
         const KVCacheView& c = p.cache;
         uint8_t* row = static_cast<uint8_t*>(is_v ? c.v : c.k) + out + m.h * (is_v ? c.v_stride[2] : c.k_stride[2]);
         const float scale = is_v ? c.v_scale[m.h * c.v_scale_stride] : c.k_scale[m.h * c.k_scale_stride];
-        float fa[V], fb[V];
-#pragma unroll
-        for (int j = 0; j < V; ++j) fa[j] = static_cast<float>(a.v[j]);
-        if (!kInterleaved && m.kind == 0)
-#pragma unroll
-          for (int j = 0; j < V; ++j) fb[j] = static_cast<float>(b.v[j]);
-        if (m.kind == 0) {
-          const int i0 = kInterleaved ? m.d0 / 2 : m.d0;
-          float sn[P], cs[P];
-          load_table<P>(sin_tab + m.tl * half + i0, sn);
-          load_table<P>(cos_tab + m.tl * half + i0, cs);
-#pragma unroll
-          for (int e = 0; e < P; ++e) {
-            const int j0 = kInterleaved ? 2 * e : e;
-            const float x0 = fa[j0], x1 = kInterleaved ? fa[j0 + 1] : fb[e];
-            const float y0 = rot_y0(x0, x1, cs[e], sn[e]), y1 = rot_y1(x0, x1, cs[e], sn[e]);
-            fa[j0] = y0;
-            (kInterleaved ? fa[j0 + 1] : fb[e]) = y1;
-          }
-          if (!kInterleaved) store_fp8_chunk<V>(row + m.d0 + half, fb, scale, kVec);
-        }
-        store_fp8_chunk<V>(row + m.d0, fa, scale, kVec);
+        const int i0 = m.tl * half + (kInterleaved ? m.d0 / 2 : m.d0);  // the chunk's first pair (K rotary)
+        store_fp8_item<kInterleaved, V, P>(row + m.d0, half, a, b, m.kind == 0, sin_tab + i0, cos_tab + i0, scale,
+                                           kVec);
         return;
       }
     }
@@ -392,7 +406,7 @@ __global__ void __launch_bounds__(kAppendThreads, kMinBlocks) append_kv_kernel(c
 
 // ---------------------------------------------------------------- 1b. append_kv, bulk
 // The common case (16-byte vectors, a token's K / V / Q heads contiguous in the inputs
-// and in the cache rows, a bf16/fp16/fp32 cache, sm_90): one thread stages the block's
+// and in the cache rows, sm_90): one thread stages the block's
 // token rows of K, V (and Q) into shared memory with the copy engine (cp.async.bulk, one
 // copy per row, completing on an mbarrier) while the block computes the slots and the
 // sin/cos tables (step 2 above, the same code); V goes from shared memory straight to its
@@ -402,7 +416,7 @@ __global__ void __launch_bounds__(kAppendThreads, kMinBlocks) append_kv_kernel(c
 // barrier-bound (ncu: ~280 instructions per 16-byte item before FastDiv, ~230 after).
 constexpr int kAppendBulkThreads = 128;
 
-template <typename T, bool kInterleaved>
+template <typename T, bool kInterleaved, bool kFp8>
 __global__ void __launch_bounds__(kAppendBulkThreads) append_kv_bulk_kernel(const __grid_constant__ AppendParams p,
                                                                            int tokens_per_block) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -420,7 +434,10 @@ __global__ void __launch_bounds__(kAppendBulkThreads) append_kv_bulk_kernel(cons
   T* ks = reinterpret_cast<T*>(bulk_smem);  // [tokens][krow], then V's and Q's rows
   T* vs = ks + tokens_per_block * krow;
   T* qs = vs + tokens_per_block * vrow;
-  uint64_t* bar = reinterpret_cast<uint64_t*>(qs + tokens_per_block * qrow);
+  // fp8 caches: the quantized K and V rows are staged here for the bulk stores (bytes).
+  uint8_t* k8 = reinterpret_cast<uint8_t*>(qs + tokens_per_block * qrow);
+  uint8_t* v8 = k8 + (kFp8 ? tokens_per_block * krow : 0);
+  uint64_t* bar = reinterpret_cast<uint64_t*>(v8 + (kFp8 ? tokens_per_block * vrow : 0));
   const AppendTables tb = append_tables(bar + 2, p, tokens_per_block);
   const T* kin = static_cast<const T*>(p.k);
   const T* vin = static_cast<const T*>(p.v);
@@ -450,13 +467,68 @@ __global__ void __launch_bounds__(kAppendBulkThreads) append_kv_bulk_kernel(cons
   append_slots_and_sincos(p, tb, t0, nt);
   mbar_wait(bar, 0);
 
-  // 3. V to its slot as loaded; K's and Q's rotary chunks rotated in shared memory.
-  T* kc = static_cast<T*>(p.cache.k);
-  T* vc = static_cast<T*>(p.cache.v);
-  for (int tl = tid; tl < nt; tl += blockDim.x)
-    if (tb.slots[tl].v_out >= 0) bulk_store(vc + tb.slots[tl].v_out, vs + tl * vrow, vrow * sizeof(T));
+  // 3. V to its slot as loaded; K's and Q's rotary chunks rotated in shared memory. fp8:
+  // kernel 1's items (K rotary, K pass-through, V, Q rotary) from the staged rows, K and V
+  // quantized into k8 / v8 (store_fp8_item, the same expression as kernel 1).
+  using C = std::conditional_t<kFp8, uint8_t, T>;  // cache element
+  C* kc = static_cast<C*>(p.cache.k);
+  C* vc = static_cast<C*>(p.cache.v);
+  const C* k_out_rows = kFp8 ? reinterpret_cast<const C*>(k8) : reinterpret_cast<const C*>(ks);
+  const C* v_out_rows = kFp8 ? reinterpret_cast<const C*>(v8) : reinterpret_cast<const C*>(vs);
+  if (!kFp8)
+    for (int tl = tid; tl < nt; tl += blockDim.x)
+      if (tb.slots[tl].v_out >= 0) bulk_store(vc + tb.slots[tl].v_out, v_out_rows + tl * vrow, vrow * sizeof(C));
   const int n_rot = rot_chunks(r, V);
-  const int nrk = p.rotate_k ? Hk * n_rot : 0, per = nrk + (qrow ? Hq * n_rot : 0);
+  if constexpr (kFp8) {
+    const KVCacheView& cv = p.cache;
+    const int n_tail = p.rotate_k ? (D - r.R) / V : D / V, ck_rot = p.rotate_k ? n_rot : 0;
+    const int v_chunks = static_cast<int>(p.Dv) / V;
+    const int nkr = Hk * ck_rot, nkt = Hk * n_tail, nv = Hk * v_chunks, nq = qrow ? Hq * n_rot : 0;
+    const int per_tok = nkr + nkt + nv + nq;
+    for (int it = tid; it < nt * per_tok; it += blockDim.x) {
+      const int tl = p.div.per_tok.div(it);
+      int w = it - tl * per_tok;
+      VecT a, b;
+      if (w < nkr || w - nkr < nkt) {  // K: rotary (rotated, then both halves) or pass-through
+        const bool rot = w < nkr;
+        int h, d0;
+        if (rot) {
+          h = p.div.k_rot.div(w);
+          d0 = (w - h * ck_rot) * V;  // chunk c < n_rot starts at c * V
+        } else {
+          w -= nkr;
+          h = p.div.k_tail.div(w);
+          d0 = (p.rotate_k ? r.R : 0) + (w - h * n_tail) * V;
+        }
+        const T* src = ks + tl * krow + h * D + d0;
+        a = load_vec<VecT>(src);
+        if (rot && !kInterleaved) b = load_vec<VecT>(src + half);
+        const int i0 = tl * half + (kInterleaved ? d0 / 2 : d0);
+        store_fp8_item<kInterleaved, V, P>(k8 + tl * krow + h * D + d0, half, a, b, rot, tb.sin_tab + i0,
+                                           tb.cos_tab + i0, cv.k_scale[h * cv.k_scale_stride], true);
+      } else if ((w -= nkr + nkt) < nv) {  // V: quantized
+        const int h = p.div.v_chunks.div(w), d0 = (w - h * v_chunks) * V;
+        const int Dv = static_cast<int>(p.Dv);
+        a = load_vec<VecT>(vs + tl * vrow + h * Dv + d0);
+        store_fp8_item<kInterleaved, V, P>(v8 + tl * vrow + h * Dv + d0, half, a, b, false, nullptr, nullptr,
+                                           cv.v_scale[h * cv.v_scale_stride], true);
+      } else {  // Q: rotated in place, its own dtype
+        w -= nv;
+        const int h = p.div.n_rot.div(w), c = w - h * n_rot;
+        T* row = qs + tl * qrow + h * D + c * V;
+        const int i0 = kInterleaved ? c * V / 2 : c * V;
+        a = load_vec<VecT>(row);
+        if (!kInterleaved) b = load_vec<VecT>(row + half);
+        float sn[P], cs[P];
+        load_table<P>(tb.sin_tab + tl * half + i0, sn);
+        load_table<P>(tb.cos_tab + tl * half + i0, cs);
+        rotate_chunk<T, kInterleaved>(a, b, sn, cs);
+        store_vec(row, a);
+        if (!kInterleaved) store_vec(row + half, b);
+      }
+    }
+  }
+  const int nrk = kFp8 ? 0 : (p.rotate_k ? Hk * n_rot : 0), per = kFp8 ? 0 : nrk + (qrow ? Hq * n_rot : 0);
   for (int it = tid; it < nt * per; it += blockDim.x) {
     const int tl = p.div.rot_tok.div(it);
     int w = it - tl * per;
@@ -482,7 +554,9 @@ __global__ void __launch_bounds__(kAppendBulkThreads) append_kv_bulk_kernel(cons
   fence_proxy_async_smem();  // the rotated rows, visible to the bulk stores below
   __syncthreads();
   for (int tl = tid; tl < nt; tl += blockDim.x) {
-    if (tb.slots[tl].k_out >= 0) bulk_store(kc + tb.slots[tl].k_out, ks + tl * krow, krow * sizeof(T));
+    if (tb.slots[tl].k_out >= 0) bulk_store(kc + tb.slots[tl].k_out, k_out_rows + tl * krow, krow * sizeof(C));
+    if (kFp8 && tb.slots[tl].v_out >= 0)
+      bulk_store(vc + tb.slots[tl].v_out, v_out_rows + tl * vrow, vrow * sizeof(C));
     if (qrow) {
       int64_t rb, rt;
       input_row(tl, &rb, &rt);
