@@ -299,12 +299,12 @@ def test_empty_sequences_give_zeros(device):
 
 # ---------------------------------------------------------------------------- append_kv on its own
 @cuda
-@pytest.mark.parametrize("shape", [0, 1, 2, 4])
+@pytest.mark.parametrize("shape", [0, 2, 3, 4])
 def test_append_kernel_shapes_bit_equal_cuda(shape):
     """append_kv's kernels and shapes (rope_ext._C.set_append_shape: kernel 1's items per
     thread and blocks per SM, 0-2; the bulk kernel's bytes per block, 3-4, where it
     applies) only repartition the same per-element work: caches and q bit-equal to auto's
-    (the bulk kernel where it applies), over NaN-filled caches (an unwritten slot stays
+    (kernel 1 with shape 1 for these 15 tokens), over NaN-filled caches (an unwritten slot stays
     NaN and shows), for bf16 / fp16 / fp32 / fp8 caches, paged and contiguous, varlen and
     batched, GPT-J and neox, partial rotary, q in place, v with its own head dim (MLA),
     q as a slice of a fused projection and the scalar path."""

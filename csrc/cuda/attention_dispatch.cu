@@ -63,9 +63,9 @@ int64_t set_append_dividers(AppendParams& p, int V) {
 
 // The append kernels' shapes (set_append_shape picks one: bench A/B, tests; -1 auto):
 // kernel 1 (items per thread, blocks per SM) 0 = (4, 3), 1 = (2, 4), 2 = (1, 6); kernel 1b
-// (bulk) with ~8 KB (3) or ~16 KB (4) of staged rows per block (T = 8192: 29.9 / 30.6 us,
+// (bulk) with ~8 KB (3) or ~16 KB (4) of input rows per block (T = 8192: 29.9 / 30.6 us,
 // ~32 KB 32.0; with q 74.7 / 74.9; runs 3 and 4 of 2026-11-25). Auto: 3 where the bulk
-// kernel applies (append_bulk_ok), else 1. Measured (H100, run 3 of 2026-11-24 evening,
+// kernel applies (append_bulk_ok) and there are >= 2 tokens per SM, else 1. Measured (H100, run 3 of 2026-11-24 evening,
 // CUDA graph, cold L2; T = 8192 / with q / fp8 / fp8 with q, us): (4, 3) 34.5 / 76.4 /
 // 45.1 / 86.3; (2, 4) 34.1 / 75.5 / 41.5 / 77.2; (1, 6) 35.3 / 76.5 / 44.6 / 83.1; T = 16
 // 6.9-7.4 for all. So (2, 4) for kernel 1: the bf16 rows within 1%, fp8 8-11% faster.
@@ -122,9 +122,12 @@ void launch_append_bulk(const AppendParams& params, int device, cudaStream_t str
   AppendParams p = params;
   set_append_dividers(p, 16 / static_cast<int>(sizeof(T)));
   const int64_t row = append_bulk_row_bytes(p, sizeof(T));
-  // Tokens per block: ~target_bytes of rows, at most 16, and >= 2 blocks per SM where
-  // the token count allows.
-  int64_t tpb = std::clamp<int64_t>(target_bytes / row, 1, 16);
+  // Tokens per block: ~target_bytes of input rows (an fp8 cache's staged rows not
+  // counted: at 8 KB with them, one token per block, fp8 T = 8192 took 36.7 us against
+  // 32.3 with two, run 5 of 2026-11-25), at most 16, and >= 2 blocks per SM where the
+  // token count allows.
+  const int64_t in_row = (p.cache.Hk * (p.rope.D + p.Dv) + (p.q ? p.Hq * p.rope.D : 0)) * int64_t(sizeof(T));
+  int64_t tpb = std::clamp<int64_t>(target_bytes / in_row, 1, 16);
   tpb = std::min<int64_t>(tpb, std::max<int64_t>(1, p.num_tokens / (2 * sm_count(device))));
   auto smem_of = [&](int64_t n) {  // rows, the mbarrier (16 bytes: the tables stay aligned), the tables
     return static_cast<size_t>(n * row + 16) + cuda::append_tables_bytes(p, static_cast<int>(n), cuda::kAppendBulkThreads);
@@ -143,6 +146,10 @@ template <typename T, bool kInterleaved, bool kVec, bool kFp8>
 void launch_append(const AppendParams& p, int device, cudaStream_t stream) {
   const int forced = g_append_shape.load(std::memory_order_relaxed);
   int shape = forced >= 0 && forced < 5 ? forced : 3;
+  // Auto takes the bulk kernel from 2 tokens per SM up: at T = 16 (16 blocks of one token)
+  // kernel 1 was level with it for bf16 (6.5 us) and ahead for fp8 (7.6 against 8.3), its
+  // chain shorter by the mbarrier wait (run 5 of 2026-11-25).
+  if (forced < 0 && p.num_tokens < 2 * sm_count(device)) shape = 1;
   if constexpr (kVec) {
     if (shape >= 3 && append_bulk_ok(p, sizeof(T), device))
       return launch_append_bulk<T, kInterleaved, kFp8>(p, device, stream, shape == 3 ? 8 * 1024 : 16 * 1024);
