@@ -527,6 +527,7 @@ template <> struct LeanWord<4> { using type = uint32_t; };
 
 template <typename T, bool kInterleaved, int U, int W>
 __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid_constant__ LeanParams p) {
+  prefetch_params(p);
   constexpr int V = W / sizeof(T);
   constexpr int P = kInterleaved ? V / 2 : V;
   static_assert(P >= 1, "a chunk holds at least one pair");
