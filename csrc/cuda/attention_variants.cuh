@@ -272,7 +272,6 @@ __device__ __forceinline__ void store_fp8_item(uint8_t* dst, int half, const Vec
 template <typename T, bool kInterleaved, bool kVec, bool kFp8, int kItems, int kMinBlocks>
 __global__ void __launch_bounds__(kAppendThreads, kMinBlocks) append_kv_kernel(const __grid_constant__ AppendParams p,
                                                                             int tokens_per_block) {
-  prefetch_params(p);
   // V elements per chunk: 16 bytes; scalar path: one pair (GPT-J) or one element (neox).
   constexpr int V = kVec ? 16 / static_cast<int>(sizeof(T)) : (kInterleaved ? 2 : 1);
   constexpr int P = kInterleaved ? V / 2 : V;  // pairs per chunk
@@ -420,7 +419,6 @@ constexpr int kAppendBulkThreads = 128;
 template <typename T, bool kInterleaved, bool kFp8>
 __global__ void __launch_bounds__(kAppendBulkThreads) append_kv_bulk_kernel(const __grid_constant__ AppendParams p,
                                                                            int tokens_per_block) {
-  prefetch_params(p);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int V = 16 / static_cast<int>(sizeof(T));
   constexpr int P = kInterleaved ? V / 2 : V;

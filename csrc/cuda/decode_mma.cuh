@@ -72,7 +72,6 @@
 #include "../attention_math.h"
 #include "decode_merge.cuh"
 #include "decode_mma.h"
-#include "primitives.cuh"  // prefetch_params
 
 namespace rope_ext {
 namespace cuda {
@@ -214,7 +213,6 @@ __device__ __forceinline__ int swz(int row, int c) { return row * D + ((c ^ (row
 // softmax and rescale are skipped.
 template <typename T, int D, bool kUpper, bool kFp8>
 __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_constant__ DecodeParams p) {
-  prefetch_params(p);
   using C = std::conditional_t<kFp8, uint8_t, T>;  // a cache element
   using M = std::conditional_t<kFp8, c10::Half, T>;  // the MMAs' input type
   constexpr int NS = stages<D, kFp8>();

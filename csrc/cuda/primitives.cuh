@@ -106,29 +106,6 @@ __device__ __forceinline__ void bulk_store_drain() {
 }
 #endif
 
-// ---------------------------------------------------------------- kernel parameters
-// Asks for a kernel's __grid_constant__ parameter block at the start: lane l of the first
-// warp prefetches 64-byte line l, l + 32, ... (prefetchu.L1 of its generic address: a
-// CCTL prefetch, no register, nothing waits on it), all in flight at once. In a CUDA
-// graph replayed after an L2 flush the block comes from DRAM, and the kernel's own reads
-// touch its lines one after another, each miss on the chain (ncu: imc_miss 2.5 cycles per
-// issued instruction in append_kv T = 16; 54% of the small rope kernel's stall samples on
-// its first parameter reads).
-template <typename P>
-__device__ __forceinline__ void prefetch_params(const P& p) {
-  constexpr int kLines = static_cast<int>((sizeof(P) + 63) / 64);
-  if (threadIdx.x < 32 && threadIdx.y == 0 && threadIdx.z == 0) {
-    const char* base = reinterpret_cast<const char*>(&p);
-#pragma unroll
-    for (int l0 = 0; l0 < kLines; l0 += 32) {
-      const int l = l0 + static_cast<int>(threadIdx.x);
-      if (l < kLines) {
-        asm volatile("prefetchu.L1 [%0];" ::"l"(base + 64 * l));
-      }
-    }
-  }
-}
-
 // ---------------------------------------------------------------- tables
 // Frequencies for the block in shared memory: read once per block (inv_freq_of: the
 // params' table or the inv_freq tensor) instead of once per pair.

@@ -46,6 +46,11 @@
 //              bytes took 0.5-0.8 us off 16-bit tensors up to 8 MB (0.12 MB bf16 5.4 ->
 //              4.8 us; a thread's chain of 8 sin/cos, not DRAM, was the time), 4 bytes
 //              nothing more (rope_dispatch.cu has the rule, bench/NOTES.md the run).
+//              Tried and reverted (run 7 of 2026-11-25): the first warp prefetching
+//              every 64-byte line of the params (prefetchu.L1, a CCTL) at kernel start,
+//              here, in both append kernels and in decode variant 5: 0.12 MB 4.8 us
+//              either way, append T = 16 and decode B = 1 within noise. The generic
+//              prefetch does not fill the constant caches the parameter reads miss.
 //
 // What was learned on the H100 (bench/NOTES.md has the numbers and the method):
 //   - Variant 3's x loads must be uint4: a struct copy of Vec<bf16, 8> compiled to
@@ -527,7 +532,6 @@ template <> struct LeanWord<4> { using type = uint32_t; };
 
 template <typename T, bool kInterleaved, int U, int W>
 __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid_constant__ LeanParams p) {
-  prefetch_params(p);
   constexpr int V = W / sizeof(T);
   constexpr int P = kInterleaved ? V / 2 : V;
   static_assert(P >= 1, "a chunk holds at least one pair");
