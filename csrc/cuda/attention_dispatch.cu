@@ -45,20 +45,20 @@ bool append_vector_ok(const AppendParams& p, int64_t elem_size) {
 // kernels' indices are 32-bit. Returns the work items per token of kernel 1.
 int64_t set_append_dividers(AppendParams& p, int V) {
   const int half = p.rope.R / 2;
-  const int64_t n_rot = p.rope.interleaved ? p.rope.R / V : half / V;
-  const int64_t k_tail = p.rotate_k ? (p.rope.D - p.rope.R) / V : p.rope.D / V;
-  const int64_t per_token = p.cache.Hk * ((p.rotate_k ? n_rot : 0) + k_tail + p.Dv / V) + p.Hq * n_rot;
-  TORCH_CHECK_VALUE(p.num_tokens < (int64_t(1) << 31) && per_token < (int64_t(1) << 30),
+  // A token's elements bound its items (append_items counts them in 32 bits).
+  const int64_t token_elems = p.cache.Hk * (p.rope.D + p.Dv) + p.Hq * p.rope.D;
+  TORCH_CHECK_VALUE(p.num_tokens < (int64_t(1) << 31) && token_elems < (int64_t(1) << 30),
                     "rope_ext: append_kv: too many tokens or heads for one launch (the kernel's indices are 32-bit)");
-  p.div.per_tok = FastDiv(static_cast<uint32_t>(per_token));
-  p.div.k_rot = FastDiv(static_cast<uint32_t>(n_rot));
-  p.div.k_tail = FastDiv(static_cast<uint32_t>(k_tail));
-  p.div.v_chunks = FastDiv(static_cast<uint32_t>(p.Dv / V));
-  p.div.n_rot = FastDiv(static_cast<uint32_t>(n_rot));
+  const cuda::AppendItems n = cuda::append_items(p, V);
+  p.div.per_tok = FastDiv(static_cast<uint32_t>(n.per_tok));
+  p.div.k_rot = FastDiv(static_cast<uint32_t>(n.n_rot));
+  p.div.k_tail = FastDiv(static_cast<uint32_t>(n.n_tail));
+  p.div.v_chunks = FastDiv(static_cast<uint32_t>(n.v_chunks));
+  p.div.n_rot = FastDiv(static_cast<uint32_t>(n.n_rot));
   p.div.T = FastDiv(static_cast<uint32_t>(std::min<int64_t>(p.T, INT32_MAX)));
   p.div.half = FastDiv(static_cast<uint32_t>(std::max(half, 1)));
-  p.div.rot_tok = FastDiv(static_cast<uint32_t>((p.rotate_k ? p.cache.Hk : 0) * n_rot + (p.q ? p.Hq : 0) * n_rot));
-  return per_token;
+  p.div.rot_tok = FastDiv(static_cast<uint32_t>(((p.rotate_k ? p.cache.Hk : 0) + p.Hq) * n.n_rot));
+  return n.per_tok;
 }
 
 // The append kernels' shapes (set_append_shape picks one: bench A/B, tests; -1 auto):

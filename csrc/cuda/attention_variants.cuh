@@ -263,10 +263,44 @@ __device__ __forceinline__ void store_fp8_item(uint8_t* dst, int half, const Vec
   store_fp8_chunk<V>(dst, fa, scale, vec);
 }
 
-// Work items of one token, in this order: K rotary items (a chunk and, neox, its
-// partner R/2 later), K pass-through chunks (all of K when rotate_k is false), V chunks,
-// Q rotary items. Each thread owns kItems items of the block's tokens (the shapes the
-// dispatch may pick: AppendShape below).
+// Work items of one token, in this order: K rotary items (a chunk and, neox, its partner
+// R/2 later), K pass-through chunks (all of K when rotate_k is false), V chunks, Q rotary
+// items (p.Hq is 0 without q); chunks of V elements. Kernel 1 and the bulk kernel's fp8
+// path decode them with append_item (the divisions by p.div's FastDivs, which the
+// launchers set from these counts: set_append_dividers).
+struct AppendItems {
+  int n_rot, n_tail, ck_rot, v_chunks;  // per head: rotary chunks, K pass-through, K rotary items, V chunks
+  int nkr, nkt, nv, per_tok;            // per token: K rotary, K pass-through, V items; all items
+};
+__host__ __device__ __forceinline__ AppendItems append_items(const AppendParams& p, int V) {
+  const RopeParams& r = p.rope;
+  AppendItems n;
+  n.n_rot = rot_chunks(r, V);
+  n.n_tail = p.rotate_k ? (r.D - r.R) / V : r.D / V;
+  n.ck_rot = p.rotate_k ? n.n_rot : 0;
+  n.v_chunks = static_cast<int>(p.Dv) / V;  // V's own head dim (MLA's latent: kv_lora_rank)
+  const int Hk = static_cast<int>(p.cache.Hk);
+  n.nkr = Hk * n.ck_rot;
+  n.nkt = Hk * n.n_tail;
+  n.nv = Hk * n.v_chunks;
+  n.per_tok = n.nkr + n.nkt + n.nv + static_cast<int>(p.Hq) * n.n_rot;
+  return n;
+}
+struct AppendItem { int kind, h, d0; };  // kind: 0 K rotary, 1 K pass-through, 2 V, 3 Q rotary; head; first feature
+__device__ __forceinline__ AppendItem append_item(const AppendParams& p, const AppendItems& n, int w, int V) {
+  AppendItem m;
+  if (w < n.nkr) {
+    m.kind = 0; m.h = p.div.k_rot.div(w); m.d0 = chunk_start(p.rope, w - m.h * n.ck_rot, V);
+  } else if ((w -= n.nkr) < n.nkt) {
+    m.kind = 1; m.h = p.div.k_tail.div(w); m.d0 = (p.rotate_k ? p.rope.R : 0) + (w - m.h * n.n_tail) * V;
+  } else if ((w -= n.nkt) < n.nv) {
+    m.kind = 2; m.h = p.div.v_chunks.div(w); m.d0 = (w - m.h * n.v_chunks) * V;
+  } else {
+    w -= n.nv;
+    m.kind = 3; m.h = p.div.n_rot.div(w); m.d0 = chunk_start(p.rope, w - m.h * n.n_rot, V);
+  }
+  return m;
+}
 
 // kFp8: the caches are e4m3 (attention_params.h): K and V are scaled and rounded once.
 template <typename T, bool kInterleaved, bool kVec, bool kFp8, int kItems, int kMinBlocks>
@@ -288,13 +322,8 @@ __global__ void __launch_bounds__(kAppendThreads, kMinBlocks) append_kv_kernel(c
   const int nt = static_cast<int>(min(static_cast<int64_t>(tokens_per_block), p.num_tokens - t0));
   const int tid = threadIdx.x;
 
-  const int n_rot = rot_chunks(r, V);
-  const int n_tail = p.rotate_k ? (r.D - r.R) / V : r.D / V;
-  const int ck_rot = p.rotate_k ? n_rot : 0;
-  const int Hk = static_cast<int>(p.cache.Hk);
-  const int v_chunks = static_cast<int>(p.Dv) / V;  // V's own head dim (MLA's latent: kv_lora_rank)
-  const int nkr = Hk * ck_rot, nkt = Hk * n_tail, nv = Hk * v_chunks, nq = static_cast<int>(p.Hq) * n_rot;
-  const int per_tok = nkr + nkt + nv + nq;
+  const AppendItems items = append_items(p, V);
+  const int per_tok = items.per_tok;
   const AppendParams::Dividers& dv = p.div;  // the divisions below by these, as multiplies
   const T* kin = static_cast<const T*>(p.k);
   const T* vin = static_cast<const T*>(p.v);
@@ -318,20 +347,15 @@ __global__ void __launch_bounds__(kAppendThreads, kMinBlocks) append_kv_kernel(c
     int w = w_all - m.tl * per_tok;
     int64_t rb, rt;
     input_row(m.tl, &rb, &rt);
+    const AppendItem ai = append_item(p, items, w, V);
+    m.kind = ai.kind; m.h = ai.h; m.d0 = ai.d0;
     const T* src;
     int64_t sd;
-    if (w < nkr) {
-      m.kind = 0; m.h = dv.k_rot.div(w); m.d0 = chunk_start(r, w - m.h * ck_rot, V);
+    if (m.kind <= 1) {
       src = kin + rb * p.k_stride[0] + rt * p.k_stride[1] + m.h * p.k_stride[2]; sd = p.k_stride[3];
-    } else if ((w -= nkr) < nkt) {
-      m.kind = 1; m.h = dv.k_tail.div(w); m.d0 = (p.rotate_k ? r.R : 0) + (w - m.h * n_tail) * V;
-      src = kin + rb * p.k_stride[0] + rt * p.k_stride[1] + m.h * p.k_stride[2]; sd = p.k_stride[3];
-    } else if ((w -= nkt) < nv) {
-      m.kind = 2; m.h = dv.v_chunks.div(w); m.d0 = (w - m.h * v_chunks) * V;
+    } else if (m.kind == 2) {
       src = vin + rb * p.v_stride[0] + rt * p.v_stride[1] + m.h * p.v_stride[2]; sd = p.v_stride[3];
     } else {
-      w -= nv;
-      m.kind = 3; m.h = dv.n_rot.div(w); m.d0 = chunk_start(r, w - m.h * n_rot, V);
       src = qio + rb * p.q_stride[0] + rt * p.q_stride[1] + m.h * p.q_stride[2]; sd = p.q_stride[3];
     }
     if (kVec) sd = 1;  // the host's condition for 16-byte vectors (no strided-constant reads)
@@ -478,78 +502,57 @@ __global__ void __launch_bounds__(kAppendBulkThreads) append_kv_bulk_kernel(cons
   if (!kFp8)
     for (int tl = tid; tl < nt; tl += blockDim.x)
       if (tb.slots[tl].v_out >= 0) bulk_store(vc + tb.slots[tl].v_out, v_out_rows + tl * vrow, vrow * sizeof(C));
-  const int n_rot = rot_chunks(r, V);
+  // Chunk d0 (and, neox, its partner R/2 later) of a K or Q head row in shared memory,
+  // rotated in place with token tl's sin/cos.
+  auto rotate_staged = [&](T* head_row, int tl, int d0) {
+    T* chunk = head_row + d0;
+    const int i0 = tl * half + (kInterleaved ? d0 / 2 : d0);
+    VecT a = load_vec<VecT>(chunk), b;
+    if (!kInterleaved) b = load_vec<VecT>(chunk + half);
+    float sn[P], cs[P];
+    load_table<P>(tb.sin_tab + i0, sn);
+    load_table<P>(tb.cos_tab + i0, cs);
+    rotate_chunk<T, kInterleaved>(a, b, sn, cs);
+    store_vec(chunk, a);
+    if (!kInterleaved) store_vec(chunk + half, b);
+  };
   if constexpr (kFp8) {
     const KVCacheView& cv = p.cache;
-    const int n_tail = p.rotate_k ? (D - r.R) / V : D / V, ck_rot = p.rotate_k ? n_rot : 0;
-    const int v_chunks = static_cast<int>(p.Dv) / V;
-    const int nkr = Hk * ck_rot, nkt = Hk * n_tail, nv = Hk * v_chunks, nq = qrow ? Hq * n_rot : 0;
-    const int per_tok = nkr + nkt + nv + nq;
-    for (int it = tid; it < nt * per_tok; it += blockDim.x) {
+    const AppendItems items = append_items(p, V);
+    const int Dv = static_cast<int>(p.Dv);
+    for (int it = tid; it < nt * items.per_tok; it += blockDim.x) {
       const int tl = p.div.per_tok.div(it);
-      int w = it - tl * per_tok;
+      const AppendItem m = append_item(p, items, it - tl * items.per_tok, V);
+      if (m.kind == 3) {  // Q: rotated in place, its own dtype
+        rotate_staged(qs + tl * qrow + m.h * D, tl, m.d0);
+        continue;
+      }
       VecT a, b;
-      if (w < nkr || w - nkr < nkt) {  // K: rotary (rotated, then both halves) or pass-through
-        const bool rot = w < nkr;
-        int h, d0;
-        if (rot) {
-          h = p.div.k_rot.div(w);
-          d0 = (w - h * ck_rot) * V;  // chunk c < n_rot starts at c * V
-        } else {
-          w -= nkr;
-          h = p.div.k_tail.div(w);
-          d0 = (p.rotate_k ? r.R : 0) + (w - h * n_tail) * V;
-        }
-        const T* src = ks + tl * krow + h * D + d0;
+      if (m.kind == 2) {  // V: quantized
+        a = load_vec<VecT>(vs + tl * vrow + m.h * Dv + m.d0);
+        store_fp8_item<kInterleaved, V, P>(v8 + tl * vrow + m.h * Dv + m.d0, half, a, b, false, nullptr, nullptr,
+                                           cv.v_scale[m.h * cv.v_scale_stride], true);
+      } else {  // K: rotary items rotated in fp32 (both halves), pass-through chunks as they are
+        const bool rot = m.kind == 0;
+        const T* src = ks + tl * krow + m.h * D + m.d0;
         a = load_vec<VecT>(src);
         if (rot && !kInterleaved) b = load_vec<VecT>(src + half);
-        const int i0 = tl * half + (kInterleaved ? d0 / 2 : d0);
-        store_fp8_item<kInterleaved, V, P>(k8 + tl * krow + h * D + d0, half, a, b, rot, tb.sin_tab + i0,
-                                           tb.cos_tab + i0, cv.k_scale[h * cv.k_scale_stride], true);
-      } else if ((w -= nkr + nkt) < nv) {  // V: quantized
-        const int h = p.div.v_chunks.div(w), d0 = (w - h * v_chunks) * V;
-        const int Dv = static_cast<int>(p.Dv);
-        a = load_vec<VecT>(vs + tl * vrow + h * Dv + d0);
-        store_fp8_item<kInterleaved, V, P>(v8 + tl * vrow + h * Dv + d0, half, a, b, false, nullptr, nullptr,
-                                           cv.v_scale[h * cv.v_scale_stride], true);
-      } else {  // Q: rotated in place, its own dtype
-        w -= nv;
-        const int h = p.div.n_rot.div(w), c = w - h * n_rot;
-        T* row = qs + tl * qrow + h * D + c * V;
-        const int i0 = kInterleaved ? c * V / 2 : c * V;
-        a = load_vec<VecT>(row);
-        if (!kInterleaved) b = load_vec<VecT>(row + half);
-        float sn[P], cs[P];
-        load_table<P>(tb.sin_tab + tl * half + i0, sn);
-        load_table<P>(tb.cos_tab + tl * half + i0, cs);
-        rotate_chunk<T, kInterleaved>(a, b, sn, cs);
-        store_vec(row, a);
-        if (!kInterleaved) store_vec(row + half, b);
+        const int i0 = tl * half + (kInterleaved ? m.d0 / 2 : m.d0);
+        store_fp8_item<kInterleaved, V, P>(k8 + tl * krow + m.h * D + m.d0, half, a, b, rot, tb.sin_tab + i0,
+                                           tb.cos_tab + i0, cv.k_scale[m.h * cv.k_scale_stride], true);
       }
     }
-  }
-  const int nrk = kFp8 ? 0 : (p.rotate_k ? Hk * n_rot : 0), per = kFp8 ? 0 : nrk + (qrow ? Hq * n_rot : 0);
-  for (int it = tid; it < nt * per; it += blockDim.x) {
-    const int tl = p.div.rot_tok.div(it);
-    int w = it - tl * per;
-    T* row;
-    if (w < nrk) {
-      row = ks + tl * krow;
-    } else {
-      w -= nrk;
-      row = qs + tl * qrow;
+  } else {  // K's (if rotate_k) and Q's rotary chunks
+    const int n_rot = rot_chunks(r, V);
+    const int nrk = p.rotate_k ? Hk * n_rot : 0, per = nrk + (qrow ? Hq * n_rot : 0);
+    for (int it = tid; it < nt * per; it += blockDim.x) {
+      const int tl = p.div.rot_tok.div(it);
+      const int w = it - tl * per;
+      const bool is_k = w < nrk;
+      const int wh = is_k ? w : w - nrk;
+      const int h = p.div.n_rot.div(wh), c = wh - h * n_rot;
+      rotate_staged((is_k ? ks + tl * krow : qs + tl * qrow) + h * D, tl, c * V);  // chunk c starts at c * V
     }
-    const int h = p.div.n_rot.div(w), c = w - h * n_rot;
-    row += h * D + c * V;  // chunk c < n_rot starts at feature c * V (chunk_start)
-    const int i0 = kInterleaved ? c * V / 2 : c * V;
-    VecT a = load_vec<VecT>(row), b;
-    if (!kInterleaved) b = load_vec<VecT>(row + half);
-    float sn[P], cs[P];
-    load_table<P>(tb.sin_tab + tl * half + i0, sn);
-    load_table<P>(tb.cos_tab + tl * half + i0, cs);
-    rotate_chunk<T, kInterleaved>(a, b, sn, cs);
-    store_vec(row, a);
-    if (!kInterleaved) store_vec(row + half, b);
   }
   fence_proxy_async_smem();  // the rotated rows, visible to the bulk stores below
   __syncthreads();
