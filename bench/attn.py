@@ -359,8 +359,12 @@ def fp8_suite(timer, bw, quick=False):
     Hq, Hk, D = (32, 8, 128) if CUDA else (8, 2, 64)
     dt = torch.bfloat16
     ks, vs = torch.full((Hk,), 0.02, device=DEV), torch.full((1,), 0.02, device=DEV)
-    pts = ([(B, c) for B in (1, 8, 64) for c in ((2048, 32768) if quick else (2048, 8192, 32768))] if CUDA
-           else [(1, 128), (2, 256)])
+    # FP8_PARTS="decode" (or "append,mla"): only these parts; ATTN_BATCHES as in decode_points.
+    parts = os.environ.get("FP8_PARTS", "decode,append,mla").split(",")
+    batches = tuple(int(b) for b in os.environ.get("ATTN_BATCHES", "1,8,64").split(","))
+    pts = ([(B, c) for B in batches for c in (2048, 8192, 32768)] if CUDA else [(1, 128), (2, 256)])
+    if "decode" not in parts:
+        pts = []
     for paged in (False, True):
         for B, ctx in pts:
             bs = 16
@@ -398,7 +402,7 @@ def fp8_suite(timer, bw, quick=False):
             del kc, vc, fk, fv
             if CUDA:
                 torch.cuda.empty_cache()
-    for T in ((16, 8192) if CUDA else (16, 256)):
+    for T in ((16, 8192) if CUDA else (16, 256)) if "append" in parts else ():
         B = 16 if T == 16 else 1
         per = T // B
         cap = per + (4096 if CUDA else 64)
@@ -436,7 +440,7 @@ def fp8_suite(timer, bw, quick=False):
             results.append(dict(workload=title, kind="fp8_append", T=T, with_q=with_q, rows=rows))
     # MLA (DeepSeek-V3: kv_lora_rank 512, rope dim 64, 128 heads for q_pe), paged(64).
     L, R, H = 512, 64, (128 if CUDA else 4)
-    for T in ((16, 8192) if CUDA else (16, 256)):
+    for T in ((16, 8192) if CUDA else (16, 256)) if "mla" in parts else ():
         for cache_dtype in (dt, FP8):
             B = 16 if T == 16 else 1
             per = T // B
