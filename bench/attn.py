@@ -387,6 +387,19 @@ def fp8_suite(timer, bw, quick=False):
                 q, fk, fv, lens, block_table=bt, max_seqlen=ctx, k_scale=ks, v_scale=vs))], fp8_bytes, timer, bw,
                 base="", base_us=base)
             rows = bf16 + fp8
+            if not paged and os.environ.get("FP8_HND"):
+                # FP8_HND=1: the same caches stored head-major ([B, Hk, ctx, D] viewed as
+                # [B, ctx, Hk, D]): a kv head's rows contiguous instead of one 128-byte (fp8) or
+                # 256-byte (bf16) row per key every Hk * D elements. Tells whether DRAM page
+                # locality is what holds the interleaved layout below a plain read.
+                hk_, hv_ = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (kc, vc))
+                fhk, fhv = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (fk, fv))
+                rows += _rows([("rope_ext hybrid, bf16 cache, head-major", lambda: rope_ext.attention_decode(
+                    q, hk_, hv_, lens, max_seqlen=ctx))], 2 * fp8_bytes, timer, bw, base="", base_us=base)
+                rows += _rows([("rope_ext hybrid, fp8 cache, head-major", lambda: rope_ext.attention_decode(
+                    q, fhk, fhv, lens, max_seqlen=ctx, k_scale=ks, v_scale=vs))], fp8_bytes, timer, bw, base="",
+                    base_us=base)
+                hk_ = hv_ = fhk = fhv = None
             if not paged:  # the reference: a plain read of the fp8 KV's bytes (decode_suite's)
                 ref = torch.empty(fp8_bytes // 4, device=DEV)
                 ref_out = torch.empty((), device=DEV)

@@ -120,6 +120,8 @@ def decode_step(step, q, kd, vd, kc, vc, prefix, shared, *, rotate_k=True, **dec
     positions / offsets, frequencies, scales)."""
     prefix = prefix.to(torch.int32)
     q_len = q.shape[1]
+    if decode_kw.get("max_seqlen") == "max":  # the tightest hint: the longest sequence's length
+        decode_kw["max_seqlen"] = int(prefix.max()) + (q_len if step == "two" else 0)
     if step == "two":
         rope_ext.append_kv(kd, vd, kc, vc, prefix, rotate_k=rotate_k, **shared)
         return rope_ext.attention_decode(q, kc, vc, prefix + q_len, return_lse=True, **shared, **decode_kw)
@@ -885,14 +887,17 @@ def test_decode_kernel_matrix_cuda(impl, D, G, q_len, Hk, step):
 @cuda
 @pytest.mark.parametrize("step", ["two", "one"], ids=["append+decode", "one_call"])
 @pytest.mark.parametrize("num_splits", [1, 3, 5, 19, 40, 1024])
-def test_tensor_core_splits_cuda(num_splits, step):
+@pytest.mark.parametrize("max_seqlen", [None, "max"], ids=["no_hint", "max_hint"])
+def test_tensor_core_splits_cuda(num_splits, step, max_seqlen):
     """Variant 5 with forced split counts: splits round up to whole 16-key tiles, so high
     counts leave splits with no key at all (lse -inf partials) that the combine ignores;
-    lengths 1 and a few keys sit inside one tile."""
+    lengths 1 and a few keys sit inside one tile. With the max_seqlen hint the paged
+    block ids are looked up early from the hinted split ranges: right for the longest
+    sequence, wrong (and re-looked-up) for the shorter ones of the same call."""
     for B, cap in ((3, 300), (4, 17)):
         o, lse, wo, wl, vs = fill_and_decode("cuda", torch.bfloat16, paged=True, G=4, q_len=1, B=B, cap=cap, D=128,
-                                             num_splits=num_splits, impl="hybrid", step=step)
-        assert_attn_close(o, lse, wo, wl, vs, f"num_splits={num_splits} cap={cap}")
+                                             num_splits=num_splits, impl="hybrid", step=step, max_seqlen=max_seqlen)
+        assert_attn_close(o, lse, wo, wl, vs, f"num_splits={num_splits} cap={cap} max_seqlen={max_seqlen}")
 
 
 @cuda

@@ -83,14 +83,14 @@ namespace mma_decode {
 // 213.0 vs 210.6 us, ctx 2048 34.6 vs 27.8, B = 64 ctx 32768 1512 vs 1490; run 6 of the
 // night of 2026-11-24: bytes in flight are not what holds fp8 at ~85% of copy at B = 8.)
 template <int D, bool kFp8>
-constexpr int stages() { return kFp8 ? (D >= 256 ? 3 : 4) : (D >= 256 ? 2 : 3); }
+constexpr int stages() { return kFp8 ? (D >= 128 ? 3 : 4) : (D >= 256 ? 2 : 3); }
 // Tiles per softmax step. fp8 at D <= 128: two (32 keys), with 4 stages (two tiles in
 // flight behind the two being read, as before). ncu (2026-11-24/25) found fp8 issue- and
 // dependency-bound at B = 8 (8 warps per SM, a fixed-latency chain per 16-key tile of
 // half a bf16 tile's bytes): a step over two tiles gives the MMA and conversion chains
 // twice the independent work and pays the softmax's reductions once per 32 keys.
 template <int D, bool kFp8>
-constexpr int tiles_per_step() { return kFp8 && D <= 128 ? 2 : 1; }
+constexpr int tiles_per_step() { return 1; }
 
 // Shared memory: the warps' tile rings (cache elements: 2 bytes, or 1 for fp8) | Q
 // [16][D] in the MMA type | the Q sin/cos table [16 tokens][D/2] x 2 floats | the warps'
@@ -260,16 +260,34 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   const int row0 = rg * kRows;
   const int nrows = min(kRows, static_cast<int>(p.G * p.q_len) - row0);
   const int64_t seqlen = decode_seqlen(p, b);
-  // Paged caches with 16-aligned blocks, one split: the warp's tile t starts at key (warp +
-  // kWarps t) * 16 whatever the length, so lane l looks up tile l's block id now, in flight
-  // with cache_seqlens instead of after it (slot_of below takes these as its first batch).
+  // The decode step in this launch (p.k_new): the q_len new keys [old, seqlen) are one
+  // extra tile of the last split, built by its last warp (the one with the fewest cached
+  // tiles) from k_new / v_new after its cached tiles, and written into the cache. The
+  // cached keys [0, old) are split as usual. (The host: one row group, q_len <= 8.)
+  const bool fused_append = p.k_new != nullptr;
+  // Paged caches with 16-aligned blocks: the warp's tile t starts at key kbeg + (warp +
+  // kWarps t) * 16, and lane l looks up tile l's block id now, in flight with
+  // cache_seqlens instead of after it (slot_of below takes these as its first batch).
+  // With one split kbeg is 0. With several it needs the length: the host's bound on it
+  // (p.plan_keys, max_seqlen + appended) gives a guess, right for every sequence at the
+  // bound (B = 1 with max_seqlen given); it is checked below once the length is known,
+  // and a wrong one falls back to the lookup after it.
   struct Slot { int64_t ko, vo; bool ok; };
-  int bt_t0 = -32;
+  int bt_t0 = -32, kbeg_guess = -1;
   Slot bt{0, 0, false};
-  if (p.cache.paged && p.cache.block_size % kTileKeys == 0 && p.num_splits == 1) {
+  if (p.cache.paged && p.cache.block_size % kTileKeys == 0) {
+    if (p.num_splits == 1) {
+      kbeg_guess = 0;
+    } else if (p.plan_keys > 0) {
+      const int64_t n = p.plan_keys - (fused_append ? p.q_len : 0);
+      const int64_t per = ((n + p.num_splits - 1) / p.num_splits + kTileKeys - 1) / kTileKeys * kTileKeys;
+      if (split * per < n) kbeg_guess = static_cast<int>(split * per);
+    }
+  }
+  if (kbeg_guess >= 0) {
     const KVCacheView& c = p.cache;
     bt_t0 = 0;
-    const int key0 = (warp + lane * kWarps) * kTileKeys;
+    const int key0 = kbeg_guess + (warp + lane * kWarps) * kTileKeys;
     if (key0 < c.capacity) {  // inside the block table's row
       const int64_t n = div_small(key0, c.block_size);
       const int64_t blk = load_index(c.block_table, b * c.bt_stride_b + n * c.block_table.stride);
@@ -279,11 +297,6 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
       bt.vo = blk * c.v_stride[0] + in_block * c.v_stride[1];
     }
   }
-  // The decode step in this launch (p.k_new): the q_len new keys [old, seqlen) are one
-  // extra tile of the last split, built by its last warp (the one with the fewest cached
-  // tiles) from k_new / v_new after its cached tiles, and written into the cache. The
-  // cached keys [0, old) are split as usual. (The host: one row group, q_len <= 8.)
-  const bool fused_append = p.k_new != nullptr;
   const int64_t old = seqlen - (fused_append ? p.q_len : 0);
   const bool new_tile = fused_append && split == p.num_splits - 1 && warp == kWarps - 1;
 
@@ -350,6 +363,7 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   const int kbeg = min(n_keys, split * per_split);
   const int kend = min(n_keys, kbeg + per_split);
   const int n_tiles = (kend - kbeg + kTileKeys - 1) / kTileKeys;
+  if (kbeg != kbeg_guess) bt_t0 = -32;  // the early block ids were for other keys
   const int my_tiles = warp < n_tiles ? (n_tiles - warp + kWarps - 1) / kWarps : 0;
 
   // ---- the warp's tile ring. A warp instruction copies whole rows (coalesced: RPI
@@ -615,7 +629,7 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   const int f_row = f_ri * D, f_x = ((mi >> 1) ^ (D >= 128 ? (f_ri & 7) : ((f_ri >> 1) & (D / 16 - 1)))) << 4;
   // Q's fragments stay in registers at D <= 128 (32 registers at D = 128): they are the same
   // for every tile, and reloading them was 8 of a tile's ldmatrix.
-  constexpr bool kQReg = D <= 128;
+  constexpr bool kQReg = D <= 128 && !kFp8;
   uint32_t qf[kQReg ? D / 16 : 1][4];
   if constexpr (kQReg) {
 #pragma unroll
