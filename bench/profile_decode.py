@@ -4,7 +4,7 @@
 
 Profiles one call of each case after warm-up (the profiler range covers only those
 calls), Hq 32, Hk 8, D 128, bf16 q, contiguous cache. Cases (default: all):
-  bf16_b1_512, bf16_b1_2048, bf16_b1_8192, bf16_b1_32768, bf16_b8_8192, fp8_b8_8192, fp8_b8_32768,
+  bf16_b1_512, paged_b1_512 (block size 16), bf16_b1_2048, bf16_b1_8192, bf16_b1_32768, bf16_b8_8192, fp8_b8_8192, fp8_b8_32768,
   fp8_b64_8192, step_b1_8192 (the decode step in one call: attention_decode with k, v),
   append_8192 (append_kv without q, T = 8192 tokens of one sequence), append_16 (16
   sequences of one token), both varlen as in the attn suite."""
@@ -19,13 +19,17 @@ dev = "cuda"
 FP8 = torch.float8_e4m3fn
 
 
-def decode_case(cache, B, ctx, step=False):
-    kc = torch.randn(B, ctx, Hk, D, device=dev, dtype=torch.bfloat16)
-    vc = torch.randn_like(kc)
+def decode_case(cache, B, ctx, step=False, paged=False):
     kw = {}
+    if paged:  # block size 16, shuffled blocks (the attn suite's paged rows)
+        kw["block_table"] = torch.randperm(B * ctx // 16, device=dev).view(B, ctx // 16).to(torch.int32)
+        kc = torch.randn(B * ctx // 16, 16, Hk, D, device=dev, dtype=torch.bfloat16)
+    else:
+        kc = torch.randn(B, ctx, Hk, D, device=dev, dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
     if cache == "fp8":
         kc, vc = kc.to(FP8), vc.to(FP8)
-        kw = dict(k_scale=torch.ones(1, device=dev), v_scale=torch.ones(1, device=dev))
+        kw.update(k_scale=torch.ones(1, device=dev), v_scale=torch.ones(1, device=dev))
     q = torch.randn(B, 1, Hq, D, device=dev, dtype=torch.bfloat16)
     lens = torch.full((B,), ctx, dtype=torch.int32, device=dev)
     if step:  # the last slot is the step's new token
@@ -49,6 +53,7 @@ def append_case(T):
 
 CASES = {
     "bf16_b1_512": lambda: decode_case("bf16", 1, 512),
+    "paged_b1_512": lambda: decode_case("bf16", 1, 512, paged=True),
     "bf16_b1_2048": lambda: decode_case("bf16", 1, 2048),
     "bf16_b1_8192": lambda: decode_case("bf16", 1, 8192),
     "step_b1_8192": lambda: decode_case("bf16", 1, 8192, step=True),

@@ -45,18 +45,22 @@ def assert_attn_close(o, lse, want_o, want_lse, v_scale, what=""):
 
 
 # ---------------------------------------------------------------------------- cache builders
-def new_cache(B, cap, Hk, D, dtype, device, paged, block_size=16, spare_blocks=3):
+def new_cache(B, cap, Hk, D, dtype, device, paged, block_size=16, spare_blocks=3, head_major=False):
     """NaN-filled k/v caches of capacity >= cap per sequence; paged: [num_blocks,
     block_size, Hk, D] with a shuffled block table (blocks of different sequences
-    interleave, spare blocks unused)."""
+    interleave, spare blocks unused). head_major: stored [B, Hk, cap, D] / [num_blocks,
+    Hk, block_size, D] (FlashInfer's HND) and passed as the [.., slot, Hk, D] view."""
+    def full(rows, slots):
+        shape = (rows, Hk, slots, D) if head_major else (rows, slots, Hk, D)
+        t = torch.full(shape, NAN, dtype=dtype, device=device)
+        return t.transpose(1, 2) if head_major else t
+
     if not paged:
-        kc = torch.full((B, cap, Hk, D), NAN, dtype=dtype, device=device)
-        return kc, torch.full_like(kc, NAN), None
+        return full(B, cap), full(B, cap), None
     max_blocks = -(-cap // block_size)
     nb = B * max_blocks + spare_blocks
     bt = torch.randperm(nb)[: B * max_blocks].view(B, max_blocks).to(torch.int32).to(device)
-    kc = torch.full((nb, block_size, Hk, D), NAN, dtype=dtype, device=device)
-    return kc, torch.full_like(kc, NAN), bt
+    return full(nb, block_size), full(nb, block_size), bt
 
 
 def random_lengths(B, lo, cap):
@@ -135,7 +139,8 @@ def decode_step(step, q, kd, vd, kc, vc, prefix, shared, *, rotate_k=True, **dec
 
 
 def fill_and_decode(device, dtype, *, paged, G, q_len, Hk=2, D=64, B=3, cap=80, cfg="default", pos_mode="default",
-                    impl="auto", num_splits=None, max_seqlen=None, block_size=16, causal=True, step="two"):
+                    impl="auto", num_splits=None, max_seqlen=None, block_size=16, causal=True, step="two",
+                    head_major=False):
     """Prefill (varlen append_kv), then the decode step (decode_step: append + decode, or
     attention_decode with k, v); returns (o, lse, want_o, want_lse, v_scale)."""
     Hq = G * Hk
@@ -146,7 +151,7 @@ def fill_and_decode(device, dtype, *, paged, G, q_len, Hk=2, D=64, B=3, cap=80, 
     k_full, v_full = randn((B, cap, Hk, D), dtype, device), randn((B, cap, Hk, D), dtype, device)
     q = randn((B, q_len, Hq, D), dtype, device)
     kpos, pkw = key_positions(pos_mode, B, cap, device)
-    kc, vc, bt = new_cache(B, cap, Hk, D, dtype, device, paged, block_size)
+    kc, vc, bt = new_cache(B, cap, Hk, D, dtype, device, paged, block_size, head_major=head_major)
     # Prefill: packed sequences of different lengths (some empty).
     cu = torch.zeros(B + 1, dtype=torch.int32, device=device)
     cu[1:] = torch.cumsum(prefix, 0)
@@ -168,6 +173,18 @@ def fill_and_decode(device, dtype, *, paged, G, q_len, Hk=2, D=64, B=3, cap=80, 
 
 
 # ---------------------------------------------------------------------------- append_kv then decode
+@pytest.mark.parametrize("step", ["two", "one"], ids=["append+decode", "one_call"])
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_head_major_caches(device, paged, step):
+    """Caches stored head-major (a kv head's slots contiguous: [B, Hk, cap, D] or
+    [num_blocks, Hk, block_size, D]) and passed as their [.., slot, Hk, D] views: the
+    layout the docs recommend for fp8 caches (DRAM page locality, docs/attention.md)."""
+    for G, q_len, D in ((4, 1, 128), (1, 3, 64)):
+        o, lse, wo, wl, vs = fill_and_decode(device, torch.bfloat16, paged=paged, G=G, q_len=q_len, D=D, cap=150,
+                                             step=step, head_major=True)
+        assert_attn_close(o, lse, wo, wl, vs, f"head-major G={G} q_len={q_len} D={D} paged={paged}")
+
+
 @pytest.mark.parametrize("step", ["two", "one"], ids=["append+decode", "one_call"])
 @pytest.mark.parametrize("q_len", [1, 5, 16])
 @pytest.mark.parametrize("G", [1, 4, 8])

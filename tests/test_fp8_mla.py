@@ -129,7 +129,7 @@ def test_fp8_append(device, kdtype, cfg, paged, per_head):
 
 # ---------------------------------------------------------------------------- fp8 decode
 def fp8_fill_and_decode(device, dtype, *, paged, G, q_len, per_head, D=64, Hk=2, B=3, cap=80, num_splits=None,
-                        step="two"):
+                        step="two", head_major=False):
     """Prefill (varlen) into fp8 caches, then the decode step (test_attention.decode_step:
     append + decode, or attention_decode with k, v); returns (o, lse, truth over the
     quantized cache (o, lse), truth without quantization (o), max|v|, the storage bound)."""
@@ -150,7 +150,11 @@ def fp8_fill_and_decode(device, dtype, *, paged, G, q_len, per_head, D=64, Hk=2,
         shape = (nb, 16, Hk, D)
     else:
         bt, shape = None, (B, cap, Hk, D)
-    kc, vc = fp8_nan(shape, device), fp8_nan(shape, device)
+    if head_major:  # stored [.., Hk, slot, D], passed as the [.., slot, Hk, D] view
+        hm = (shape[0], Hk, shape[1], D)
+        kc, vc = fp8_nan(hm, device).transpose(1, 2), fp8_nan(hm, device).transpose(1, 2)
+    else:
+        kc, vc = fp8_nan(shape, device), fp8_nan(shape, device)
     cu = torch.zeros(B + 1, dtype=torch.int32, device=device)
     cu[1:] = torch.cumsum(prefix, 0)
     kp = torch.cat([k_full[b, : prefix[b]] for b in range(B)])
@@ -208,6 +212,14 @@ def test_fp8_decode(device, dtype, paged, G, q_len, step):
     err = (o.double().cpu() - plain_o.cpu()).abs().max().item()
     bound = storage + ATTN_TOL[dtype] * vmax
     assert err <= bound, f"vs the un-quantized truth: {err:.3e} > the storage bound {bound:.3e}"
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_fp8_decode_head_major(device, paged):
+    """fp8 caches stored head-major (docs/attention.md: the faster layout for fp8 reads)."""
+    o, lse, want_o, want_lse, _, vmax, _ = fp8_fill_and_decode(device, torch.bfloat16, paged=paged, G=4, q_len=1,
+                                                            per_head=True, D=128, cap=96, head_major=True)
+    assert_attn_close(o, lse, want_o, want_lse, vmax, f"fp8 head-major paged={paged}")
 
 
 @cuda
