@@ -475,7 +475,6 @@ std::tuple<at::Tensor, at::Tensor> decode_run(DecodeParams& p, const at::Tensor&
     p.row_groups = static_cast<int32_t>((rows + kr - 1) / kr);
     const int64_t cap = p.cache.capacity;
     const int64_t max_keys = max_seqlen > 0 ? std::min<int64_t>(max_seqlen + p.appended, cap) : cap;
-    p.plan_keys = max_seqlen > 0 ? max_keys : 0;
     const DecodePlan plan = decode_plan(p, max_keys, num_splits, q.device(), q.scalar_type(), which);
     p.num_splits = std::max(1, plan.num_splits);
     p.cluster_merge = plan.cluster_merge;

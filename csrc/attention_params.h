@@ -134,10 +134,6 @@ struct DecodeParams {
   // them itself, in the same launch (rows [B, q_len, Hk, D], features contiguous,
   // 16-byte aligned; strides b, j, head).
   int64_t appended = 0;
-  // The host's bound on a sequence's keys (max_seqlen + appended; 0: not given). Variant 5
-  // guesses a split's first key from it, to look up paged block ids before the length
-  // arrives (checked against the length; a wrong guess costs only the early lookup).
-  int64_t plan_keys = 0;
   const void* k_new = nullptr;
   const void* v_new = nullptr;
   int64_t kn_stride[3] = {0, 0, 0};

@@ -82,15 +82,14 @@ namespace mma_decode {
 // and 160 KB in flight per SM instead of 96, measured slower everywhere: B = 8 ctx 32768
 // 213.0 vs 210.6 us, ctx 2048 34.6 vs 27.8, B = 64 ctx 32768 1512 vs 1490; run 6 of the
 // night of 2026-11-24: bytes in flight are not what holds fp8 at ~85% of copy at B = 8.)
+// Tried and reverted (run 1 of 2026-11-25, day): fp8 steps of two 16-key tiles (one
+// softmax update per 32 keys, 4 stages, Q fragments in registers; 28% fewer instructions
+// per key, twice the independent MMA / conversion work per step): B = 8 ctx 32768 207.8
+// vs 208.4 us, ctx 8192 69.7 vs 70.3, B = 64 ctx 32768 1508 vs 1490 (211-223 registers:
+// 2 CTAs per SM). Neither the per-tile chain nor the instruction count holds fp8 back;
+// the 128-byte rows of the interleaved layout do (docs/attention.md, head-major caches).
 template <int D, bool kFp8>
 constexpr int stages() { return kFp8 ? (D >= 128 ? 3 : 4) : (D >= 256 ? 2 : 3); }
-// Tiles per softmax step. fp8 at D <= 128: two (32 keys), with 4 stages (two tiles in
-// flight behind the two being read, as before). ncu (2026-11-24/25) found fp8 issue- and
-// dependency-bound at B = 8 (8 warps per SM, a fixed-latency chain per 16-key tile of
-// half a bf16 tile's bytes): a step over two tiles gives the MMA and conversion chains
-// twice the independent work and pays the softmax's reductions once per 32 keys.
-template <int D, bool kFp8>
-constexpr int tiles_per_step() { return 1; }
 
 // Shared memory: the warps' tile rings (cache elements: 2 bytes, or 1 for fp8) | Q
 // [16][D] in the MMA type | the Q sin/cos table [16 tokens][D/2] x 2 floats | the warps'
@@ -235,8 +234,6 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   using C = std::conditional_t<kFp8, uint8_t, T>;  // a cache element
   using M = std::conditional_t<kFp8, c10::Half, T>;  // the MMAs' input type
   constexpr int NS = stages<D, kFp8>();
-  constexpr int U = tiles_per_step<D, kFp8>();
-  static_assert(NS % U == 0 && NS > U, "whole steps in the ring, and tiles in flight behind a step");
   constexpr int EC = 16 / sizeof(C);           // cache elements per 16-byte chunk
   constexpr int CH = D / EC;                   // 16-byte chunks per cache row
   constexpr int TILE = kTileKeys * D;          // elements of one K (or V) tile
@@ -265,29 +262,22 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   // tiles) from k_new / v_new after its cached tiles, and written into the cache. The
   // cached keys [0, old) are split as usual. (The host: one row group, q_len <= 8.)
   const bool fused_append = p.k_new != nullptr;
-  // Paged caches with 16-aligned blocks: the warp's tile t starts at key kbeg + (warp +
-  // kWarps t) * 16, and lane l looks up tile l's block id now, in flight with
-  // cache_seqlens instead of after it (slot_of below takes these as its first batch).
-  // With one split kbeg is 0. With several it needs the length: the host's bound on it
-  // (p.plan_keys, max_seqlen + appended) gives a guess, right for every sequence at the
-  // bound (B = 1 with max_seqlen given); it is checked below once the length is known,
-  // and a wrong one falls back to the lookup after it.
+  // Paged caches with 16-aligned blocks, one split: the warp's tile t starts at key (warp +
+  // kWarps t) * 16 whatever the length, so lane l looks up tile l's block id now, in flight
+  // with cache_seqlens instead of after it (slot_of below takes these as its first batch).
+  // Tried and reverted (run 2 of 2026-11-25, day): with several splits, the first key
+  // guessed from the host's max_seqlen hint and checked against the length: paged B = 1
+  // ctx 512 / 2048 unchanged (10.6 / 13.3 us against 9.8 / 12.3 contiguous). ncu (run 3):
+  // the paged call runs ~140 more instructions per warp in its cold prologue (1741 vs 1601
+  // at B = 1 ctx 512), and both are stalled mostly on instruction fetch (no_instruction
+  // 4.1-4.5 per issue): the gap is that code's fetch, not the block-table round trip.
   struct Slot { int64_t ko, vo; bool ok; };
-  int bt_t0 = -32, kbeg_guess = -1;
+  int bt_t0 = -32;
   Slot bt{0, 0, false};
-  if (p.cache.paged && p.cache.block_size % kTileKeys == 0) {
-    if (p.num_splits == 1) {
-      kbeg_guess = 0;
-    } else if (p.plan_keys > 0) {
-      const int64_t n = p.plan_keys - (fused_append ? p.q_len : 0);
-      const int64_t per = ((n + p.num_splits - 1) / p.num_splits + kTileKeys - 1) / kTileKeys * kTileKeys;
-      if (split * per < n) kbeg_guess = static_cast<int>(split * per);
-    }
-  }
-  if (kbeg_guess >= 0) {
+  if (p.cache.paged && p.cache.block_size % kTileKeys == 0 && p.num_splits == 1) {
     const KVCacheView& c = p.cache;
     bt_t0 = 0;
-    const int key0 = kbeg_guess + (warp + lane * kWarps) * kTileKeys;
+    const int key0 = (warp + lane * kWarps) * kTileKeys;
     if (key0 < c.capacity) {  // inside the block table's row
       const int64_t n = div_small(key0, c.block_size);
       const int64_t blk = load_index(c.block_table, b * c.bt_stride_b + n * c.block_table.stride);
@@ -363,7 +353,6 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   const int kbeg = min(n_keys, split * per_split);
   const int kend = min(n_keys, kbeg + per_split);
   const int n_tiles = (kend - kbeg + kTileKeys - 1) / kTileKeys;
-  if (kbeg != kbeg_guess) bt_t0 = -32;  // the early block ids were for other keys
   const int my_tiles = warp < n_tiles ? (n_tiles - warp + kWarps - 1) / kWarps : 0;
 
   // ---- the warp's tile ring. A warp instruction copies whole rows (coalesced: RPI
@@ -483,13 +472,10 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
       cp_async16(const_cast<T*>((is_v ? vn_s : kn_s) + j * D + c * 8), src, true);
     }
   }
-  // Steps of U tiles (tiles_per_step); a warp's tiles are rounded up to whole steps, the
-  // extra tile issued empty (zero-filled, every key masked).
-  const int my_steps = (my_tiles + U - 1) / U, n_issue = my_steps * U;
   Slot next = slot_of(0);
 #pragma unroll
-  for (int t = 0; t < NS - U; ++t) {
-    if (t < n_issue) issue(t, t, next);
+  for (int t = 0; t < NS - 1; ++t) {
+    if (t < my_tiles) issue(t, t, next);
     cp_async_commit();
     next = slot_of(t + 1);
   }
@@ -641,58 +627,52 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
     return tmp;
   };
 
-  // One step: NT ring tiles from slot slot0 (tile u's first key key0[u], bit k of vmask[u]:
-  // its key k exists), one online-softmax update over their NT * 16 keys.
-  auto step = [&]<int NT>(int slot0, const int(&key0)[NT], const uint32_t(&vmask)[NT]) {
-    // S = Q K^T: per tile, [16 rows] x [16 keys] as two n-tiles of 8 keys.
-    float s[NT][2][4];
+  // One step: ring slot `slot` (its first key key0, bit k of vmask: its key k exists), one
+  // online-softmax update over its 16 keys.
+  auto step = [&](int slot, int key0, uint32_t vmask) {
+    const C* Ks = my_ring + slot * 2 * TILE;
+    const C* Vs = Ks + TILE;
+    // S = Q K^T: [16 rows] x [16 keys] as two n-tiles of 8 keys.
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    if constexpr (kFp8) {
+      // One ldmatrix: keys 0-7 / 8-15 x chunks 2pp / 2pp + 1 (16 features each, one k-step).
 #pragma unroll
-    for (int u = 0; u < NT; ++u) {
-      const C* Ks = my_ring + (slot0 + u) * 2 * TILE;
+      for (int pp = 0; pp < D / 32; ++pp) {
+        uint32_t kb[4];
+        ldmatrix_x4(kb, Ks + f_row + (f_x ^ (pp << 5)));
 #pragma unroll
-      for (int n = 0; n < 2; ++n) s[u][n][0] = s[u][n][1] = s[u][n][2] = s[u][n][3] = 0.f;
-      if constexpr (kFp8) {
-        // One ldmatrix: keys 0-7 / 8-15 x chunks 2pp / 2pp + 1 (16 features each, one k-step).
-#pragma unroll
-        for (int pp = 0; pp < D / 32; ++pp) {
-          uint32_t kb[4];
-          ldmatrix_x4(kb, Ks + f_row + (f_x ^ (pp << 5)));
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            uint32_t tmp[4];
-            const uint32_t* a = q_frag(2 * pp + h, tmp);
-            mma16816<M>(s[u][0], a, e4m3x2_to_f16x2<false>(kb[2 * h]), e4m3x2_to_f16x2<true>(kb[2 * h]));
-            mma16816<M>(s[u][1], a, e4m3x2_to_f16x2<false>(kb[2 * h + 1]), e4m3x2_to_f16x2<true>(kb[2 * h + 1]));
-          }
+        for (int h = 0; h < 2; ++h) {
+          uint32_t tmp[4];
+          const uint32_t* a = q_frag(2 * pp + h, tmp);
+          mma16816<M>(s[0], a, e4m3x2_to_f16x2<false>(kb[2 * h]), e4m3x2_to_f16x2<true>(kb[2 * h]));
+          mma16816<M>(s[1], a, e4m3x2_to_f16x2<false>(kb[2 * h + 1]), e4m3x2_to_f16x2<true>(kb[2 * h + 1]));
         }
-      } else {
+      }
+    } else {
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          uint32_t tmp[4], kb[4];
-          const uint32_t* a = q_frag(kk, tmp);
-          ldmatrix_x4(kb, Ks + b_row + (b_x ^ (kk << 4)));  // keys 0-7/8-15 x k lo/hi
-          mma16816<M>(s[u][0], a, kb[0], kb[1]);
-          mma16816<M>(s[u][1], a, kb[2], kb[3]);
-        }
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t tmp[4], kb[4];
+        const uint32_t* a = q_frag(kk, tmp);
+        ldmatrix_x4(kb, Ks + b_row + (b_x ^ (kk << 4)));  // keys 0-7/8-15 x k lo/hi
+        mma16816<M>(s[0], a, kb[0], kb[1]);
+        mma16816<M>(s[1], a, kb[2], kb[3]);
       }
     }
     // Mask (key past the row's limit, or a slot that does not exist), scale, online softmax.
     float mx_lo = ninf, mx_hi = ninf;
 #pragma unroll
-    for (int u = 0; u < NT; ++u)
+    for (int n = 0; n < 2; ++n)
 #pragma unroll
-      for (int n = 0; n < 2; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int kl = n * 8 + (lane & 3) * 2 + e, key = key0[u] + kl;
-          const bool ok = (vmask[u] >> kl) & 1u;
-          s[u][n][e] = (ok && key < lim_lo) ? s[u][n][e] * qscale : ninf;
-          mx_lo = fmaxf(mx_lo, s[u][n][e]);
-          if (kUpper) {
-            s[u][n][2 + e] = (ok && key < lim_hi) ? s[u][n][2 + e] * qscale : ninf;
-            mx_hi = fmaxf(mx_hi, s[u][n][2 + e]);
-          }
+      for (int e = 0; e < 2; ++e) {
+        const int kl = n * 8 + (lane & 3) * 2 + e, key = key0 + kl;
+        const bool ok = (vmask >> kl) & 1u;
+        s[n][e] = (ok && key < lim_lo) ? s[n][e] * qscale : ninf;
+        mx_lo = fmaxf(mx_lo, s[n][e]);
+        if (kUpper) {
+          s[n][2 + e] = (ok && key < lim_hi) ? s[n][2 + e] * qscale : ninf;
+          mx_hi = fmaxf(mx_hi, s[n][2 + e]);
         }
+      }
 #pragma unroll
     for (int off = 1; off <= 2; off <<= 1) {
       mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
@@ -706,27 +686,23 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
     const float al_hi = (!kUpper || mn_hi == m_hi) ? 1.f : ex2_approx(m_hi - sub_hi);
     m_lo = mn_lo;
     m_hi = mn_hi;
-    uint32_t pa[NT][4];
-    float sum_lo = 0.f, sum_hi = 0.f;
-#pragma unroll
-    for (int u = 0; u < NT; ++u) {
-      const float p00 = ex2_approx(s[u][0][0] - sub_lo), p01 = ex2_approx(s[u][0][1] - sub_lo);
-      const float p10 = ex2_approx(s[u][1][0] - sub_lo), p11 = ex2_approx(s[u][1][1] - sub_lo);
-      sum_lo += (p00 + p01) + (p10 + p11);
-      pa[u][0] = pack2<M>(p00, p01);
-      pa[u][2] = pack2<M>(p10, p11);
+    uint32_t pa[4];
+    {
+      const float p00 = ex2_approx(s[0][0] - sub_lo), p01 = ex2_approx(s[0][1] - sub_lo);
+      const float p10 = ex2_approx(s[1][0] - sub_lo), p11 = ex2_approx(s[1][1] - sub_lo);
+      l_lo = l_lo * al_lo + (p00 + p01 + p10 + p11);
+      pa[0] = pack2<M>(p00, p01);
+      pa[2] = pack2<M>(p10, p11);
       if (kUpper) {
-        const float q00 = ex2_approx(s[u][0][2] - sub_hi), q01 = ex2_approx(s[u][0][3] - sub_hi);
-        const float q10 = ex2_approx(s[u][1][2] - sub_hi), q11 = ex2_approx(s[u][1][3] - sub_hi);
-        sum_hi += (q00 + q01) + (q10 + q11);
-        pa[u][1] = pack2<M>(q00, q01);
-        pa[u][3] = pack2<M>(q10, q11);
+        const float q00 = ex2_approx(s[0][2] - sub_hi), q01 = ex2_approx(s[0][3] - sub_hi);
+        const float q10 = ex2_approx(s[1][2] - sub_hi), q11 = ex2_approx(s[1][3] - sub_hi);
+        l_hi = l_hi * al_hi + (q00 + q01 + q10 + q11);
+        pa[1] = pack2<M>(q00, q01);
+        pa[3] = pack2<M>(q10, q11);
       } else {
-        pa[u][1] = pa[u][3] = 0u;
+        pa[1] = pa[3] = 0u;
       }
     }
-    l_lo = l_lo * al_lo + sum_lo;
-    if (kUpper) l_hi = l_hi * al_hi + sum_hi;
     // Rescale O only when some row's max moved (rare after the first tiles).
     if (!__all_sync(0xffffffffu, al_lo == 1.f && al_hi == 1.f)) {
 #pragma unroll
@@ -740,72 +716,53 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
       }
     }
     // O += P V: V^T fragments by ldmatrix.trans, two 8-feature n-tiles per load.
+    if constexpr (kFp8) {
+      // ldmatrix.trans: a lane holds keys 2t, 2t+1 x features 2g, 2g+1 of a chunk; one byte
+      // permute puts the even features in the low half and the odd ones in the high half,
+      // which feed n-tiles 2c and 2c + 1 (put_fp8 restores the order).
 #pragma unroll
-    for (int u = 0; u < NT; ++u) {
-      const C* Vs = my_ring + (slot0 + u) * 2 * TILE + TILE;
-      if constexpr (kFp8) {
-        // ldmatrix.trans: a lane holds keys 2t, 2t+1 x features 2g, 2g+1 of a chunk; one byte
-        // permute puts the even features in the low half and the odd ones in the high half,
-        // which feed n-tiles 2c and 2c + 1 (put_fp8 restores the order).
+      for (int pp = 0; pp < D / 32; ++pp) {
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, Vs + f_row + (f_x ^ (pp << 5)));
 #pragma unroll
-        for (int pp = 0; pp < D / 32; ++pp) {
-          uint32_t vb[4];
-          ldmatrix_x4_trans(vb, Vs + f_row + (f_x ^ (pp << 5)));
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int c = 2 * pp + h;
-            const uint32_t lo = __byte_perm(vb[2 * h], 0, 0x3120), hi = __byte_perm(vb[2 * h + 1], 0, 0x3120);
-            mma16816<M>(o[2 * c], pa[u], e4m3x2_to_f16x2<false>(lo), e4m3x2_to_f16x2<false>(hi));
-            mma16816<M>(o[2 * c + 1], pa[u], e4m3x2_to_f16x2<true>(lo), e4m3x2_to_f16x2<true>(hi));
-          }
+        for (int h = 0; h < 2; ++h) {
+          const int c = 2 * pp + h;
+          const uint32_t lo = __byte_perm(vb[2 * h], 0, 0x3120), hi = __byte_perm(vb[2 * h + 1], 0, 0x3120);
+          mma16816<M>(o[2 * c], pa, e4m3x2_to_f16x2<false>(lo), e4m3x2_to_f16x2<false>(hi));
+          mma16816<M>(o[2 * c + 1], pa, e4m3x2_to_f16x2<true>(lo), e4m3x2_to_f16x2<true>(hi));
         }
-      } else {
+      }
+    } else {
 #pragma unroll
-        for (int dn = 0; dn < D / 16; ++dn) {
-          uint32_t vb[4];
-          ldmatrix_x4_trans(vb, Vs + a_row + (a_x ^ (dn << 4)));  // keys lo/hi x d lo/hi
-          mma16816<M>(o[2 * dn], pa[u], vb[0], vb[1]);
-          mma16816<M>(o[2 * dn + 1], pa[u], vb[2], vb[3]);
-        }
+      for (int dn = 0; dn < D / 16; ++dn) {
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, Vs + a_row + (a_x ^ (dn << 4)));  // keys lo/hi x d lo/hi
+        mma16816<M>(o[2 * dn], pa, vb[0], vb[1]);
+        mma16816<M>(o[2 * dn + 1], pa, vb[2], vb[3]);
       }
     }
   };
 
-  // The key loop: a step consumes U tiles and refills the U ring slots the previous step
-  // consumed, so NS - U tiles stay in flight behind the ones being read.
-  const int n_steps = my_steps + (new_tile ? 1 : 0);
-  int cslot = 0;  // the ring slot of the step's first tile (t % NS, without the division)
-  for (int st = 0; st < n_steps; ++st) {
-    if (st < my_steps) {
-      const int t = st * U;
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int ti = t + NS - U + u;
-        const int sl = cslot + NS - U + u < NS ? cslot + NS - U + u : cslot - U + u;
-        if (ti < n_issue) issue(ti, sl, next);
-        cp_async_commit();
-        next = slot_of(ti + 1);
-      }
-      cp_async_wait<NS - U>();
+  // The key loop: each step refills the ring slot the previous one consumed.
+  const int n_steps = my_tiles + (new_tile ? 1 : 0);
+  int cslot = 0;  // the ring slot of tile t (t % NS, without the division)
+  for (int t = 0; t < n_steps; ++t) {
+    if (t < my_tiles) {
+      if (t + NS - 1 < my_tiles) issue(t + NS - 1, cslot == 0 ? NS - 1 : cslot - 1, next);
+      cp_async_commit();
+      next = slot_of(t + NS);
+      cp_async_wait<NS - 1>();
       __syncwarp();
-      int key0[U];
-      uint32_t vmask[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        key0[u] = tile_key0(t + u);
-        vmask[u] = mask_s[warp * NS + cslot + u];
-      }
-      step.template operator()<U>(cslot, key0, vmask);
+      step(cslot, tile_key0(t), mask_s[warp * NS + cslot]);
     } else {  // the new tile: its raw rows have landed once every group has
       cp_async_wait<0>();
       __syncwarp();
-      const uint32_t vmask[1] = {build_new_tile(cslot)};
-      const int key0[1] = {static_cast<int>(old)};
+      const uint32_t vmask = build_new_tile(cslot);
       __syncwarp();
-      step.template operator()<1>(cslot, key0, vmask);
+      step(cslot, static_cast<int>(old), vmask);
     }
-    __syncwarp();  // the tiles are consumed before their ring slots are refilled
-    cslot = cslot + U < NS ? cslot + U : cslot + U - NS;
+    __syncwarp();  // the tile is consumed before the ring slot is refilled
+    cslot = cslot == NS - 1 ? 0 : cslot + 1;
   }
   cp_async_wait<0>();
   if constexpr (kFp8) {  // an fp8 cache's v_scale, before the merge (it is linear in O)
