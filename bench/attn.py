@@ -387,18 +387,20 @@ def fp8_suite(timer, bw, quick=False):
                 q, fk, fv, lens, block_table=bt, max_seqlen=ctx, k_scale=ks, v_scale=vs))], fp8_bytes, timer, bw,
                 base="", base_us=base)
             rows = bf16 + fp8
-            if not paged and os.environ.get("FP8_HND"):
-                # FP8_HND=1: the same caches stored head-major ([B, Hk, ctx, D] viewed as
-                # [B, ctx, Hk, D]): a kv head's rows contiguous instead of one 128-byte (fp8) or
-                # 256-byte (bf16) row per key every Hk * D elements. Tells whether DRAM page
-                # locality is what holds the interleaved layout below a plain read.
+            if os.environ.get("FP8_HND"):
+                # FP8_HND=1: the same caches stored head-major ([B, Hk, ctx, D], paged [blocks,
+                # Hk, 16, D], viewed as [.., slot, Hk, D]): a kv head's rows contiguous instead of
+                # one 128-byte (fp8) or 256-byte (bf16) row per key every Hk * D elements. Tells
+                # whether DRAM page locality is what holds the interleaved layout below a plain
+                # read (session of 2026-11-25, day: it is, for fp8).
                 hk_, hv_ = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (kc, vc))
                 fhk, fhv = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (fk, fv))
                 rows += _rows([("rope_ext hybrid, bf16 cache, head-major", lambda: rope_ext.attention_decode(
-                    q, hk_, hv_, lens, max_seqlen=ctx))], 2 * fp8_bytes, timer, bw, base="", base_us=base)
-                rows += _rows([("rope_ext hybrid, fp8 cache, head-major", lambda: rope_ext.attention_decode(
-                    q, fhk, fhv, lens, max_seqlen=ctx, k_scale=ks, v_scale=vs))], fp8_bytes, timer, bw, base="",
+                    q, hk_, hv_, lens, block_table=bt, max_seqlen=ctx))], 2 * fp8_bytes, timer, bw, base="",
                     base_us=base)
+                rows += _rows([("rope_ext hybrid, fp8 cache, head-major", lambda: rope_ext.attention_decode(
+                    q, fhk, fhv, lens, block_table=bt, max_seqlen=ctx, k_scale=ks, v_scale=vs))], fp8_bytes, timer,
+                    bw, base="", base_us=base)
                 hk_ = hv_ = fhk = fhv = None
             if not paged:  # the reference: a plain read of the fp8 KV's bytes (decode_suite's)
                 ref = torch.empty(fp8_bytes // 4, device=DEV)
@@ -444,6 +446,10 @@ def fp8_suite(timer, bw, quick=False):
                 fns += [(f"rope_ext append_kv (fp8), shape {sh} ({desc})", _append_shape(sh, fns[0][1]))
                         for sh, desc in ((0, "registers: 4 items, 3 blocks/SM"), (1, "registers: 2 items, 4 blocks/SM"),
                                          (4, "bulk, 16 KB per block"))]
+            if os.environ.get("FP8_HND"):  # into head-major caches (kernel 1: a token's heads not adjacent)
+                hm = [torch.zeros(B, Hk, cap, D, device=DEV).to(FP8).transpose(1, 2) for _ in range(2)]
+                fns += [("rope_ext append_kv (fp8), head-major cache", lambda hm=hm, wq=with_q: rope_ext.append_kv(
+                    k, v, hm[0], hm[1], before, cu_seqlens=cu, q=q if wq else None, k_scale=ks, v_scale=vs))]
             fns += [
                    ("separate: rope + quantize + index_put", lambda: separate(with_q))]
             rows = _rows(fns, nbytes, timer, bw, base="separate: rope + quantize + index_put")
