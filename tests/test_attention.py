@@ -326,11 +326,13 @@ def test_append_kernel_shapes_bit_equal_cuda(shape):
     (kernel 1 with shape 1 for these 15 tokens), over NaN-filled caches (an unwritten slot stays
     NaN and shows), for bf16 / fp16 / fp32 / fp8 caches, paged and contiguous, varlen and
     batched, GPT-J and neox, partial rotary, q in place, v with its own head dim (MLA),
-    q as a slice of a fused projection and the scalar path."""
+    q as a slice of a fused projection, head-major caches (the bulk kernel's per-head
+    stores) and the scalar path."""
     dev, B, Hk, Hq = "cuda", 3, 2, 8
     cases = [dict(dt=torch.bfloat16), dict(dt=torch.float16, interleaved=True), dict(dt=torch.float32, rotary_dim=32),
              dict(dt=torch.bfloat16, fp8=True), dict(dt=torch.bfloat16, Dv=96), dict(dt=torch.bfloat16, strided=True),
-             dict(dt=torch.bfloat16, fused=True), dict(dt=torch.float16, heads_apart=True)]
+             dict(dt=torch.bfloat16, fused=True), dict(dt=torch.float16, heads_apart=True),
+             dict(dt=torch.bfloat16, head_major=True), dict(dt=torch.bfloat16, fp8=True, head_major=True)]
     for c in cases:
         for paged in (False, True):
             for varlen in (False, True):
@@ -353,13 +355,17 @@ def test_append_kernel_shapes_bit_equal_cuda(shape):
                 kw = dict(q=None, interleaved=c.get("interleaved", False), rotary_dim=c.get("rotary_dim"))
                 if varlen:
                     kw["cu_seqlens"] = torch.arange(0, B * T + 1, T, dtype=torch.int32, device=dev)
-                kc0, vc0, bt = new_cache(B, 64, Hk, D, dt, dev, paged=paged)  # one block table for both runs
+                kc0, vc0, bt = new_cache(B, 64, Hk, D, dt, dev, paged=paged,  # one block table for both runs
+                                         head_major=c.get("head_major", False))
                 if Dv != D:
                     vc0 = torch.full(vc0.shape[:-1] + (Dv,), NAN, dtype=dt, device=dev)
                 scales = {}
                 if c.get("fp8"):
-                    kc0, vc0 = (torch.full(x.shape, 0x7F, dtype=torch.uint8, device=dev).view(torch.float8_e4m3fn)
-                                for x in (kc0, vc0))
+                    hm = c.get("head_major", False)  # the bulk kernel's per-head stores
+                    kc0, vc0 = (torch.full(x.transpose(1, 2).shape if hm else x.shape, 0x7F, dtype=torch.uint8,
+                                           device=dev).view(torch.float8_e4m3fn) for x in (kc0, vc0))
+                    if hm:
+                        kc0, vc0 = kc0.transpose(1, 2), vc0.transpose(1, 2)
                     scales = dict(k_scale=torch.full((Hk,), 0.07, device=dev), v_scale=torch.full((1,), 0.03, device=dev))
                 out = []
                 for sh in (-1, shape):  # auto, then the forced shape

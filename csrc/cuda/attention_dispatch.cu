@@ -107,11 +107,15 @@ int64_t append_bulk_row_bytes(const AppendParams& p, int64_t elem_size) {
 bool append_bulk_ok(const AppendParams& p, int64_t elem_size, int device) {
   if (cuda_launch::device_attribute<cudaDevAttrComputeCapabilityMajor>(device) < 9) return false;
   const int64_t Hk = p.cache.Hk, D = p.rope.D;
-  if (Hk > 1 && (p.k_stride[2] != D || p.v_stride[2] != p.Dv || p.cache.k_stride[2] != D ||
-                 p.cache.v_stride[2] != p.Dv))
-    return false;
+  // The inputs: a token's heads one run (one bulk load per row). The cache: heads adjacent
+  // (one bulk store per token row) or not (one per head, e.g. head-major caches).
+  if (Hk > 1 && (p.k_stride[2] != D || p.v_stride[2] != p.Dv)) return false;
+  const bool cache_heads_apart = Hk > 1 && (p.cache.k_stride[2] != D || p.cache.v_stride[2] != p.Dv);
+  // Every bulk store 16-byte aligned (16-bit caches: append_vector_ok's strides).
   if (p.cache.fp8 && ((Hk * D) % 16 || (Hk * p.Dv) % 16 || p.cache.k_stride[0] % 16 || p.cache.k_stride[1] % 16 ||
                       p.cache.v_stride[0] % 16 || p.cache.v_stride[1] % 16))
+    return false;
+  if (p.cache.fp8 && cache_heads_apart && (D % 16 || p.Dv % 16 || p.cache.k_stride[2] % 16 || p.cache.v_stride[2] % 16))
     return false;
   if (p.q && p.Hq > 1 && p.q_stride[2] != D) return false;
   return append_bulk_row_bytes(p, elem_size) <= 40 * 1024 && p.rope.R <= 512;  // one token within 48 KB

@@ -429,8 +429,8 @@ __global__ void __launch_bounds__(kAppendThreads, kMinBlocks) append_kv_kernel(c
 }
 
 // ---------------------------------------------------------------- 1b. append_kv, bulk
-// The common case (16-byte vectors, a token's K / V / Q heads contiguous in the inputs
-// and in the cache rows, sm_90): one thread stages the block's
+// The common case (16-byte vectors, a token's K / V / Q heads contiguous in the inputs,
+// sm_90): one thread stages the block's
 // token rows of K, V (and Q) into shared memory with the copy engine (cp.async.bulk, one
 // copy per row, completing on an mbarrier) while the block computes the slots and the
 // sin/cos tables (step 2 above, the same code); V goes from shared memory straight to its
@@ -438,6 +438,9 @@ __global__ void __launch_bounds__(kAppendThreads, kMinBlocks) append_kv_kernel(c
 // row goes to its slot, Q's back to q. No registers per byte in flight, no per-byte index
 // math: the register kernel (1) moved T = 8192 at 77-82% of a same-size copy, issue- and
 // barrier-bound (ncu: ~280 instructions per 16-byte item before FastDiv, ~230 after).
+// A cache whose heads are adjacent takes one store per token row; a head-major one (a
+// head's slots contiguous: the faster layout for fp8 reads, docs/attention.md) one per
+// head, spread over the threads as (token, head) pairs.
 constexpr int kAppendBulkThreads = 128;
 
 template <typename T, bool kInterleaved, bool kFp8>
@@ -499,9 +502,21 @@ __global__ void __launch_bounds__(kAppendBulkThreads) append_kv_bulk_kernel(cons
   C* vc = static_cast<C*>(p.cache.v);
   const C* k_out_rows = kFp8 ? reinterpret_cast<const C*>(k8) : reinterpret_cast<const C*>(ks);
   const C* v_out_rows = kFp8 ? reinterpret_cast<const C*>(v8) : reinterpret_cast<const C*>(vs);
+  const int Dv = static_cast<int>(p.Dv);
+  const int64_t kc_h = p.cache.k_stride[2], vc_h = p.cache.v_stride[2];
+  const int nhk = Hk == 1 || kc_h == D ? 1 : Hk, nhv = Hk == 1 || vc_h == Dv ? 1 : Hk;  // stores per row
+  const int nh = max(nhk, nhv);
+  // Store h of token tl's K (or V) row: the whole row (adjacent heads) or head h's part.
+  auto store_k = [&](int tl, int h) {
+    if (h < nhk && tb.slots[tl].k_out >= 0)
+      bulk_store(kc + tb.slots[tl].k_out + h * kc_h, k_out_rows + tl * krow + h * D, (nhk == 1 ? krow : D) * sizeof(C));
+  };
+  auto store_v = [&](int tl, int h) {
+    if (h < nhv && tb.slots[tl].v_out >= 0)
+      bulk_store(vc + tb.slots[tl].v_out + h * vc_h, v_out_rows + tl * vrow + h * Dv, (nhv == 1 ? vrow : Dv) * sizeof(C));
+  };
   if (!kFp8)
-    for (int tl = tid; tl < nt; tl += blockDim.x)
-      if (tb.slots[tl].v_out >= 0) bulk_store(vc + tb.slots[tl].v_out, v_out_rows + tl * vrow, vrow * sizeof(C));
+    for (int e = tid; e < nt * nhv; e += blockDim.x) store_v(e / nhv, e % nhv);
   // Chunk d0 (and, neox, its partner R/2 later) of a K or Q head row in shared memory,
   // rotated in place with token tl's sin/cos.
   auto rotate_staged = [&](T* head_row, int tl, int d0) {
@@ -519,7 +534,6 @@ __global__ void __launch_bounds__(kAppendBulkThreads) append_kv_bulk_kernel(cons
   if constexpr (kFp8) {
     const KVCacheView& cv = p.cache;
     const AppendItems items = append_items(p, V);
-    const int Dv = static_cast<int>(p.Dv);
     for (int it = tid; it < nt * items.per_tok; it += blockDim.x) {
       const int tl = p.div.per_tok.div(it);
       const AppendItem m = append_item(p, items, it - tl * items.per_tok, V);
@@ -556,17 +570,17 @@ __global__ void __launch_bounds__(kAppendBulkThreads) append_kv_bulk_kernel(cons
   }
   fence_proxy_async_smem();  // the rotated rows, visible to the bulk stores below
   __syncthreads();
-  for (int tl = tid; tl < nt; tl += blockDim.x) {
-    if (tb.slots[tl].k_out >= 0) bulk_store(kc + tb.slots[tl].k_out, k_out_rows + tl * krow, krow * sizeof(C));
-    if (kFp8 && tb.slots[tl].v_out >= 0)
-      bulk_store(vc + tb.slots[tl].v_out, v_out_rows + tl * vrow, vrow * sizeof(C));
-    if (qrow) {
+  for (int e = tid; e < nt * nh; e += blockDim.x) {
+    const int tl = e / nh, h = e - tl * nh;
+    store_k(tl, h);
+    if (kFp8) store_v(tl, h);
+    if (qrow && h == 0) {
       int64_t rb, rt;
       input_row(tl, &rb, &rt);
       bulk_store(qio + rb * p.q_stride[0] + rt * p.q_stride[1], qs + tl * qrow, qrow * sizeof(T));
     }
   }
-  if (tid < nt) bulk_store_drain();  // shared memory stays until the copies have read it
+  if (tid < nt * nh) bulk_store_drain();  // shared memory stays until the copies have read it
 #endif
 }
 
