@@ -122,16 +122,14 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
 }
 
 // 16-byte global -> shared copy; src_bytes 0 zero-fills (a key past the end, or a slot
-// that does not exist: never read). kWide: the L2 prefetches the 256-byte segment around
-// it instead of the 128-byte line (fp8 tiles, below).
-template <bool kWide = false>
+// that does not exist: never read). Tried and reverted (run 7 of 2026-11-25, day): the
+// L2::256B prefetch hint on the fp8 tiles, so that the neighbouring kv head's 128-byte
+// row of the interleaved layout came with the same DRAM access: slower everywhere (B = 8
+// ctx 32768 209 -> 229 us, B = 64 ctx 32768 1485 -> 1560, head-major 1410 -> 1431): the
+// extra halves cost DRAM bandwidth instead of saving page openings.
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  if constexpr (kWide)
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(valid ? 16 : 0));
-  else
-    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(valid ? 16 : 0));
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -419,10 +417,6 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
     }
     return s;
   };
-  // fp8 rows of 128 bytes or less: the L2 fetches 256-byte segments, so the neighbouring
-  // kv head's row (read by another CTA at about the same time, in the interleaved
-  // [.., slot, Hk, D] layout) comes with the same DRAM access.
-  constexpr bool kWideL2 = kFp8 && D <= 128;
   // Ring tiles, swizzled by 16-byte chunk (swz in elements, swz8 in bytes for fp8).
   auto ring_at = [&](int row, int c) { return kFp8 ? swz8<D>(row, c) : swz<D>(row, c); };
   // This lane's row / chunk of a tile (modes 0 and 1), and the step to its next row.
@@ -444,8 +438,8 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
       for (int i = 0; i < NI; ++i) {
         const int ki = i * RPI + lr;
         const bool ok = ki < nv;
-        cp_async16<kWideL2>(kd + ring_at(ki, lc), ok ? ksrc : kc, ok);
-        cp_async16<kWideL2>(vd + ring_at(ki, lc), ok ? vsrc : vc, ok);
+        cp_async16(kd + ring_at(ki, lc), ok ? ksrc : kc, ok);
+        cp_async16(vd + ring_at(ki, lc), ok ? vsrc : vc, ok);
         ksrc += k_step;
         vsrc += v_step;
       }
@@ -456,8 +450,8 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
         const int ki = i * RPI + lr;
         const bool ok = __shfl_sync(0xffffffffu, static_cast<int>(s.ok), ki) != 0;
         const int64_t ko = __shfl_sync(0xffffffffu, s.ko, ki), vo = __shfl_sync(0xffffffffu, s.vo, ki);
-        cp_async16<kWideL2>(kd + ring_at(ki, lc), ok ? kc + ko + lc * EC : kc, ok);
-        cp_async16<kWideL2>(vd + ring_at(ki, lc), ok ? vc + vo + lc * EC : vc, ok);
+        cp_async16(kd + ring_at(ki, lc), ok ? kc + ko + lc * EC : kc, ok);
+        cp_async16(vd + ring_at(ki, lc), ok ? vc + vo + lc * EC : vc, ok);
       }
       m = __ballot_sync(0xffffffffu, s.ok) & 0xffffu;
     }
