@@ -15,6 +15,9 @@ Caches (vLLM / FlashInfer layouts), head dim contiguous:
     contiguous  k_cache, v_cache [B, max_len, Hk, D]
     paged       k_cache, v_cache [num_blocks, block_size, Hk, D] + block_table [B, max_blocks]
                 (slot i of sequence b: block block_table[b, i // block_size], row i % block_size)
+    Any strides with 16-byte rows: a cache stored head-major ([B, Hk, max_len, D] or
+    [num_blocks, Hk, block_size, D], FlashInfer's HND) is passed as its .transpose(1, 2)
+    view. For fp8 caches that is the faster layout to read (docs/attention.md).
 FP8 caches (vLLM's kv_cache_dtype="fp8"): torch.float8_e4m3fn k_cache / v_cache with
 float32 k_scale, v_scale tensors ([1]: per tensor, [Hk]: per kv head). An element holds
 x / scale, saturated to +-448 and rounded once (as (x / scale).clamp(-448, 448)
