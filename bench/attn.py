@@ -360,6 +360,7 @@ def fp8_suite(timer, bw, quick=False):
     dt = torch.bfloat16
     ks, vs = torch.full((Hk,), 0.02, device=DEV), torch.full((1,), 0.02, device=DEV)
     # FP8_PARTS="decode" (or "append,mla"): only these parts; ATTN_BATCHES as in decode_points.
+    # (`quick` takes the same points: ctx 8192 is where the fp8 targets start.)
     parts = os.environ.get("FP8_PARTS", "decode,append,mla").split(",")
     batches = tuple(int(b) for b in os.environ.get("ATTN_BATCHES", "1,8,64").split(","))
     pts = ([(B, c) for B in batches for c in (2048, 8192, 32768)] if CUDA else [(1, 128), (2, 256)])
@@ -446,7 +447,7 @@ def fp8_suite(timer, bw, quick=False):
                 fns += [(f"rope_ext append_kv (fp8), shape {sh} ({desc})", _append_shape(sh, fns[0][1]))
                         for sh, desc in ((0, "registers: 4 items, 3 blocks/SM"), (1, "registers: 2 items, 4 blocks/SM"),
                                          (4, "bulk, 16 KB per block"))]
-            if os.environ.get("FP8_HND"):  # into head-major caches (kernel 1: a token's heads not adjacent)
+            if os.environ.get("FP8_HND"):  # into head-major caches (the bulk kernel stores per head)
                 hm = [torch.zeros(B, Hk, cap, D, device=DEV).to(FP8).transpose(1, 2) for _ in range(2)]
                 fns += [("rope_ext append_kv (fp8), head-major cache", lambda hm=hm, wq=with_q: rope_ext.append_kv(
                     k, v, hm[0], hm[1], before, cu_seqlens=cu, q=q if wq else None, k_scale=ks, v_scale=vs))]

@@ -214,12 +214,15 @@ def test_fp8_decode(device, dtype, paged, G, q_len, step):
     assert err <= bound, f"vs the un-quantized truth: {err:.3e} > the storage bound {bound:.3e}"
 
 
+@pytest.mark.parametrize("step", ["two", "one"], ids=["append+decode", "one_call"])
+@pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
-def test_fp8_decode_head_major(device, paged):
-    """fp8 caches stored head-major (docs/attention.md: the faster layout for fp8 reads)."""
+def test_fp8_decode_head_major(device, paged, D, step):
+    """fp8 caches stored head-major (docs/attention.md: the faster layout for fp8 reads),
+    appended (the bulk kernel's per-head stores where it applies) and read, both steps."""
     o, lse, want_o, want_lse, _, vmax, _ = fp8_fill_and_decode(device, torch.bfloat16, paged=paged, G=4, q_len=1,
-                                                            per_head=True, D=128, cap=96, head_major=True)
-    assert_attn_close(o, lse, want_o, want_lse, vmax, f"fp8 head-major paged={paged}")
+                                                            per_head=True, D=D, cap=96, head_major=True, step=step)
+    assert_attn_close(o, lse, want_o, want_lse, vmax, f"fp8 head-major paged={paged} D={D} step={step}")
 
 
 @cuda

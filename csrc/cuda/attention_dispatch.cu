@@ -102,8 +102,9 @@ int64_t append_bulk_row_bytes(const AppendParams& p, int64_t elem_size) {
 }
 
 // Kernel 1b applies: 16-byte vectors (append_vector_ok), sm_90, a token's heads contiguous
-// in k, v, q and in the cache rows (one bulk copy per row), and a token's rows within
-// 40 KB; an fp8 cache's rows and slots also in whole 16-byte units.
+// in k, v and q (one bulk load per row), the cache's heads adjacent (one bulk store per
+// row) or apart (one per head), a token's rows within 40 KB; an fp8 cache's rows, heads
+// and slots also in whole 16-byte units.
 bool append_bulk_ok(const AppendParams& p, int64_t elem_size, int device) {
   if (cuda_launch::device_attribute<cudaDevAttrComputeCapabilityMajor>(device) < 9) return false;
   const int64_t Hk = p.cache.Hk, D = p.rope.D;

@@ -617,9 +617,11 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   // swz8 per ldmatrix: ~3 instructions each, SASS of 2026-11-25.)
   const int f_ri = (mi & 1) * 8 + mr;
   const int f_row = f_ri * D, f_x = ((mi >> 1) ^ (D >= 128 ? (f_ri & 7) : ((f_ri >> 1) & (D / 16 - 1)))) << 4;
-  // Q's fragments stay in registers at D <= 128 (32 registers at D = 128): they are the same
-  // for every tile, and reloading them was 8 of a tile's ldmatrix.
-  constexpr bool kQReg = D <= 128 && !kFp8;
+  // 16-bit caches at D = 128: Q's fragments stay in registers (32 of them; the same for
+  // every tile, reloading them was 8 of a tile's ldmatrix). Shared memory holds this
+  // instance at 2 CTAs per SM anyway; at D = 64 (4 CTAs) and for fp8 (3 CTAs at 168
+  // registers) the extra registers would cost a CTA per SM.
+  constexpr bool kQReg = D == 128 && !kFp8;
   uint32_t qf[kQReg ? D / 16 : 1][4];
   if constexpr (kQReg) {
 #pragma unroll
@@ -747,24 +749,30 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
     }
   };
 
-  // The key loop: each step refills the ring slot the previous one consumed.
+  // The key loop: each step refills the ring slot the previous one consumed. One call
+  // of `step` (it is inlined: a call per branch doubled the loop's code, ~250 SASS
+  // instructions more to fetch cold at small batches).
   const int n_steps = my_tiles + (new_tile ? 1 : 0);
   int cslot = 0;  // the ring slot of tile t (t % NS, without the division)
   for (int t = 0; t < n_steps; ++t) {
+    uint32_t vmask;
+    int key0;
     if (t < my_tiles) {
       if (t + NS - 1 < my_tiles) issue(t + NS - 1, cslot == 0 ? NS - 1 : cslot - 1, next);
       cp_async_commit();
       next = slot_of(t + NS);
       cp_async_wait<NS - 1>();
       __syncwarp();
-      step(cslot, tile_key0(t), mask_s[warp * NS + cslot]);
+      vmask = mask_s[warp * NS + cslot];
+      key0 = tile_key0(t);
     } else {  // the new tile: its raw rows have landed once every group has
       cp_async_wait<0>();
       __syncwarp();
-      const uint32_t vmask = build_new_tile(cslot);
+      vmask = build_new_tile(cslot);
+      key0 = static_cast<int>(old);
       __syncwarp();
-      step(cslot, static_cast<int>(old), vmask);
     }
+    step(cslot, key0, vmask);
     __syncwarp();  // the tile is consumed before the ring slot is refilled
     cslot = cslot == NS - 1 ? 0 : cslot + 1;
   }
