@@ -41,12 +41,18 @@ bool append_vector_ok(const AppendParams& p, int64_t elem_size) {
   return true;
 }
 
+// A token's input elements: its K and V rows of every kv head, and its Q row (p.Hq is 0
+// without q).
+int64_t append_token_elems(const AppendParams& p) {
+  return p.cache.Hk * (p.rope.D + p.Dv) + p.Hq * p.rope.D;
+}
+
 // The kernels' FastDiv divisors (AppendParams::Dividers) for chunks of V elements; the
 // kernels' indices are 32-bit. Returns the work items per token of kernel 1.
 int64_t set_append_dividers(AppendParams& p, int V) {
   const int half = p.rope.R / 2;
   // A token's elements bound its items (append_items counts them in 32 bits).
-  const int64_t token_elems = p.cache.Hk * (p.rope.D + p.Dv) + p.Hq * p.rope.D;
+  const int64_t token_elems = append_token_elems(p);
   TORCH_CHECK_VALUE(p.num_tokens < (int64_t(1) << 31) && token_elems < (int64_t(1) << 30),
                     "rope_ext: append_kv: too many tokens or heads for one launch (the kernel's indices are 32-bit)");
   const cuda::AppendItems n = cuda::append_items(p, V);
@@ -97,8 +103,7 @@ void launch_append_shape(const AppendParams& params, int device, cudaStream_t st
 // Kernel 1b's staged rows per token (bytes): K, V and Q (if given) rows of every head,
 // and for an fp8 cache the quantized K and V rows.
 int64_t append_bulk_row_bytes(const AppendParams& p, int64_t elem_size) {
-  const int64_t kv = p.cache.Hk * (p.rope.D + p.Dv);
-  return (kv + (p.q ? p.Hq * p.rope.D : 0)) * elem_size + (p.cache.fp8 ? kv : 0);
+  return append_token_elems(p) * elem_size + (p.cache.fp8 ? p.cache.Hk * (p.rope.D + p.Dv) : 0);
 }
 
 // Kernel 1b applies: 16-byte vectors (append_vector_ok), sm_90, a token's heads contiguous
@@ -131,7 +136,7 @@ void launch_append_bulk(const AppendParams& params, int device, cudaStream_t str
   // counted: at 8 KB with them, one token per block, fp8 T = 8192 took 36.7 us against
   // 32.3 with two, run 5 of 2026-11-25), at most 16, and >= 2 blocks per SM where the
   // token count allows.
-  const int64_t in_row = (p.cache.Hk * (p.rope.D + p.Dv) + (p.q ? p.Hq * p.rope.D : 0)) * int64_t(sizeof(T));
+  const int64_t in_row = append_token_elems(p) * int64_t(sizeof(T));
   int64_t tpb = std::clamp<int64_t>(target_bytes / in_row, 1, 16);
   tpb = std::min<int64_t>(tpb, std::max<int64_t>(1, p.num_tokens / (2 * sm_count(device))));
   auto smem_of = [&](int64_t n) {  // rows, the mbarrier (16 bytes: the tables stay aligned), the tables
