@@ -177,28 +177,39 @@ __device__ __forceinline__ void sincos_halfturns(float h, float d, float* s, flo
 #if defined(__CUDA_ARCH__) && defined(ROPE_EXT_ANGLE_TURNS)
 // The angle in turns, r + d (|r| <= ~0.5). The _rn intrinsics keep the compiler from
 // contracting a product into a later add, which the exactness arguments rely on.
-__device__ __forceinline__ void reduce_turns(int64_t pos, float f, float* r, float* d) {
-  // f / 2 pi = hi + lo (about 2^-48 relative): 1 / 2 pi as two floats, the exact
-  // product error of the first, then hi + lo renormalised (|lo| <= ulp(hi) / 2).
+// f / 2 pi = hi + lo (about 2^-48 relative): 1 / 2 pi as two floats, the exact product
+// error of the first, then hi + lo renormalised (|lo| <= ulp(hi) / 2).
+__device__ __forceinline__ void turns_split(float f, float* hi, float* lo) {
   const float h0 = __fmul_rn(f, 0x1.45f306p-3f);
   const float l0 = __fmaf_rn(f, 0x1.b93910p-28f, __fmaf_rn(f, 0x1.45f306p-3f, -h0));
-  const float hi = __fadd_rn(h0, l0), lo = __fsub_rn(l0, __fsub_rn(hi, h0));
-  const float x = static_cast<float>(static_cast<int32_t>(pos));  // exact when |pos| < 2^24
+  *hi = __fadd_rn(h0, l0);
+  *lo = __fsub_rn(l0, __fsub_rn(*hi, h0));
+}
+// The fp32 reduction, exact where fast_pos (|pos| < 2^24) and |x hi| < 2^22 turns; returns
+// whether that holds. x = pos as fp32; p = x hi.
+__device__ __forceinline__ bool reduce_turns_fp32(float x, float hi, float lo, float* r, float* d) {
   const float p = __fmul_rn(x, hi);
-  if (static_cast<uint64_t>(pos + (int64_t(1) << 24)) < (uint64_t(1) << 25) && fabsf(p) < 0x1p22f) {
-    const float e = __fmaf_rn(x, hi, -p);     // exact: the product's rounding error
-    const float f1 = __fsub_rn(p, rintf(p));  // exact: a multiple of ulp(p)
-    const float q = __fmaf_rn(x, lo, e);      // |q| < 2 ulp(p)
-    *r = __fadd_rn(f1, q);
-    *d = __fsub_rn(q, __fsub_rn(*r, f1));     // Fast2Sum (f1 = 0 or |f1| >= ulp(p))
-  } else {
-    const double a = static_cast<double>(pos) * static_cast<double>(f);
-    const double k = ::rint(a * 0.15915494309189535);
-    double t = ::fma(-k, 6.283185307179586, a);
-    t = ::fma(-k, 2.4492935982947064e-16, t) * 0.15915494309189535;
-    *r = static_cast<float>(t);
-    *d = static_cast<float>(t - static_cast<double>(*r));
-  }
+  const float e = __fmaf_rn(x, hi, -p);     // exact: the product's rounding error
+  const float f1 = __fsub_rn(p, rintf(p));  // exact: a multiple of ulp(p)
+  const float q = __fmaf_rn(x, lo, e);      // |q| < 2 ulp(p)
+  *r = __fadd_rn(f1, q);
+  *d = __fsub_rn(q, __fsub_rn(*r, f1));     // Fast2Sum (f1 = 0 or |f1| >= ulp(p))
+  return fabsf(p) < 0x1p22f;                // false for NaN: the double path then
+}
+__device__ __forceinline__ bool fast_turns_pos(int64_t pos) {
+  return static_cast<uint64_t>(pos + (int64_t(1) << 24)) < (uint64_t(1) << 25);
+}
+__device__ __forceinline__ void reduce_turns(int64_t pos, float f, float* r, float* d) {
+  float hi, lo;
+  turns_split(f, &hi, &lo);
+  const float x = static_cast<float>(static_cast<int32_t>(pos));  // exact when |pos| < 2^24
+  if (fast_turns_pos(pos) && reduce_turns_fp32(x, hi, lo, r, d)) return;
+  const double a = static_cast<double>(pos) * static_cast<double>(f);
+  const double k = ::rint(a * 0.15915494309189535);
+  double t = ::fma(-k, 6.283185307179586, a);
+  t = ::fma(-k, 2.4492935982947064e-16, t) * 0.15915494309189535;
+  *r = static_cast<float>(t);
+  *d = static_cast<float>(t - static_cast<double>(*r));
 }
 #endif
 #if defined(__CUDA_ARCH__) && defined(ROPE_EXT_ANGLE_FIXED)
@@ -250,6 +261,36 @@ ROPE_HD void angle_sincos(int64_t pos, float f, float* s, float* c) {
   *s = std::sin(rf);
   *c = std::cos(rf);
 #endif
+#endif
+}
+
+// The sin/cos of P frequencies at one position: angle_sincos's results bit for bit, as
+// straight-line code. Per pair, turns' range test is a branch around each reduction,
+// and the P reductions and sincospif then ran one after the other (a chain of P sin/cos
+// latencies per thread, bench/NOTES.md issue 19, session of 2026-11-25 evening); here
+// the P fp32 reductions run unconditionally and one branch, taken only where some pair
+// is out of the fp32 range (|pos| >= 2^24, or >= 2^22 turns), redoes them by
+// angle_sincos's own rule.
+template <int P>
+ROPE_HD void angle_sincos_chunk(int64_t pos, const float* f, float* s, float* c) {
+#if defined(__CUDA_ARCH__) && defined(ROPE_EXT_ANGLE_TURNS)
+  float r[P], d[P];
+  const float x = static_cast<float>(static_cast<int32_t>(pos));
+  bool fast = fast_turns_pos(pos);
+#pragma unroll
+  for (int j = 0; j < P; ++j) {
+    float hi, lo;
+    turns_split(f[j], &hi, &lo);
+    fast &= reduce_turns_fp32(x, hi, lo, &r[j], &d[j]);
+  }
+  if (!fast) {
+#pragma unroll
+    for (int j = 0; j < P; ++j) reduce_turns(pos, f[j], &r[j], &d[j]);
+  }
+#pragma unroll
+  for (int j = 0; j < P; ++j) sincos_halfturns(2.f * r[j], d[j], &s[j], &c[j]);
+#else
+  for (int j = 0; j < P; ++j) angle_sincos(pos, f[j], &s[j], &c[j]);
 #endif
 }
 

@@ -175,16 +175,22 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
   const int V = W / int(sizeof(T));
   const int chunks = rot_chunks(p, V);
   if (chunks < 1 || chunks > cuda::kLeanMaxThreads || (chunks & (chunks - 1))) return false;
+  // 32-bit strides (LeanParams' layout): a view with a larger one takes the tiles.
+  const auto fits32 = [](int64_t x) { return x >= INT32_MIN && x <= INT32_MAX; };
+  if (!fits32(p.inv_freq_stride)) return false;
   cuda::LeanParams lp{};
   for (int t = 0; t < p.num_tensors; ++t) {
     const TensorView& v = p.t[t];
     lp.in[t] = v.in;
     lp.out[t] = v.out;
-    lp.in_sb[t] = v.in_stride[0], lp.in_ss[t] = v.in_stride[1], lp.in_sh[t] = v.in_stride[2];
-    lp.out_sb[t] = v.out_stride[0], lp.out_ss[t] = v.out_stride[1], lp.out_sh[t] = v.out_stride[2];
+    for (int i = 0; i < 3; ++i) {
+      if (!fits32(v.in_stride[i]) || !fits32(v.out_stride[i])) return false;
+      lp.in_s[t][i] = static_cast<int32_t>(v.in_stride[i]);
+      lp.out_s[t][i] = static_cast<int32_t>(v.out_stride[i]);
+    }
   }
   lp.inv_freq = p.inv_freq;
-  lp.inv_freq_stride = p.inv_freq_stride;
+  lp.inv_freq_stride = static_cast<int32_t>(p.inv_freq_stride);
   lp.positions = p.positions;
   lp.pos_stride_b = p.pos_stride_b;
   lp.offsets = p.offsets;
