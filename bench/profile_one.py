@@ -1,5 +1,8 @@
 """One call of one workload, for ncu:  ncu --set full python bench/profile_one.py w1 fp32x4
-    small [S]: bshd bf16 [1, S, 32, 128] (S = 8: 64 KB; issue 19's 0.12 MB point is S = 16)
+    small [S]: bshd bf16 [1, S, 32, 128] (S = 8: 64 KB; issue 19's 0.12 MB point is S = 16);
+               impl "ip": auto in place, "liger": Liger's rope_forward (in place), "compile"
+    PROFILE_DIRTY_L2=1: a 256 MB write before each call, so the profiled kernel meets an L2
+    full of dirty lines as in the latency suite (profile with ncu --cache-control none)
     w5: thd bf16 q [16, 32, 128] + k [16, 8, 128] in place, random positions < 131072
 Three calls (the last is the one to profile: ncu --launch-skip 2 --launch-count 1)."""
 import os
@@ -30,12 +33,23 @@ elif w == "small":  # bshd [1, S, 32, 128] bf16 (latency-bound); S = 8 is the sw
     from rope_ext import reference as ref
     S = int(sys.argv[3]) if len(sys.argv) > 3 else 8
     x = torch.randn(1, S, 32, 128, device="cuda").bfloat16()
+    f = 1.0 / (10000.0 ** (torch.arange(0, 128, 2, device="cuda").float() / 128))
+    emb = torch.cat([torch.arange(S, device="cuda").float()[:, None] * f] * 2, -1)
+    cos, sin = emb.cos().bfloat16()[:, None, :], emb.sin().bfloat16()[:, None, :]
     if impl == "compile":
-        f = 1.0 / (10000.0 ** (torch.arange(0, 128, 2, device="cuda").float() / 128))
-        emb = torch.cat([torch.arange(S, device="cuda").float()[:, None] * f] * 2, -1)
-        cos, sin = emb.cos().bfloat16()[:, None, :], emb.sin().bfloat16()[:, None, :]
         comp = torch.compile(ref.apply_cos_sin, dynamic=False)
         fn = lambda: comp(x, cos, sin)  # noqa: E731
+    elif impl == "ip":
+        fn = lambda: rope_ext.apply_rope(x, inplace=True)  # noqa: E731
+    elif impl == "liger":  # as bench/run.py's Peers: q, k = the two halves of the tokens, bhsd views
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from run import import_liger
+        rope_forward = import_liger().rope_forward
+        h = S // 2
+        xt = x.view(S, 32, 128)
+        qb, kb = xt[:h].unsqueeze(0).transpose(1, 2), xt[h:2 * h].unsqueeze(0).transpose(1, 2)
+        c, s_ = cos[:h, 0].unsqueeze(0).contiguous(), sin[:h, 0].unsqueeze(0).contiguous()
+        fn = lambda: rope_forward(qb, kb, c, s_)  # noqa: E731
     else:
         fn = lambda: rope_ext.apply_rope(x, impl=impl)  # noqa: E731
 elif w == "w5":  # decode step: q + k thd in place, one launch
@@ -45,6 +59,13 @@ elif w == "w5":  # decode step: q + k thd in place, one launch
     fn = lambda: rope_ext.apply_rope_qk(q, k, pos, layout="thd", impl=impl, inplace=True)  # noqa: E731
 else:
     raise SystemExit(f"unknown workload {w}")
+if os.environ.get("PROFILE_DIRTY_L2") == "1":
+    dirty = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    call = fn
+
+    def fn():
+        dirty.fill_(1)
+        call()
 for _ in range(3):
     fn()
 torch.cuda.synchronize()

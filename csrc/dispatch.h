@@ -34,6 +34,8 @@ void set_flat_rows_per_thread(int n);
 void set_lean_max_bytes(int64_t n);
 // Tests/bench: variant 6's access width, 16, 8 or 4 bytes (anything else: its defaults).
 void set_lean_bytes(int64_t w);
+// Tests/bench: variant 6's rows per thread, 1, 2, 4 or 8 (anything else: its rule).
+void set_lean_rows_per_thread(int n);
 #endif
 
 }  // namespace rope_ext

@@ -166,6 +166,10 @@ LEAN_CASES = [
     dict(offsets=True),
     dict(positions="int32"),
     dict(positions="strided"),
+    # Around 2^24, where turns' fp32 reduction hands over to the double one (rope_math.h),
+    # and frequencies above 1.5 rad, for which only some pairs of a chunk hand over there.
+    dict(positions="huge"),
+    dict(positions="huge", inv_freq="wide"),
     dict(thd_one_seq=True),
     dict(thd_one_seq=True, offsets=True),
     dict(qk=True),
@@ -214,6 +218,12 @@ def test_lean_small_tensor_path(case, dtype, tokens):
         pos = torch.randint(0, 1 << 20, shape[:-2], device=dev, dtype=torch.int32)
     elif pos_kind == "strided":
         pos = torch.randint(0, 1 << 20, (*shape[:-2], 2), device=dev)[..., 0]
+    elif pos_kind == "huge":
+        pos = torch.randint((1 << 24) - 3000, (1 << 24) + 3000, shape[:-2], device=dev)
+    if cfg.pop("inv_freq", None) == "wide":
+        f = rope_ext.inv_freq(D, 10000.0)
+        f[::3] *= 3.0  # up to 3 rad per position: pos * f / 2 pi past 2^22 turns near 2^24
+        kw["inv_freq"] = f.to(dev)
     view = cfg.pop("view", "contiguous")
     qk, inplace = cfg.pop("qk", False), cfg.pop("inplace", False)
     backward = cfg.pop("backward", False)

@@ -149,6 +149,7 @@ std::atomic<int> g_lean_bytes{[] {
   const int w = e ? std::atoi(e) : -1;
   return (w == 4 || w == 8 || w == 16) ? w : -1;
 }()};
+std::atomic<int> g_lean_rows_per_thread{0};  // 0: launch_lean's rule
 int64_t lean_max_bytes(int64_t elem_size) {
   const int64_t v = g_lean_max_bytes.load(std::memory_order_relaxed);
   if (v >= 0) return v;
@@ -207,8 +208,11 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
   // thread computes its chunk's sin/cos once for its U rows). Rows per block RB: as
   // many as a block holds, halved until the tokens' blocks cover every SM.
   const int sms = sm_count(device);
-  int U = 1;
-  while (U < 8 && tokens * ceil_div(rows, int64_t(U)) * chunks > int64_t(sms) * 512) U *= 2;
+  int U = g_lean_rows_per_thread.load(std::memory_order_relaxed);
+  if (U != 1 && U != 2 && U != 4 && U != 8) {
+    U = 1;
+    while (U < 8 && tokens * ceil_div(rows, int64_t(U)) * chunks > int64_t(sms) * 512) U *= 2;
+  }
   const int64_t rows_u = ceil_div(rows, int64_t(U));
   int RB = cuda::kLeanMaxThreads / chunks;
   while (RB > 1 && RB / 2 >= rows_u) RB /= 2;
@@ -283,6 +287,7 @@ void launch(const RopeParams& p, Impl impl, int device, cudaStream_t stream) {
 
 void set_lean_max_bytes(int64_t n) { g_lean_max_bytes.store(n < 0 ? -1 : n); }
 void set_lean_bytes(int64_t w) { g_lean_bytes.store((w == 4 || w == 8 || w == 16) ? int(w) : -1); }
+void set_lean_rows_per_thread(int n) { g_lean_rows_per_thread.store((n == 1 || n == 2 || n == 4 || n == 8) ? n : 0); }
 void set_tile_rows_per_thread(int n) { g_tile_rows_per_thread.store(n < 0 ? 0 : n); }
 void set_flat_rows_per_thread(int n) { g_flat_rows_per_thread.store(n < 0 ? 0 : n); }
 

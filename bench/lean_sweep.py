@@ -1,0 +1,63 @@
+"""Variant 6 (lean) by its launch choices, for issue 19's small and middle sizes: rows per
+thread U (each thread computes its chunk's sin/cos once for its U rows) and access width
+W, out of place and in place, beside Liger in place (when importable) and a same-size
+copy, timed as the latency suite times (one call in a CUDA graph, L2 flushed, median).
+
+    python bench/lean_sweep.py [--reps 100]
+
+bshd bf16 [1, S, 32, 128]; "rule" is launch_lean's own choice (rope_dispatch.cu).
+"""
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import rope_ext  # noqa: E402
+from timing import graph_us  # noqa: E402
+from run import import_liger, hf_cos_sin  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=100)
+    ap.add_argument("--sizes", default="16,64,256,1024,4096", help="tokens S of [1, S, 32, 128] bf16")
+    args = ap.parse_args()
+    try:
+        liger = import_liger()
+    except Exception as e:  # optional peer
+        print(f"Liger: n/a ({type(e).__name__})")
+        liger = None
+    C = rope_ext._C
+    print(f"device: {torch.cuda.get_device_name()}; us, median of {args.reps} graph replays, cold L2")
+    print(f"{'S':>6} {'MB':>6} {'W':>3} {'U':>5} {'oop':>7} {'ip':>7} {'Liger ip':>9} {'copy':>7}")
+    for S in (int(s) for s in args.sizes.split(",")):
+        x = torch.randn(1, S, 32, 128, device="cuda").bfloat16()
+        y = torch.empty_like(x)
+        mb = x.numel() * 2 / 2**20
+        copy = graph_us(lambda: y.copy_(x), args.reps)
+        lig = float("nan")
+        if liger is not None and S >= 2:
+            h = S // 2
+            cos, sin = hf_cos_sin(S, 128, x.dtype)
+            xt = x.view(S, 32, 128)
+            qb, kb = xt[:h].unsqueeze(0).transpose(1, 2), xt[h:2 * h].unsqueeze(0).transpose(1, 2)
+            c, s_ = cos[:h].unsqueeze(0).contiguous(), sin[:h].unsqueeze(0).contiguous()
+            lig = graph_us(lambda: liger.rope_forward(qb, kb, c, s_), args.reps)
+        for W in (8, 16):
+            for U in (0, 1, 2, 4, 8):
+                C.set_lean_max_bytes(64 << 20)
+                C.set_lean_bytes(W)
+                C.set_lean_rows_per_thread(U)
+                oop = graph_us(lambda: rope_ext.apply_rope(x), args.reps)
+                ip = graph_us(lambda: rope_ext.apply_rope(x, inplace=True), args.reps)
+                print(f"{S:>6} {mb:>6.2f} {W:>3} {'rule' if U == 0 else U:>5} {oop:>7.1f} {ip:>7.1f} {lig:>9.1f} {copy:>7.1f}")
+        C.set_lean_max_bytes(-1)
+        C.set_lean_bytes(-1)
+        C.set_lean_rows_per_thread(0)
+
+
+if __name__ == "__main__":
+    main()
