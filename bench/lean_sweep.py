@@ -1,7 +1,8 @@
 """Variant 6 (lean) by its launch choices, for issue 19's small and middle sizes: rows per
-thread U (each thread computes its chunk's sin/cos once for its U rows) and access width
-W, out of place and in place, beside Liger in place (when importable) and a same-size
-copy, timed as the latency suite times (one call in a CUDA graph, L2 flushed, median).
+thread U (each thread computes its chunk's sin/cos once for its U rows), access width W
+and sin/cos shared by two lanes (K = 2, the default) or not (K1), out of place and in
+place, beside Liger in place (when importable) and a same-size copy, timed as the
+latency suite times (one call in a CUDA graph, L2 flushed, median).
 
     python bench/lean_sweep.py [--reps 100]
 
@@ -32,7 +33,7 @@ def main():
         liger = None
     C = rope_ext._C
     print(f"device: {torch.cuda.get_device_name()}; us, median of {args.reps} graph replays, cold L2")
-    print(f"{'S':>6} {'MB':>6} {'W':>3} {'U':>5} {'oop':>7} {'ip':>7} {'Liger ip':>9} {'copy':>7}")
+    print(f"{'S':>6} {'MB':>6} {'W':>3} {'U':>5} {'oop':>7} {'ip':>7} {'oop K1':>7} {'ip K1':>7} {'Liger ip':>9} {'copy':>7}")
     for S in (int(s) for s in args.sizes.split(",")):
         x = torch.randn(1, S, 32, 128, device="cuda").bfloat16()
         y = torch.empty_like(x)
@@ -51,9 +52,14 @@ def main():
                 C.set_lean_max_bytes(64 << 20)
                 C.set_lean_bytes(W)
                 C.set_lean_rows_per_thread(U)
-                oop = graph_us(lambda: rope_ext.apply_rope(x), args.reps)
-                ip = graph_us(lambda: rope_ext.apply_rope(x, inplace=True), args.reps)
-                print(f"{S:>6} {mb:>6.2f} {W:>3} {'rule' if U == 0 else U:>5} {oop:>7.1f} {ip:>7.1f} {lig:>9.1f} {copy:>7.1f}")
+                t = []
+                for share in (True, False):  # K = 2 (two lanes share a chunk's sin/cos) and K = 1
+                    C.set_lean_share(share)
+                    t += [graph_us(lambda: rope_ext.apply_rope(x), args.reps),
+                          graph_us(lambda: rope_ext.apply_rope(x, inplace=True), args.reps)]
+                C.set_lean_share(True)
+                print(f"{S:>6} {mb:>6.2f} {W:>3} {'rule' if U == 0 else U:>5} " + " ".join(f"{v:>7.1f}" for v in t) +
+                      f" {lig:>9.1f} {copy:>7.1f}")
         C.set_lean_max_bytes(-1)
         C.set_lean_bytes(-1)
         C.set_lean_rows_per_thread(0)

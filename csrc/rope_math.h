@@ -211,6 +211,12 @@ __device__ __forceinline__ void reduce_turns(int64_t pos, float f, float* r, flo
   *r = static_cast<float>(t);
   *d = static_cast<float>(t - static_cast<double>(*r));
 }
+// reduce_turns as a call, for angle_sincos_chunk's rare branch ((r, d) in registers).
+static __device__ __noinline__ float2 reduce_turns_outlined(int64_t pos, float f) {
+  float2 t;
+  reduce_turns(pos, f, &t.x, &t.y);
+  return t;
+}
 #endif
 #if defined(__CUDA_ARCH__) && defined(ROPE_EXT_ANGLE_FIXED)
 // f / 2 pi as a 64-bit fraction of a turn (mod 1): f = m 2^-sh with m its 24-bit
@@ -283,9 +289,13 @@ ROPE_HD void angle_sincos_chunk(int64_t pos, const float* f, float* s, float* c)
     turns_split(f[j], &hi, &lo);
     fast &= reduce_turns_fp32(x, hi, lo, &r[j], &d[j]);
   }
-  if (!fast) {
+  if (!fast) {  // out of line: its FP64 code would otherwise sit in the middle of the hot path
 #pragma unroll
-    for (int j = 0; j < P; ++j) reduce_turns(pos, f[j], &r[j], &d[j]);
+    for (int j = 0; j < P; ++j) {
+      const float2 t = reduce_turns_outlined(pos, f[j]);
+      r[j] = t.x;
+      d[j] = t.y;
+    }
   }
 #pragma unroll
   for (int j = 0; j < P; ++j) sincos_halfturns(2.f * r[j], d[j], &s[j], &c[j]);

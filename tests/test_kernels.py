@@ -181,16 +181,21 @@ LEAN_CASES = [
 ]
 
 
-@pytest.fixture(params=[16, 8, 4], ids=lambda w: f"{w}B")
+@pytest.fixture(params=[(16, True), (8, True), (4, True), (16, False), (8, False)],
+                ids=lambda p: f"{p[0]}B" + ("" if p[1] else "-noshare"))
 def lean_up_to_32mb(request):
     """auto gives lean tensors up to 32 MB here (its defaults stop at 16 MB for fp32:
     measured), so every rows-per-thread choice runs through it, at each access width (its
-    defaults pick 8 or 16 bytes by size; 4 is an A/B instance)."""
+    defaults pick 8 or 16 bytes by size; 4 is an A/B instance), with two lanes sharing a
+    chunk's sin/cos where they can (the default) and without."""
+    width, share = request.param
     rope_ext._C.set_lean_max_bytes(32 << 20)
-    rope_ext._C.set_lean_bytes(request.param)
+    rope_ext._C.set_lean_bytes(width)
+    rope_ext._C.set_lean_share(share)
     yield
     rope_ext._C.set_lean_max_bytes(-1)
     rope_ext._C.set_lean_bytes(-1)
+    rope_ext._C.set_lean_share(True)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -150,6 +150,11 @@ std::atomic<int> g_lean_bytes{[] {
   return (w == 4 || w == 8 || w == 16) ? w : -1;
 }()};
 std::atomic<int> g_lean_rows_per_thread{0};  // 0: launch_lean's rule
+std::atomic<bool> g_lean_share{[] {  // two lanes share a chunk's sin/cos (K = 2), where they can
+  const char* e = std::getenv("ROPE_EXT_LEAN_SHARE");
+  return !(e && std::atoi(e) == 0);
+}()};
+bool lean_share() { return g_lean_share.load(std::memory_order_relaxed); }
 int64_t lean_max_bytes(int64_t elem_size) {
   const int64_t v = g_lean_max_bytes.load(std::memory_order_relaxed);
   if (v >= 0) return v;
@@ -226,9 +231,18 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
     // 4-byte word holds one element: neox only (GPT-J took W = 8 above).
     auto go = [&]<int kW>() {
       ROPE_BOOL_SWITCH(p.interleaved, kInterleaved, [&] {
-        if constexpr (!(kInterleaved && kW / int(sizeof(T)) < 2)) {
+        constexpr int P = kInterleaved ? kW / int(sizeof(T)) / 2 : kW / int(sizeof(T));
+        if constexpr (P >= 1) {
+          // Two lanes share a chunk's sin/cos where a warp holds two row slots of it.
+          const bool share = P % 2 == 0 && lean_share() && lp.cshift <= 4 && RB >= 2;
           ROPE_POW2_UPTO8_SWITCH(U, kU, [&] {
-            cuda::rope_lean_kernel<T, kInterleaved, kU, kW><<<grid, threads, 0, stream>>>(lp);
+            if constexpr (P % 2 == 0) {
+              if (share) {
+                cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 2><<<grid, threads, 0, stream>>>(lp);
+                return;
+              }
+            }
+            cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 1><<<grid, threads, 0, stream>>>(lp);
           });
         }
       });
@@ -287,6 +301,7 @@ void launch(const RopeParams& p, Impl impl, int device, cudaStream_t stream) {
 
 void set_lean_max_bytes(int64_t n) { g_lean_max_bytes.store(n < 0 ? -1 : n); }
 void set_lean_bytes(int64_t w) { g_lean_bytes.store((w == 4 || w == 8 || w == 16) ? int(w) : -1); }
+void set_lean_share(bool on) { g_lean_share.store(on); }
 void set_lean_rows_per_thread(int n) { g_lean_rows_per_thread.store((n == 1 || n == 2 || n == 4 || n == 8) ? n : 0); }
 void set_tile_rows_per_thread(int n) { g_tile_rows_per_thread.store(n < 0 ? 0 : n); }
 void set_flat_rows_per_thread(int n) { g_flat_rows_per_thread.store(n < 0 ? 0 : n); }

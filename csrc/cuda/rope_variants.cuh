@@ -537,17 +537,24 @@ template <> struct LeanWord<16> { using type = uint4; };
 template <> struct LeanWord<8> { using type = uint2; };
 template <> struct LeanWord<4> { using type = uint32_t; };
 
-template <typename T, bool kInterleaved, int U, int W>
+// K lanes of a warp share a chunk's sin/cos: the lanes of one chunk in K consecutive row
+// slots (lane ^ (1 << cshift) for K = 2) compute P / K pairs each and swap them by
+// shuffles, which halves the sin/cos code on each thread's path (in a kernel of a few
+// warps per SM that path is the time after x arrives; bench/NOTES.md issue 19, evening
+// of 2026-11-25). The host takes K = 2 where a warp holds two row slots of the chunk.
+template <typename T, bool kInterleaved, int U, int W, int K>
 __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid_constant__ LeanParams p) {
   constexpr int V = W / sizeof(T);
   constexpr int P = kInterleaved ? V / 2 : V;
-  static_assert(P >= 1, "a chunk holds at least one pair");
+  constexpr int PK = P / K;  // pairs this thread computes
+  static_assert(P >= 1 && (K == 1 || K == 2) && PK * K == P, "a chunk holds at least one pair, split evenly");
   using VecT = Vec<T, V>;
   using Word = typename LeanWord<W>::type;
   const int c = threadIdx.x & ((1 << p.cshift) - 1);
   const int r0 = blockIdx.x * (p.rows_per_block * U) + (threadIdx.x >> p.cshift);
   const int64_t b = blockIdx.z, s = blockIdx.y;
   const int d0 = c * V, d1 = d0 + p.half;
+  const int g = K == 1 ? 0 : (threadIdx.x >> p.cshift) & (K - 1);  // which P / K pairs
 
   // 1. The x loads. Selects, not p.in[t]: a runtime index into the parameters would
   //    copy them to local memory.
@@ -580,10 +587,27 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
     pos = s + (p.offsets.ptr ? load_index(p.offsets, (p.seq_start.ptr ? 0 : b) * p.offsets.stride) : p.offset);
     if (p.seq_start.ptr) pos -= load_index(p.seq_start, 0);
   }
-  float f[P], sn[P], cs[P];
+  float f[PK], sn[P], cs[P];
 #pragma unroll
-  for (int j = 0; j < P; ++j) f[j] = p.inv_freq[(c * P + j) * static_cast<int64_t>(p.inv_freq_stride)];
-  angle_sincos_chunk<P>(pos, f, sn, cs);
+  for (int j = 0; j < PK; ++j) f[j] = p.inv_freq[(c * P + g * PK + j) * static_cast<int64_t>(p.inv_freq_stride)];
+  if constexpr (K == 1) {
+    angle_sincos_chunk<P>(pos, f, sn, cs);
+  } else {
+    float so[PK], co[PK];
+    angle_sincos_chunk<PK>(pos, f, so, co);
+    // Every lane of the block's warps reaches here (rows past the end included); a block
+    // smaller than a warp holds only its own lanes.
+    const unsigned mask = blockDim.x >= 32 ? 0xffffffffu : (1u << blockDim.x) - 1u;
+    const int partner = (threadIdx.x & 31) ^ (1 << p.cshift);
+#pragma unroll
+    for (int j = 0; j < PK; ++j) {
+      const float sp = __shfl_sync(mask, so[j], partner), cp = __shfl_sync(mask, co[j], partner);
+      sn[j] = g ? sp : so[j];
+      cs[j] = g ? cp : co[j];
+      sn[PK + j] = g ? so[j] : sp;
+      cs[PK + j] = g ? co[j] : cp;
+    }
+  }
 #pragma unroll
   for (int j = 0; j < P; ++j) {
     sn[j] *= p.sin_scale;
