@@ -140,6 +140,11 @@ void launch_flat(const RopeParams& p, int device, cudaStream_t stream) {
 // bytes up to 16 MB. ROPE_EXT_LEAN_MAX_BYTES / ROPE_EXT_LEAN_BYTES at import, or
 // set_lean_max_bytes / set_lean_bytes (tests: every width and rows-per-thread choice),
 // override them; a size of 0 turns lean off (the bench's A/B), -1 restores the defaults.
+// Rows per thread (set_lean_rows_per_thread) and the shared sin/cos (set_lean_share,
+// ROPE_EXT_LEAN_SHARE=0) are A/B knobs too; bench/lean_sweep.py, H100, bf16 us out of place
+// with K = 2 / K = 1 at the rule's U (evening of 2026-11-25, run 3): 0.12 MB 4.7-4.9 / 5.0,
+// 0.5 MB 5.1 / 5.3, 2 MB 6.4 / 6.4 (in place 6.1 / 6.3), 8 MB 10.1 / 10.3, 32 MB 27.3 / 27.8;
+// the rule's U was within 0.2 us of the best forced U at every size.
 std::atomic<int64_t> g_lean_max_bytes{[] {
   const char* e = std::getenv("ROPE_EXT_LEAN_MAX_BYTES");
   return e ? std::atoll(e) : int64_t(-1);

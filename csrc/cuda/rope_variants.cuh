@@ -46,6 +46,12 @@
 //              bytes took 0.5-0.8 us off 16-bit tensors up to 8 MB (0.12 MB bf16 5.4 ->
 //              4.8 us; a thread's chain of 8 sin/cos, not DRAM, was the time), 4 bytes
 //              nothing more (rope_dispatch.cu has the rule, bench/NOTES.md the run).
+//              Then (evening of 2026-11-25, bench/NOTES.md runs 1-3): a thread's P sin/cos
+//              as straight-line code (angle_sincos_chunk: turns' per-pair range branch had
+//              made them P serial blocks), the parameters within one constant line, and
+//              two lanes sharing a chunk's sin/cos (K = 2): 0.12 MB 4.9 -> 4.5-4.8 us, 32 MB
+//              28.4 -> 27.2. What is left at 0.12 MB: ~280 instructions per warp (Triton's
+//              kernel reading a cos/sin table: 96) run by ~2 warps per SM after x arrives.
 //              Tried and reverted (run 7 of 2026-11-25): the first warp prefetching
 //              every 64-byte line of the params (prefetchu.L1, a CCTL) at kernel start,
 //              here, in both append kernels and in decode variant 5: 0.12 MB 4.8 us
