@@ -414,7 +414,11 @@ def latency_suite(peers, reps, quick=False):
     for build in builders:
         title, nbytes, fns = build()
         cells, rows = {}, []
-        for col, _ in LAT_COLS:
+        # torch.compile's column is timed last: a timing taken right after a compiled
+        # call's ran ~2-4 us faster at 2-32 MB with the same dirty flush (Liger 8 MB 10.2 ->
+        # 8.0 us, like a clean flush's 8.4: bench/liger_order.py, bench/NOTES.md evening of
+        # 2026-11-25), so the column timed after it was measured in another state.
+        for col, _ in sorted(LAT_COLS, key=lambda c: c[0] == "torch.compile"):
             fn = fns.get(col)
             if fn is None:
                 continue
