@@ -8,16 +8,8 @@
 #     bash scripts/gpu_ab.sh
 # BENCH: commands run with python from each tree's root, separated by ';'. TESTS: pytest
 # paths for the checkout (none if empty). Files under $OUT: build.log, tests.log, ab.txt.
-set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
-ROOT=$(pwd)
-OUT=${OUT:-$ROOT/gpu_out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
-PY=${PYTHON:-python3}
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 BASE_TAR=${BASE_TAR:-build/base.tar}
-t0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader
 [ -f "$BASE_TAR" ] || { echo "no $BASE_TAR: git archive -o $BASE_TAR <rev> first"; exit 2; }
 [ -d bench/peers/wheels ] && { bash scripts/install_peers.sh > /dev/null 2>&1 || echo "peers: install failed"; }

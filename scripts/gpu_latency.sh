@@ -11,17 +11,9 @@
 # peers), ncu.txt (sections below,
 # [1,16,32,128] bshd bf16 and W5 for every build), small_double.ncu-rep (--set full with
 # source, the default build's [1,16,32,128] case, for the GUI).
-set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
-ROOT=$(pwd)
-OUT=${OUT:-$ROOT/gpu_out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
-PY=${PYTHON:-python3}
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 ALTS=${ALTS:-turns fixed}
 NCU=${NCU:-1}
-t0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader
 $PY -c "import torch, torch.utils.cpp_extension as c; print('torch', torch.__version__, 'ninja', c.is_ninja_available())"
