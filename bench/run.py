@@ -301,7 +301,8 @@ class Peers:
 
 # ----------------------------------------------------------------------------- latency suite
 ROPE_ONLY = False  # --rope-only: rope_ext's columns and the copy, no torch.compile or peers
-LAT_COLS = [("rope_ext auto", "auto"), ("rope_ext auto (in place)", "auto ip"), ("rope_ext flat", "flat"),
+LAT_COLS = [("rope_ext auto", "auto"), ("rope_ext auto (in place)", "auto ip"),
+            ("rope_ext auto (cos_sin_cache)", "auto csc"), ("rope_ext flat", "flat"),
             ("rope_ext fp32x4_tile", "tile"), ("torch.compile", "compile"), ("Liger", "Liger"),
             ("FlashInfer", "FlashInf"), ("same-size copy", "copy")]
 # Like with like: torch.compile's function returns a new tensor (out of place), Liger and
@@ -327,6 +328,10 @@ def latency_x_workload(layout, dtype, S, peers):
     fns = {f"rope_ext {i}": (lambda i=i: rope_ext.apply_rope(x, layout=layout, impl=i, **kw))
            for i in ("auto", "flat", "fp32x4_tile")}
     fns["rope_ext auto (in place)"] = lambda: rope_ext.apply_rope(x, layout=layout, inplace=True, **kw)
+    # The table the peers read, given to rope_ext (read, not computed; out of place, in
+    # x's dtype as torch.compile's cos/sin): like with like for the "x oop" column's peer.
+    csc = ref.cos_sin_table(D, 10000.0, S, DEV).to(dtype)
+    fns["rope_ext auto (cos_sin_cache)"] = lambda: rope_ext.apply_rope(x, layout=layout, cos_sin_cache=csc, **kw)
     if not ROPE_ONLY:
         fns["torch.compile"] = lambda: comp(x, c4, s4)
         pos = torch.arange(S, device=DEV)
@@ -371,6 +376,9 @@ def latency_qk_workload(T, peers):
            for i in ("flat", "fp32x4_tile")}
     fns["rope_ext auto"] = lambda: rope_ext.apply_rope_qk(q, k, pos, layout="thd")
     fns["rope_ext auto (in place)"] = lambda: rope_ext.apply_rope_qk(q, k, pos, layout="thd", inplace=True)
+    # FlashInfer's fp32 table, in place as the peers.
+    fns["rope_ext auto (cos_sin_cache)"] = lambda: rope_ext.apply_rope_qk(q, k, pos, layout="thd", inplace=True,
+                                                                           cos_sin_cache=cache)
     if not ROPE_ONLY:
         comp = qk_cache_compiled()
         fns["torch.compile"] = lambda: comp(q, k, pos, cache)

@@ -170,6 +170,10 @@ LEAN_CASES = [
     # and frequencies above 1.5 rad, for which only some pairs of a chunk hand over there.
     dict(positions="huge"),
     dict(positions="huge", inv_freq="wide"),
+    # A cos_sin_cache is read instead of computed (fp32 and the tensor's dtype).
+    dict(cache="float32"),
+    dict(cache="x", qk=True, inplace=True),
+    dict(cache="float32", interleaved=True, backward=True),
     dict(thd_one_seq=True),
     dict(thd_one_seq=True, offsets=True),
     dict(qk=True),
@@ -225,6 +229,10 @@ def test_lean_small_tensor_path(case, dtype, tokens):
         pos = torch.randint(0, 1 << 20, (*shape[:-2], 2), device=dev)[..., 0]
     elif pos_kind == "huge":
         pos = torch.randint((1 << 24) - 3000, (1 << 24) + 3000, shape[:-2], device=dev)
+    cache_dtype = cfg.pop("cache", None)
+    if cache_dtype:  # positions are the token indices here (< 4096)
+        table = ref.cos_sin_table(D, 10000.0, 4096, dev)
+        kw["cos_sin_cache"] = table if cache_dtype == "float32" else table.to(dtype)
     if cfg.pop("inv_freq", None) == "wide":
         f = rope_ext.inv_freq(D, 10000.0)
         f[::3] *= 3.0  # up to 3 rad per position: pos * f / 2 pi past 2^22 turns near 2^24
@@ -256,3 +264,24 @@ def test_lean_small_tensor_path(case, dtype, tokens):
     for name, x, out, truth, tile in zip("qk", xs, outs, truths, tiles):
         assert_close_f64(out, truth, x.abs().max().item(), f"lean {name} vs float64")
         assert torch.equal(out, tile), f"lean vs tiles ({name})"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_lean_cos_sin_cache_out_of_range(dtype):
+    """Lean reads a cos_sin_cache as the tiles do: a position outside the table gives NaN
+    in that token's rotated features (no read out of bounds), the rows in range match the
+    float64 truth and the tiles bit for bit."""
+    dev, D, rows = "cuda", 128, 1000
+    table = ref.cos_sin_table(D, 10000.0, rows, dev)
+    pos = torch.randint(0, rows, (64,), device=dev)
+    pos[::7] = rows + 5
+    pos[3] = -1
+    x = randn((64, 32, D), dtype, dev)
+    out = rope_ext.apply_rope(x, pos, layout="thd", cos_sin_cache=table)
+    tile = rope_ext.apply_rope(x, pos, layout="thd", cos_sin_cache=table, impl="fp32x4_tile")
+    bad = (pos < 0) | (pos >= rows)
+    assert torch.isnan(out[bad]).all(), "out-of-range positions: NaN"
+    assert torch.equal(out[~bad], tile[~bad]) and torch.isnan(tile[bad]).all(), "lean vs tiles"
+    truth = ref.rope_float64(x[~bad], pos[~bad], layout="thd", cos_sin_cache=table)
+    assert_close_f64(out[~bad], truth, x.abs().max().item(), "lean cache vs float64")

@@ -173,7 +173,8 @@ int lean_bytes(int64_t elem_size, int64_t bytes) {
 
 template <typename T>
 bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
-  if (sizeof(T) == 8 || p.freq != FreqSource::kInvFreq || p.num_axes != 1 || p.cp_size != 1) return false;
+  const bool cache = p.freq == FreqSource::kCosSinCache;
+  if (sizeof(T) == 8 || !(p.freq == FreqSource::kInvFreq || cache) || p.num_axes != 1 || p.cp_size != 1) return false;
   if (p.cu_seqlens.ptr && p.num_seqs != 1) return false;
   if (p.copy_tail && p.R != p.D) return false;
   if (p.B > 65535 || p.S > 65535) return false;
@@ -188,7 +189,7 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
   if (chunks < 1 || chunks > cuda::kLeanMaxThreads || (chunks & (chunks - 1))) return false;
   // 32-bit strides (LeanParams' layout): a view with a larger one takes the tiles.
   const auto fits32 = [](int64_t x) { return x >= INT32_MIN && x <= INT32_MAX; };
-  if (!fits32(p.inv_freq_stride)) return false;
+  if (!fits32(p.inv_freq_stride) || !fits32(p.cache_stride_row) || !fits32(p.cache_stride_col)) return false;
   cuda::LeanParams lp{};
   for (int t = 0; t < p.num_tensors; ++t) {
     const TensorView& v = p.t[t];
@@ -202,6 +203,13 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
   }
   lp.inv_freq = p.inv_freq;
   lp.inv_freq_stride = static_cast<int32_t>(p.inv_freq_stride);
+  if (cache) {
+    lp.cache = p.cache;
+    lp.cache_dtype = p.cache_dtype;
+    lp.cache_rows = p.cache_rows;
+    lp.cache_stride_row = static_cast<int32_t>(p.cache_stride_row);
+    lp.cache_stride_col = static_cast<int32_t>(p.cache_stride_col);
+  }
   lp.positions = p.positions;
   lp.pos_stride_b = p.pos_stride_b;
   lp.offsets = p.offsets;
@@ -239,7 +247,7 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
         constexpr int P = kInterleaved ? kW / int(sizeof(T)) / 2 : kW / int(sizeof(T));
         if constexpr (P >= 1) {
           // Two lanes share a chunk's sin/cos where a warp holds two row slots of it.
-          const bool share = P % 2 == 0 && lean_share() && lp.cshift <= 4 && RB >= 2;
+          const bool share = P % 2 == 0 && !cache && lean_share() && lp.cshift <= 4 && RB >= 2;
           ROPE_POW2_UPTO8_SWITCH(U, kU, [&] {
             if constexpr (P % 2 == 0) {
               if (share) {

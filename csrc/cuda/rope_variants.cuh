@@ -523,6 +523,10 @@ struct LeanParams {
   int32_t half;            // R / 2
   int32_t inv_freq_stride;
   float sin_scale, cos_scale;  // sign * scale, scale (as pair_sincos applies them)
+  DType cache_dtype;
+  int32_t cache_stride_row, cache_stride_col;
+  const void* cache;     // a cos_sin_cache [cache_rows, R] (read, not computed), or null: inv_freq
+  int64_t cache_rows;
   const void* in[kMaxTensors];
   void* out[kMaxTensors];
   int32_t in_s[kMaxTensors][3], out_s[kMaxTensors][3];  // element strides b, s, h
@@ -593,12 +597,26 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
     pos = s + (p.offsets.ptr ? load_index(p.offsets, (p.seq_start.ptr ? 0 : b) * p.offsets.stride) : p.offset);
     if (p.seq_start.ptr) pos -= load_index(p.seq_start, 0);
   }
-  float f[PK], sn[P], cs[P];
+  float sn[P], cs[P];
+  if (p.cache) {  // pair_sincos's rule: a position outside [0, cache_rows) gives NaN, not a read
+    const bool in_range = pos >= 0 && pos < p.cache_rows;
+    const int64_t row = (in_range ? pos : 0) * p.cache_stride_row;
 #pragma unroll
-  for (int j = 0; j < PK; ++j) f[j] = p.inv_freq[(c * P + g * PK + j) * static_cast<int64_t>(p.inv_freq_stride)];
-  if constexpr (K == 1) {
+    for (int j = 0; j < P; ++j) {
+      const int64_t col = static_cast<int64_t>(c * P + j) * p.cache_stride_col;
+      const int64_t half_col = static_cast<int64_t>(p.half) * p.cache_stride_col;
+      cs[j] = in_range ? load_float(p.cache, p.cache_dtype, row + col) : std::numeric_limits<float>::quiet_NaN();
+      sn[j] = in_range ? load_float(p.cache, p.cache_dtype, row + col + half_col) : std::numeric_limits<float>::quiet_NaN();
+    }
+  } else if constexpr (K == 1) {
+    float f[P];
+#pragma unroll
+    for (int j = 0; j < P; ++j) f[j] = p.inv_freq[(c * P + j) * static_cast<int64_t>(p.inv_freq_stride)];
     angle_sincos_chunk<P>(pos, f, sn, cs);
   } else {
+    float f[PK];
+#pragma unroll
+    for (int j = 0; j < PK; ++j) f[j] = p.inv_freq[(c * P + g * PK + j) * static_cast<int64_t>(p.inv_freq_stride)];
     float so[PK], co[PK];
     angle_sincos_chunk<PK>(pos, f, so, co);
     // Every lane of the block's warps reaches here (rows past the end included); a block
