@@ -174,6 +174,7 @@ LEAN_CASES = [
     dict(cache="float32"),
     dict(cache="x", qk=True, inplace=True),
     dict(cache="float32", interleaved=True, backward=True),
+    dict(cache="float16"),  # another 16-bit dtype than x's (bf16): scalar loads
     dict(thd_one_seq=True),
     dict(thd_one_seq=True, offsets=True),
     dict(qk=True),
@@ -232,7 +233,7 @@ def test_lean_small_tensor_path(case, dtype, tokens):
     cache_dtype = cfg.pop("cache", None)
     if cache_dtype:  # positions are the token indices here (< 4096)
         table = ref.cos_sin_table(D, 10000.0, 4096, dev)
-        kw["cos_sin_cache"] = table if cache_dtype == "float32" else table.to(dtype)
+        kw["cos_sin_cache"] = {"float32": table, "float16": table.half(), "x": table.to(dtype)}[cache_dtype]
     if cfg.pop("inv_freq", None) == "wide":
         f = rope_ext.inv_freq(D, 10000.0)
         f[::3] *= 3.0  # up to 3 rad per position: pos * f / 2 pi past 2^22 turns near 2^24

@@ -189,7 +189,9 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
   if (chunks < 1 || chunks > cuda::kLeanMaxThreads || (chunks & (chunks - 1))) return false;
   // 32-bit strides (LeanParams' layout): a view with a larger one takes the tiles.
   const auto fits32 = [](int64_t x) { return x >= INT32_MIN && x <= INT32_MAX; };
-  if (!fits32(p.inv_freq_stride) || !fits32(p.cache_stride_row) || !fits32(p.cache_stride_col)) return false;
+  if (!fits32(p.inv_freq_stride) || !fits32(p.cache_stride_row) || !fits32(p.cache_stride_col) ||
+      !fits32(p.cache_rows))
+    return false;
   cuda::LeanParams lp{};
   for (int t = 0; t < p.num_tensors; ++t) {
     const TensorView& v = p.t[t];
@@ -206,9 +208,19 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
   if (cache) {
     lp.cache = p.cache;
     lp.cache_dtype = p.cache_dtype;
-    lp.cache_rows = p.cache_rows;
+    lp.cache_rows = static_cast<int32_t>(p.cache_rows);
     lp.cache_stride_row = static_cast<int32_t>(p.cache_stride_row);
     lp.cache_stride_col = static_cast<int32_t>(p.cache_stride_col);
+    // Vector loads of a chunk's P cos / sin: unit columns, fp32 or x's own dtype, every
+    // chunk start aligned to the load (P elements, at most 16 bytes).
+    constexpr DType kT = sizeof(T) == 4 ? DType::kFloat32
+                         : std::is_same_v<T, c10::Half> ? DType::kFloat16 : DType::kBFloat16;
+    const int P = p.interleaved ? V / 2 : V;
+    const int64_t es = p.cache_dtype == DType::kFloat32 ? 4 : 2;
+    const int64_t align = std::min<int64_t>(16, P * es);
+    lp.cache_vec = p.cache_stride_col == 1 && (p.cache_dtype == DType::kFloat32 || p.cache_dtype == kT) &&
+                   reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 && (p.cache_stride_row * es) % align == 0 &&
+                   (p.R / 2 * es) % align == 0;
   }
   lp.positions = p.positions;
   lp.pos_stride_b = p.pos_stride_b;

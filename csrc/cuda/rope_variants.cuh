@@ -524,9 +524,9 @@ struct LeanParams {
   int32_t inv_freq_stride;
   float sin_scale, cos_scale;  // sign * scale, scale (as pair_sincos applies them)
   DType cache_dtype;
-  int32_t cache_stride_row, cache_stride_col;
+  int32_t cache_stride_row, cache_stride_col, cache_rows;
+  int32_t cache_vec;     // a chunk's cos (and sin) by vector loads: unit columns, fp32 or x's dtype, aligned
   const void* cache;     // a cos_sin_cache [cache_rows, R] (read, not computed), or null: inv_freq
-  int64_t cache_rows;
   const void* in[kMaxTensors];
   void* out[kMaxTensors];
   int32_t in_s[kMaxTensors][3], out_s[kMaxTensors][3];  // element strides b, s, h
@@ -552,6 +552,23 @@ template <> struct LeanWord<4> { using type = uint32_t; };
 // shuffles, which halves the sin/cos code on each thread's path (in a kernel of a few
 // warps per SM that path is the time after x arrives; bench/NOTES.md issue 19, evening
 // of 2026-11-25). The host takes K = 2 where a warp holds two row slots of the chunk.
+// N consecutive table elements as fp32, by the widest aligned loads that hold them (the
+// host checks the alignment): a chunk's cos or sin from a cos_sin_cache row.
+template <typename E, int N>
+__device__ __forceinline__ void load_row_chunk(const E* ptr, float* out) {
+  constexpr int B = N * static_cast<int>(sizeof(E));
+  using Word = std::conditional_t<B >= 16, uint4, std::conditional_t<B == 8, uint2,
+               std::conditional_t<B == 4, uint32_t, uint16_t>>>;
+  constexpr int NW = B >= 16 ? B / 16 : 1, PER = static_cast<int>(sizeof(Word) / sizeof(E));
+#pragma unroll
+  for (int w = 0; w < NW; ++w) {
+    const Word x = reinterpret_cast<const Word*>(ptr)[w];
+    const E* e = reinterpret_cast<const E*>(&x);
+#pragma unroll
+    for (int m = 0; m < PER; ++m) out[w * PER + m] = static_cast<float>(e[m]);
+  }
+}
+
 template <typename T, bool kInterleaved, int U, int W, int K>
 __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid_constant__ LeanParams p) {
   constexpr int V = W / sizeof(T);
@@ -601,12 +618,26 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   if (p.cache) {  // pair_sincos's rule: a position outside [0, cache_rows) gives NaN, not a read
     const bool in_range = pos >= 0 && pos < p.cache_rows;
     const int64_t row = (in_range ? pos : 0) * p.cache_stride_row;
+    if (p.cache_vec) {  // scalar loads through load_float's dtype switch cost ~1 us here (run 7)
+      const int64_t at = row + c * P;
+      if (p.cache_dtype == DType::kFloat32) {
+        load_row_chunk<float, P>(static_cast<const float*>(p.cache) + at, cs);
+        load_row_chunk<float, P>(static_cast<const float*>(p.cache) + at + p.half, sn);
+      } else {
+        load_row_chunk<T, P>(static_cast<const T*>(p.cache) + at, cs);
+        load_row_chunk<T, P>(static_cast<const T*>(p.cache) + at + p.half, sn);
+      }
+    } else {
 #pragma unroll
-    for (int j = 0; j < P; ++j) {
-      const int64_t col = static_cast<int64_t>(c * P + j) * p.cache_stride_col;
-      const int64_t half_col = static_cast<int64_t>(p.half) * p.cache_stride_col;
-      cs[j] = in_range ? load_float(p.cache, p.cache_dtype, row + col) : std::numeric_limits<float>::quiet_NaN();
-      sn[j] = in_range ? load_float(p.cache, p.cache_dtype, row + col + half_col) : std::numeric_limits<float>::quiet_NaN();
+      for (int j = 0; j < P; ++j) {
+        const int64_t col = static_cast<int64_t>(c * P + j) * p.cache_stride_col;
+        cs[j] = load_float(p.cache, p.cache_dtype, row + col);
+        sn[j] = load_float(p.cache, p.cache_dtype, row + col + static_cast<int64_t>(p.half) * p.cache_stride_col);
+      }
+    }
+    if (!in_range) {
+#pragma unroll
+      for (int j = 0; j < P; ++j) cs[j] = sn[j] = std::numeric_limits<float>::quiet_NaN();
     }
   } else if constexpr (K == 1) {
     float f[P];
