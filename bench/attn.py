@@ -304,10 +304,24 @@ def append_suite(timer, bw, quick=False):
             qq = q if with_q else None
             fns = [("rope_ext append_kv", lambda: rope_ext.append_kv(k, v, kc, vc, before, cu_seqlens=cu,
                                                                       q=q if with_q else None))]
-            if CUDA:  # the kernels and shapes (attention_dispatch.cu; auto: bulk, 8 KB per block)
+            if CUDA:  # the kernels and shapes (attention_dispatch.cu; auto: bulk, 8 KB per block, or lean)
                 fns += [(f"rope_ext append_kv, shape {sh} ({desc})", _append_shape(sh, fns[0][1]))
                         for sh, desc in ((0, "registers: 4 items, 3 blocks/SM"), (1, "registers: 2 items, 4 blocks/SM"),
-                                         (2, "registers: 1 item, 6 blocks/SM"), (4, "bulk, 16 KB per block"))]
+                                         (2, "registers: 1 item, 6 blocks/SM"), (4, "bulk, 16 KB per block"),
+                                         (5, "lean"))]
+            if CUDA and T == 16:  # the decode step's forms: batched [B, 1], and a paged(16) cache
+                k4, v4, q4 = k.view(B, per, Hk, D), v.view(B, per, Hk, D), q.view(B, per, Hq, D)
+                nbp = B * (cap // 16) + 3
+                kp = torch.zeros(nbp, 16, Hk, D, device=DEV, dtype=dt)
+                vp = torch.zeros_like(kp)
+                btp = torch.randperm(nbp, device=DEV)[: B * (cap // 16)].view(B, -1).to(torch.int32)
+                batched = lambda: rope_ext.append_kv(k4, v4, kc, vc, before, q=q4 if with_q else None)  # noqa: E731
+                paged = lambda: rope_ext.append_kv(k4, v4, kp, vp, before, block_table=btp,  # noqa: E731
+                                                   q=q4 if with_q else None)
+                fns += [("rope_ext append_kv, batched [B, 1]", batched),
+                        ("rope_ext append_kv, batched [B, 1], shape 1", _append_shape(1, batched)),
+                        ("rope_ext append_kv, batched, paged(16)", paged),
+                        ("rope_ext append_kv, batched, paged(16), shape 1", _append_shape(1, paged))]
             # A reference, not a peer: a copy of the same bytes (half read, half written).
             cx = torch.empty(nbytes // 8, device=DEV)
             cy = torch.empty_like(cx)
@@ -446,7 +460,7 @@ def fp8_suite(timer, bw, quick=False):
             if CUDA:
                 fns += [(f"rope_ext append_kv (fp8), shape {sh} ({desc})", _append_shape(sh, fns[0][1]))
                         for sh, desc in ((0, "registers: 4 items, 3 blocks/SM"), (1, "registers: 2 items, 4 blocks/SM"),
-                                         (4, "bulk, 16 KB per block"))]
+                                         (4, "bulk, 16 KB per block"), (5, "lean"))]
             if os.environ.get("FP8_HND"):  # into head-major caches (the bulk kernel stores per head)
                 hm = [torch.zeros(B, Hk, cap, D, device=DEV).to(FP8).transpose(1, 2) for _ in range(2)]
                 fns += [("rope_ext append_kv (fp8), head-major cache", lambda hm=hm, wq=with_q: rope_ext.append_kv(

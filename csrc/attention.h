@@ -45,9 +45,13 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
                        at::ScalarType dtype, DecodeImpl impl);
 void set_decode_cluster_merge(bool on);
 // tests/bench: append_kv's kernel and shape (0-2: kernel 1's items per thread and blocks
-// per SM; 3, 4: the bulk kernel's bytes per block where it applies; the list is beside
+// per SM; 3, 4: the bulk kernel's bytes per block where it applies; 5: the lean kernel
+// where it applies; the list is beside
 // launch_append in attention_dispatch.cu), -1: auto.
 void set_append_shape(int shape);
+// tests: the kernel of this thread's last CUDA append_kv launch: 1 the register kernel,
+// 2 the bulk kernel (1b), 3 the lean kernel (1c); 0 none yet.
+int& last_append_kernel();
 // Whether the vector kernels can read the caches (16-byte aligned rows); why not, if not.
 bool decode_cache_aligned(const KVCacheView& c, int64_t elem_size, std::string* why);
 void attention_decode_cuda(const DecodeParams& p, at::ScalarType dtype, c10::Device device, DecodeImpl impl);

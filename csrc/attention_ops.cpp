@@ -244,7 +244,10 @@ AppendParams append_setup(const at::Tensor& k, const at::Tensor& v, const at::Te
                     "rope_ext: k_cache and v_cache must not be expand()ed views (slots would alias)");
 
   AppendParams p;
-  fill_rotary(p.rope, k, D, rotary_dim, interleaved, inv_freq, cos_sin_cache, base, attention_factor);
+  // base's table as the cached device tensor on CUDA (the same bits as the params' copy):
+  // the lean kernel (1c) reads frequencies from a tensor only.
+  fill_rotary(p.rope, k, D, rotary_dim, interleaved, inv_freq, cos_sin_cache, base, attention_factor,
+              /*base_as_tensor=*/true);
   p.cache = cache;
   p.Dv = Dv;
   p.k = k4.data_ptr();

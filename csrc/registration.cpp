@@ -87,7 +87,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_append_shape", &rope_ext::set_append_shape,
         "tests/bench: append_kv's kernel and shape: the register kernel with 0 (4 items per thread, 3 blocks per "
         "SM), 1 (2, 4) or 2 (1, 6); the bulk kernel (where it applies) with ~8 KB (3) or ~16 KB (4) of rows per "
-        "block; -1: auto (3 from 2 tokens per SM where it applies, else 1)");
+        "block; the lean kernel (where it applies) 5; -1: auto (3 from 2 tokens per SM where it applies, else 5 "
+        "where it applies, else 1)");
+  m.def("last_append_kernel", [] { return rope_ext::last_append_kernel(); },
+        "tests: the kernel of this thread's last CUDA append_kv: 1 register, 2 bulk, 3 lean (0: none yet)");
   m.attr("with_cuda") = true;
 #else
   m.attr("with_cuda") = false;

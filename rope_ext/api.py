@@ -93,10 +93,18 @@ def _run(xs, layout, opts, inplace):
         out = ops.rope(*x4, *opts) if len(x4) == 1 else ops.rope_qk(*x4, *opts)
         out = (out,) if len(x4) == 1 else out
         return tuple(_from_bshd(o, layout) for o in out)
-    for x, name in zip(xs, ("x", "k")):
+    names = ("x",) if len(xs) == 1 else ("q", "k")
+    for x, name in zip(xs, names):
         _check_inplace(x, name)
     if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
-        _InplaceRope.apply(opts, *x4)
+        if len(x4) == 2 and any(x._is_view() for x in x4):
+            # autograd refuses a Function that marks two views dirty and returns both (the
+            # layouts' permuted views, a projection's .view(), fused-qkv head slices), and
+            # refuses it only after forward has written them: one launch per tensor here.
+            for x in x4:
+                _InplaceRope.apply(opts, x)
+        else:
+            _InplaceRope.apply(opts, *x4)
     else:
         (ops.rope_ if len(x4) == 1 else ops.rope_qk_)(*x4, *opts)
     return tuple(xs)

@@ -316,12 +316,13 @@ def test_empty_sequences_give_zeros(device):
 
 # ---------------------------------------------------------------------------- append_kv on its own
 @cuda
-@pytest.mark.parametrize("shape", [0, 2, 3, 4])
+@pytest.mark.parametrize("shape", [0, 1, 2, 3, 4, 5])
 def test_append_kernel_shapes_bit_equal_cuda(shape):
     """append_kv's kernels and shapes (rope_ext._C.set_append_shape: kernel 1's items per
-    thread and blocks per SM, 0-2; the bulk kernel's bytes per block, 3-4, where it
-    applies) only repartition the same per-element work: caches and q bit-equal to auto's
-    (kernel 1 with shape 1 for these 15 tokens), over NaN-filled caches (an unwritten slot stays
+    thread and blocks per SM, 0-2; the bulk kernel's bytes per block, 3-4, and the lean
+    kernel, 5, where they apply) only repartition the same per-element work: caches and q
+    bit-equal to auto's (for these 15 tokens the lean kernel where it applies, else kernel
+    1 with shape 1), over NaN-filled caches (an unwritten slot stays
     NaN and shows), for bf16 / fp16 / fp32 / fp8 caches, paged and contiguous, varlen and
     batched, GPT-J and neox, partial rotary, q in place, v with its own head dim (MLA),
     q as a slice of a fused projection, head-major caches (the bulk kernel's per-head
@@ -381,6 +382,116 @@ def test_append_kernel_shapes_bit_equal_cuda(shape):
                 what = f"{c} paged={paged} varlen={varlen}"
                 for a, b in zip(*out):
                     assert same_bits(a, b), f"shape {shape} differs from the default: {what}"
+
+
+LEAN_CASES = {  # append_kv cases the lean kernel (1c) covers, each against kernel 1
+    "bf16": dict(),
+    "fp16_gptj": dict(dt=torch.float16, interleaved=True),
+    "fp32": dict(dt=torch.float32),
+    "d128_gqa": dict(D=128, Hq=16),
+    "d256_no_q": dict(D=256, Hq=0),
+    "hk1": dict(Hk=1, Hq=4),
+    "positions": dict(positions=True),
+    "offsets": dict(offsets=True),
+    "offset_scale_inv_freq": dict(offset=1000003, inv_freq=True, attention_factor=0.7),
+    "varlen_empty_seqs": dict(varlen=(0, 3, 0, 1, 4, 0)),
+    "varlen_31_seqs": dict(varlen=tuple([1] * 31)),
+    "fp8_per_head": dict(fp8=True),
+    "fp8_gptj_varlen": dict(fp8=True, interleaved=True, varlen=(2, 0, 3)),
+    "block_1": dict(block_size=1),
+    "head_major": dict(head_major=True),
+}
+
+
+@cuda
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("case", list(LEAN_CASES))
+def test_append_lean_kernel_cuda(case, paged):
+    """The lean kernel (1c, auto's below 2 tokens per SM) writes the caches and q bit-equal
+    to kernel 1 (shape 1) over NaN-filled caches, and did run (last_append_kernel): GQA,
+    no q, one kv head, GPT-J, fp32, fp8 with per-head scales, explicit positions, per-
+    sequence offsets, a scalar offset with inv_freq and attention_factor, packed sequences
+    with empty ones and up to 31 of them, block size 1, head-major caches; the rows also
+    against the float64 rotation."""
+    c = LEAN_CASES[case]
+    dev, dt = "cuda", c.get("dt", torch.bfloat16)
+    B, T, Hk, Hq, D = 3, 2, c.get("Hk", 2), c.get("Hq", 8), c.get("D", 64)
+    varlen = c.get("varlen")
+    if varlen:
+        B = len(varlen)
+        n_new = torch.tensor(varlen)
+    else:
+        n_new = torch.full((B,), T)
+    Ttot = int(n_new.sum())
+    lens = torch.randint(0, 30, (B,), dtype=torch.int32)
+    shape = (Ttot,) if varlen else (B, T)
+    k, v = randn(shape + (Hk, D), dt, dev), randn(shape + (Hk, D), dt, dev)
+    q = randn(shape + (Hq, D), dt, dev) if Hq else None
+    kw = dict(interleaved=c.get("interleaved", False))
+    if varlen:
+        kw["cu_seqlens"] = torch.cat([torch.zeros(1), n_new.cumsum(0)]).to(torch.int32).to(dev)
+    seq = torch.repeat_interleave(torch.arange(B), n_new)
+    j = torch.cat([torch.arange(n) for n in n_new.tolist()]) if Ttot else torch.zeros(0, dtype=torch.long)
+    idx = lens[seq].long() + j  # cache index of each token (flat order)
+    pos = idx.clone()
+    if c.get("positions"):
+        p = torch.randint(0, 200000, shape)
+        kw["positions"] = p.to(dev)
+        pos = p.reshape(-1)
+    if c.get("offsets"):
+        off = torch.randint(0, 70000, (B,))
+        kw["offsets"] = off.to(dev)
+        pos = idx + off[seq]
+    if c.get("offset"):
+        kw["offset"] = c["offset"]
+        pos = idx + c["offset"]
+    if c.get("inv_freq"):
+        kw["inv_freq"] = rope_ext.inv_freq(D, 500000.0, {"rope_type": "llama3", "factor": 8.0,
+                                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                         "original_max_position_embeddings": 8192}).to(dev)
+    if c.get("attention_factor"):
+        kw["attention_factor"] = c["attention_factor"]
+    kc0, vc0, bt = new_cache(B, 40, Hk, D, dt, dev, paged=paged, block_size=c.get("block_size", 16),
+                             head_major=c.get("head_major", False))
+    scales = {}
+    if c.get("fp8"):
+        kc0, vc0 = (torch.full(x.shape, 0x7F, dtype=torch.uint8, device=dev).view(torch.float8_e4m3fn)
+                    for x in (kc0, vc0))
+        scales = dict(k_scale=torch.rand(Hk, device=dev) * 0.1 + 0.02, v_scale=torch.tensor([0.03], device=dev))
+    out = []
+    for sh in (5, 1):  # lean, then kernel 1
+        kc, vc = kc0.clone(), vc0.clone()
+        qq = q.clone() if q is not None else None
+        rope_ext._C.set_append_shape(sh)
+        try:
+            rope_ext.append_kv(k, v, kc, vc, lens.to(dev), block_table=bt, q=qq, **kw, **scales)
+            torch.cuda.synchronize()
+            ran = rope_ext._C.last_append_kernel()
+        finally:
+            rope_ext._C.set_append_shape(-1)
+        assert ran == (3 if sh == 5 else 1), f"{case}: shape {sh} ran kernel {ran}"
+        out.append((kc, vc, qq))
+    for a, b in zip(*out):
+        if a is not None:
+            assert same_bits(a, b), f"{case} paged={paged}: the lean kernel differs from kernel 1"
+    kc, vc, qq = out[0]
+    rkw = {x: kw[x] for x in ("interleaved", "inv_freq", "attention_factor") if x in kw}
+    flat = lambda x: x.reshape(Ttot, -1, D)  # noqa: E731
+    if qq is not None:
+        want = ref.rope_float64(flat(q), pos.to(dev), layout="thd", **rkw)
+        assert_close_f64(flat(qq), want, 8.0, f"{case}: q in place")
+    if not c.get("fp8"):  # (fp8 rows: bit-equal to kernel 1 above, whose truth test_fp8_mla holds)
+        rows_k = cache_rows(kc, bt, seq.to(dev), idx.to(dev))
+        assert_close_f64(rows_k, ref.rope_float64(flat(k), pos.to(dev), layout="thd", **rkw), 8.0, f"{case}: k")
+        assert torch.equal(cache_rows(vc, bt, seq.to(dev), idx.to(dev)), flat(v)), f"{case}: v copied exactly"
+
+
+def cache_rows(cache, bt, seq, idx):
+    """The cache rows [T, Hk, D] of tokens (seq, idx): contiguous or paged (bt)."""
+    if bt is None:
+        return cache[seq, idx]
+    bs = cache.shape[1]
+    return cache[bt[seq, idx // bs].long(), idx % bs]
 
 
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])

@@ -70,8 +70,9 @@ int64_t set_append_dividers(AppendParams& p, int V) {
 // The append kernels' shapes (set_append_shape picks one: bench A/B, tests; -1 auto):
 // kernel 1 (items per thread, blocks per SM) 0 = (4, 3), 1 = (2, 4), 2 = (1, 6); kernel 1b
 // (bulk) with ~8 KB (3) or ~16 KB (4) of input rows per block (T = 8192: 29.9 / 30.6 us,
-// ~32 KB 32.0; with q 74.7 / 74.9; runs 3 and 4 of 2026-11-25). Auto: 3 where the bulk
-// kernel applies (append_bulk_ok) and there are >= 2 tokens per SM, else 1. Measured (H100, run 3 of 2026-11-24 evening,
+// ~32 KB 32.0; with q 74.7 / 74.9; runs 3 and 4 of 2026-11-25); 5 kernel 1c (lean). Auto:
+// 3 where the bulk kernel applies (append_bulk_ok) and there are >= 2 tokens per SM, else
+// 5 where the lean kernel applies, else 1 (a shape that does not apply takes 1). Measured (H100, run 3 of 2026-11-24 evening,
 // CUDA graph, cold L2; T = 8192 / with q / fp8 / fp8 with q, us): (4, 3) 34.5 / 76.4 /
 // 45.1 / 86.3; (2, 4) 34.1 / 75.5 / 41.5 / 77.2; (1, 6) 35.3 / 76.5 / 44.6 / 83.1; T = 16
 // 6.9-7.4 for all. So (2, 4) for kernel 1: the bf16 rows within 1%, fp8 8-11% faster.
@@ -152,18 +153,104 @@ void launch_append_bulk(const AppendParams& params, int device, cudaStream_t str
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// Kernel 1c (lean): the cases it covers (attention_variants.cuh) with 16-byte vectors
+// (append_vector_ok: the 8-byte chunks are aligned), and every index within 32 bits.
+// Returns false (nothing launched) otherwise.
+template <typename T, bool kInterleaved, bool kFp8>
+bool launch_append_lean(const AppendParams& p, int device, cudaStream_t stream) {
+  const RopeParams& r = p.rope;
+  constexpr int V = 8 / static_cast<int>(sizeof(T));
+  if (r.R != r.D || p.Dv != r.D || !p.rotate_k || r.freq != FreqSource::kInvFreq || r.num_axes != 1 || r.cp_size != 1)
+    return false;
+  if (p.varlen && p.B > 31) return false;  // lanes 0..B hold cu_seqlens
+  const int chunks = r.interleaved ? r.D / V : r.R / 2 / V;
+  if (chunks < 1 || chunks > 128 || (chunks & (chunks - 1)) || (r.interleaved ? r.D % V : (r.R / 2) % V)) return false;
+  const int64_t rows = 2 * p.cache.Hk + p.Hq, tokens = p.num_tokens;
+  const int64_t gy = p.varlen ? tokens : p.T, gz = p.varlen ? 1 : p.B;
+  if (gy > 65535 || gz > 65535 || rows > INT32_MAX / 2) return false;
+  const auto fits = [](int64_t x) { return x >= INT32_MIN && x <= INT32_MAX; };
+  const KVCacheView& c = p.cache;
+  for (int d = 0; d < 3; ++d)
+    if (!fits(p.k_stride[d]) || !fits(p.v_stride[d]) || !fits(p.q_stride[d]) || !fits(c.k_stride[d]) ||
+        !fits(c.v_stride[d]))
+      return false;
+  if (!fits(r.inv_freq_stride) || !fits(r.pos_stride_b) || !fits(c.capacity) || !fits(c.block_size) ||
+      !fits(c.num_blocks) || !fits(c.bt_stride_b) || !fits(c.k_scale_stride) || !fits(c.v_scale_stride))
+    return false;
+  cuda::AppendLeanParams lp{};
+  lp.rows = static_cast<int32_t>(rows);
+  lp.Hk = static_cast<int32_t>(c.Hk);
+  lp.half = r.R / 2;
+  lp.nseq = p.varlen ? static_cast<int32_t>(p.B) : 0;
+  const int64_t* in_s[3] = {p.k_stride, p.v_stride, p.q_stride};
+  for (int t = 0; t < 3; ++t)
+    for (int d = 0; d < 3; ++d) lp.in_s[t][d] = static_cast<int32_t>(in_s[t][d]);
+  lp.in[0] = p.k;
+  lp.in[1] = p.v;
+  lp.in[2] = p.q;
+  lp.cache[0] = c.k;
+  lp.cache[1] = c.v;
+  for (int d = 0; d < 3; ++d) {
+    lp.cache_s[0][d] = static_cast<int32_t>(c.k_stride[d]);
+    lp.cache_s[1][d] = static_cast<int32_t>(c.v_stride[d]);
+  }
+  lp.seqlens = c.seqlens;
+  lp.inv_freq = r.inv_freq;
+  lp.inv_freq_stride = static_cast<int32_t>(r.inv_freq_stride);
+  lp.sin_scale = r.sign * r.scale;  // pair_sincos's
+  lp.cos_scale = r.scale;
+  lp.capacity = static_cast<int32_t>(c.capacity);
+  if (p.varlen) lp.cu_seqlens = r.cu_seqlens;
+  lp.positions = r.positions;
+  lp.pos_stride_b = static_cast<int32_t>(r.pos_stride_b);
+  if (c.paged) {
+    lp.block_table = c.block_table;
+    lp.bt_stride_b = static_cast<int32_t>(c.bt_stride_b);
+    lp.block_size = static_cast<int32_t>(c.block_size);
+    lp.num_blocks = static_cast<int32_t>(c.num_blocks);
+  }
+  lp.offsets = r.offsets;
+  lp.offset = r.offset;
+  lp.scale[0] = c.k_scale;
+  lp.scale[1] = c.v_scale;
+  lp.scale_stride[0] = static_cast<int32_t>(c.k_scale_stride);
+  lp.scale_stride[1] = static_cast<int32_t>(c.v_scale_stride);
+  while ((1 << lp.cshift) < chunks) ++lp.cshift;
+  // Rows per block: as many as 128 threads hold, halved while the grid leaves SMs idle;
+  // packed sequences keep a whole warp (the ballot's lanes 0..B).
+  const int sms = sm_count(device);
+  int RB = 128 / chunks;
+  while (RB > 1 && RB / 2 >= rows) RB /= 2;
+  while (RB > 1 && tokens * ceil_div(rows, int64_t(RB)) < sms && (!p.varlen || (RB / 2) * chunks >= 32)) RB /= 2;
+  if (p.varlen && RB * chunks < 32) return false;
+  lp.rows_per_block = RB;
+  const dim3 grid(static_cast<unsigned>(ceil_div(rows, int64_t(RB))), static_cast<unsigned>(gy),
+                  static_cast<unsigned>(gz));
+  cuda::append_kv_lean_kernel<T, kInterleaved, kFp8><<<grid, RB * chunks, 0, stream>>>(lp);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return true;
+}
+
 template <typename T, bool kInterleaved, bool kVec, bool kFp8>
 void launch_append(const AppendParams& p, int device, cudaStream_t stream) {
   const int forced = g_append_shape.load(std::memory_order_relaxed);
-  int shape = forced >= 0 && forced < 5 ? forced : 3;
+  int shape = forced >= 0 && forced < 6 ? forced : 3;
   // Auto takes the bulk kernel from 2 tokens per SM up: at T = 16 (16 blocks of one token)
   // kernel 1 was level with it for bf16 (6.5 us) and ahead for fp8 (7.6 against 8.3), its
-  // chain shorter by the mbarrier wait (run 5 of 2026-11-25).
-  if (forced < 0 && p.num_tokens < 2 * sm_count(device)) shape = 1;
-  if constexpr (kVec) {
-    if (shape >= 3 && append_bulk_ok(p, sizeof(T), device))
+  // chain shorter by the mbarrier wait (run 5 of 2026-11-25). Below, the lean kernel 1c
+  // where it applies, else kernel 1.
+  if (forced < 0 && p.num_tokens < 2 * sm_count(device)) shape = 5;
+  if constexpr (kVec && sizeof(T) <= 4) {
+    if (shape == 5 && launch_append_lean<T, kInterleaved, kFp8>(p, device, stream)) {
+      last_append_kernel() = 3;
+      return;
+    }
+    if (shape >= 3 && shape <= 4 && append_bulk_ok(p, sizeof(T), device)) {
+      last_append_kernel() = 2;
       return launch_append_bulk<T, kInterleaved, kFp8>(p, device, stream, shape == 3 ? 8 * 1024 : 16 * 1024);
+    }
   }
+  last_append_kernel() = 1;
   switch (shape) {
     case 0: return launch_append_shape<T, kInterleaved, kVec, kFp8, 4, 3>(p, device, stream);
     case 2: return launch_append_shape<T, kInterleaved, kVec, kFp8, 1, 6>(p, device, stream);
@@ -396,6 +483,10 @@ bool cluster_merge_pays(const DecodeParams& p, int s, int64_t max_keys, int dev,
 
 void set_decode_cluster_merge(bool on) { g_cluster_merge.store(on); }
 void set_append_shape(int shape) { g_append_shape.store(shape); }
+int& last_append_kernel() {
+  static thread_local int kernel = 0;
+  return kernel;
+}
 
 DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_splits, c10::Device device,
                        at::ScalarType dtype, DecodeImpl impl) {

@@ -584,6 +584,155 @@ __global__ void __launch_bounds__(kAppendBulkThreads) append_kv_bulk_kernel(cons
 #endif
 }
 
+// ---------------------------------------------------------------- 1c. append_kv, lean
+// Small calls (auto's choice below 2 tokens per SM, where the common case applies:
+// rotary_dim = D = v's head dim, K rotated, frequencies as a tensor, 16-byte aligned
+// unit-stride rows, batched or up to 31 packed sequences). Kernels 1 and 1b spend a
+// small call's time on their block structure: a 1 KB parameter block (RopeParams and
+// its frequency table) read in dependent steps, the slot and sin/cos phases behind
+// barriers, then the stores (ncu at T = 16: barrier and constant-miss stalls first).
+// Here, as the rope op's lean kernel (variant 6): one thread per 8-byte chunk (and, neox,
+// its partner R/2 later) of one row of one token, rows = K heads, V heads, Q heads;
+// its own small params, the hot fields first; every load of the thread (its input
+// chunks, the sequence's cache length, its P frequencies, the position) goes out
+// before any is used, so the chain is the parameters, one DRAM round trip, the P
+// sin/cos, (paged: the block id) and the stores. No shared memory, no barrier.
+// Packed sequences: lane l loads cu_seqlens[l] and cache_seqlens[l] and the warp finds
+// the token's sequence by a ballot (kernel 1's search went sector after sector).
+// The sin/cos and the rotation are variant 6's (angle_sincos_chunk, rotate_chunk) and
+// the fp8 store kernel 1's (store_fp8_item): the caches and q are bit-equal to kernel 1's.
+struct AppendLeanParams {
+  int32_t cshift;          // log2(chunks per row)
+  int32_t rows_per_block;  // RB
+  int32_t rows;            // 2 * Hk + Hq
+  int32_t Hk;
+  int32_t half;            // R / 2
+  int32_t nseq;            // packed sequences (varlen), or 0: batched (b = blockIdx.z, j = blockIdx.y)
+  int32_t in_s[3][3];      // k, v, q strides (elements): row b, row t, head
+  const void* in[3];       // k, v, q
+  void* cache[2];          // k_cache, v_cache
+  int32_t cache_s[2][3];   // dim 0 (sequence or block), dim 1 (slot), head
+  IndexArray seqlens;      // cache_seqlens [B]
+  const float* inv_freq;
+  int32_t inv_freq_stride;
+  float sin_scale, cos_scale;
+  int32_t capacity;        // slots per sequence
+  IndexArray cu_seqlens;   // varlen
+  IndexArray positions;    // [row_b * pos_stride_b + row_t * stride], or null
+  int32_t pos_stride_b;
+  int32_t block_size, num_blocks;  // paged (block_table.ptr set)
+  int32_t bt_stride_b;
+  IndexArray block_table;
+  IndexArray offsets;      // [b], or null: offset
+  int64_t offset;
+  const float* scale[2];   // fp8: k_scale, v_scale
+  int32_t scale_stride[2];
+};
+
+template <typename T, bool kInterleaved, bool kFp8>
+__global__ void __launch_bounds__(128) append_kv_lean_kernel(const __grid_constant__ AppendLeanParams p) {
+  constexpr int V = 8 / static_cast<int>(sizeof(T));  // elements per chunk (8 bytes)
+  constexpr int P = kInterleaved ? V / 2 : V;          // pairs per chunk
+  static_assert(P >= 1, "a chunk holds at least one pair");
+  using VecT = Vec<T, V>;
+  const int c = threadIdx.x & ((1 << p.cshift) - 1);
+  const int r = blockIdx.x * p.rows_per_block + (threadIdx.x >> p.cshift);
+  const bool live = r < p.rows;  // a row past the end still takes part in the warp's ballot
+  const int kind = r < p.Hk ? 0 : r < 2 * p.Hk ? 1 : 2;  // K, V, Q
+  const int h = kind == 0 ? r : kind == 1 ? r - p.Hk : r - 2 * p.Hk;
+  const int d0 = c * V, d1 = d0 + p.half;
+
+  // 1. Every load first: the input chunks (rows need only the grid), the sequence's
+  //    length, the frequencies, the position.
+  const int64_t row_b = p.nseq ? 0 : blockIdx.z, row_t = blockIdx.y;
+  // Selects, not p.in[kind]: a run-time index into the parameters (variant 6's note).
+  auto pick = [&](auto x0, auto x1, auto x2) { return kind == 0 ? x0 : kind == 1 ? x1 : x2; };
+  const T* src = static_cast<const T*>(pick(p.in[0], p.in[1], p.in[2])) +
+                 row_b * pick(p.in_s[0][0], p.in_s[1][0], p.in_s[2][0]) +
+                 row_t * pick(p.in_s[0][1], p.in_s[1][1], p.in_s[2][1]) +
+                 int64_t(h) * pick(p.in_s[0][2], p.in_s[1][2], p.in_s[2][2]);
+  uint2 xa = make_uint2(0, 0), xb = make_uint2(0, 0);
+  if (live) {
+    xa = *reinterpret_cast<const uint2*>(src + d0);
+    if (!kInterleaved) xb = *reinterpret_cast<const uint2*>(src + d1);
+  }
+  const bool rot = live && kind != 1;
+  float f[P];
+  if (rot) {
+#pragma unroll
+    for (int e = 0; e < P; ++e) f[e] = p.inv_freq[(c * P + e) * static_cast<int64_t>(p.inv_freq_stride)];
+  }
+  int64_t pos = 0;  // attn_position's rule: positions, else the cache index + the offset (below)
+  if (rot && p.positions.ptr) pos = load_index(p.positions, row_b * p.pos_stride_b + row_t * p.positions.stride);
+  int64_t b = row_b, j = row_t, len;
+  if (p.nseq) {  // lane l: sequence l's start and cache length; the token's sequence by ballot
+    const int lane = threadIdx.x & 31;
+    const unsigned mask = blockDim.x >= 32 ? 0xffffffffu : (1u << blockDim.x) - 1u;
+    const int64_t cu_l = lane <= p.nseq ? load_index(p.cu_seqlens, lane * p.cu_seqlens.stride) : 0;
+    const int64_t len_l = lane < p.nseq ? load_index(p.seqlens, lane * p.seqlens.stride) : 0;
+    // seq_of_token's rule: the last sequence n < nseq with cu[n] <= t (0 if none).
+    const unsigned ball = __ballot_sync(mask, lane < p.nseq && cu_l <= row_t);
+    const int n = ball ? 31 - __clz(ball) : 0;
+    b = n;
+    j = row_t - __shfl_sync(mask, cu_l, n);
+    len = __shfl_sync(mask, len_l, n);
+  } else {
+    len = load_index(p.seqlens, b * p.seqlens.stride);
+  }
+  if (!live) return;
+  const int64_t idx = len + j;  // the token's cache index
+  if (rot && !p.positions.ptr) pos = idx + (p.offsets.ptr ? load_index(p.offsets, b * p.offsets.stride) : p.offset);
+
+  // 2. sin/cos of the chunk's pairs, the rotation (K, Q).
+  VecT va, vb;
+  *reinterpret_cast<uint2*>(&va) = xa;
+  *reinterpret_cast<uint2*>(&vb) = xb;
+  float sn[P], cs[P];
+  if (rot) {
+    angle_sincos_chunk<P>(pos, f, sn, cs);
+#pragma unroll
+    for (int e = 0; e < P; ++e) {
+      sn[e] *= p.sin_scale;
+      cs[e] *= p.cos_scale;
+    }
+    if (!kFp8 || kind == 2) rotate_chunk<T, kInterleaved>(va, vb, sn, cs);
+  }
+  if (kind == 2) {  // Q: in place
+    T* dst = const_cast<T*>(src);
+    *reinterpret_cast<uint2*>(dst + d0) = *reinterpret_cast<const uint2*>(&va);
+    if (!kInterleaved) *reinterpret_cast<uint2*>(dst + d1) = *reinterpret_cast<const uint2*>(&vb);
+    return;
+  }
+
+  // 3. K / V into the token's slot (cache_slot's rule: a slot that does not exist is dropped).
+  if (idx < 0 || idx >= p.capacity) return;
+  int64_t d0c = b, d1c = idx;
+  if (p.block_table.ptr) {
+    const int64_t n = div_small(idx, p.block_size);
+    d0c = load_index(p.block_table, b * p.bt_stride_b + n * p.block_table.stride);
+    if (d0c < 0 || d0c >= p.num_blocks) return;
+    d1c = idx - n * p.block_size;
+  }
+  const bool is_k = kind == 0;
+  const int64_t off = d0c * (is_k ? p.cache_s[0][0] : p.cache_s[1][0]) + d1c * (is_k ? p.cache_s[0][1] : p.cache_s[1][1]) +
+                      int64_t(h) * (is_k ? p.cache_s[0][2] : p.cache_s[1][2]);
+  void* cache = is_k ? p.cache[0] : p.cache[1];
+  if constexpr (kFp8) {
+    uint8_t* row = static_cast<uint8_t*>(cache) + off;
+    const float scale = is_k ? p.scale[0][h * p.scale_stride[0]] : p.scale[1][h * p.scale_stride[1]];
+    if (kind == 0) {
+      store_fp8_item<kInterleaved, V, P>(row + d0, p.half, va, vb, true, sn, cs, scale, true);
+    } else {
+      store_fp8_item<kInterleaved, V, P>(row + d0, p.half, va, vb, false, nullptr, nullptr, scale, true);
+      if (!kInterleaved) store_fp8_item<kInterleaved, V, P>(row + d1, p.half, vb, va, false, nullptr, nullptr, scale, true);
+    }
+  } else {
+    T* row = static_cast<T*>(cache) + off;
+    *reinterpret_cast<uint2*>(row + d0) = *reinterpret_cast<const uint2*>(&va);
+    if (!kInterleaved) *reinterpret_cast<uint2*>(row + d1) = *reinterpret_cast<const uint2*>(&vb);
+  }
+}
+
 // ---------------------------------------------------------------- 2 / 3. decode
 constexpr int kDecodeThreads = 128;
 constexpr int kDecodeFeatures = 8;  // per lane: one 16-byte load of fp16/bf16

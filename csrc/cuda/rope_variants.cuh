@@ -585,40 +585,19 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   const int d0 = c * V, d1 = d0 + p.half;
   const int g = K == 1 ? 0 : (threadIdx.x >> p.cshift) & (K - 1);  // which P / K pairs
 
-  // 1. The x loads. Selects, not p.in[t]: a runtime index into the parameters would
-  //    copy them to local memory.
-  Word xa[U], xb[U];
-  T* out[U];
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const int r = r0 + u * p.rows_per_block;
-    if (r >= p.rows) break;
-    const bool k = r >= p.H0;
-    const int64_t h = k ? r - p.H0 : r;
-    const T* in = static_cast<const T*>(k ? p.in[1] : p.in[0]) + b * (k ? p.in_s[1][0] : p.in_s[0][0]) +
-                  s * (k ? p.in_s[1][1] : p.in_s[0][1]) + h * (k ? p.in_s[1][2] : p.in_s[0][2]);
-    out[u] = static_cast<T*>(k ? p.out[1] : p.out[0]) + b * (k ? p.out_s[1][0] : p.out_s[0][0]) +
-             s * (k ? p.out_s[1][1] : p.out_s[0][1]) + h * (k ? p.out_s[1][2] : p.out_s[0][2]);
-    xa[u] = *reinterpret_cast<const Word*>(in + d0);
-    if (!kInterleaved) xb[u] = *reinterpret_cast<const Word*>(in + d1);
-  }
-
-  // 2. Position and frequencies, loads in flight with x's; then the chunk's P sin/cos
-  //    (position_of's rules for the cases the host lets through). (ncu's SASS page shows
-  //    x unpacked inside the loop above before the frequency loads issue; loading those
-  //    first with the x loop predicated gained 0.1 us at 0.12 MB and lost 20-25% at 8-32
-  //    MB: run 6 of the night of 2026-11-24, reverted. Most of a 0.12 MB call's stall
-  //    samples sit on the first parameter loads, a cold constant cache.)
-  int64_t pos;
-  if (p.positions.ptr) {
-    pos = load_index(p.positions, b * p.pos_stride_b + s * p.positions.stride);
-  } else {
-    pos = s + (p.offsets.ptr ? load_index(p.offsets, (p.seq_start.ptr ? 0 : b) * p.offsets.stride) : p.offset);
-    if (p.seq_start.ptr) pos -= load_index(p.seq_start, 0);
-  }
+  // The position (position_of's rules for the cases the host lets through) and, given a
+  // cos_sin_cache, the chunk's P cos / sin (pair_sincos's rule: a position outside [0,
+  // cache_rows) gives NaN, not a read).
+  auto position = [&]() -> int64_t {
+    if (p.positions.ptr) return load_index(p.positions, b * p.pos_stride_b + s * p.positions.stride);
+    int64_t q = s + (p.offsets.ptr ? load_index(p.offsets, (p.seq_start.ptr ? 0 : b) * p.offsets.stride) : p.offset);
+    if (p.seq_start.ptr) q -= load_index(p.seq_start, 0);
+    return q;
+  };
   float sn[P], cs[P];
-  if (p.cache) {  // pair_sincos's rule: a position outside [0, cache_rows) gives NaN, not a read
-    const bool in_range = pos >= 0 && pos < p.cache_rows;
+  bool in_range = true;
+  auto load_table_chunk = [&](int64_t pos) {
+    in_range = pos >= 0 && pos < p.cache_rows;
     const int64_t row = (in_range ? pos : 0) * p.cache_stride_row;
     if (p.cache_vec) {  // scalar loads through load_float's dtype switch cost ~1 us here (run 7)
       const int64_t at = row + c * P;
@@ -637,6 +616,44 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
         sn[j] = load_float(p.cache, p.cache_dtype, row + col + static_cast<int64_t>(p.half) * p.cache_stride_col);
       }
     }
+  };
+  // A table at U = 1: its loads go out before x's (with a table nothing waits on the
+  // loads but the rotation, and the table rows were the chain's last loads: run 8 of
+  // the evening of 2026-11-25, 0.12 MB 4.8 us against 4.5 computing sin/cos).
+  int64_t pos = 0;
+  const bool table_first = U == 1 && p.cache;
+  if (table_first) {
+    pos = position();
+    load_table_chunk(pos);
+  }
+
+  // 1. The x loads. Selects, not p.in[t]: a runtime index into the parameters would
+  //    copy them to local memory.
+  Word xa[U], xb[U];
+  T* out[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int r = r0 + u * p.rows_per_block;
+    if (r >= p.rows) break;
+    const bool k = r >= p.H0;
+    const int64_t h = k ? r - p.H0 : r;
+    const T* in = static_cast<const T*>(k ? p.in[1] : p.in[0]) + b * (k ? p.in_s[1][0] : p.in_s[0][0]) +
+                  s * (k ? p.in_s[1][1] : p.in_s[0][1]) + h * (k ? p.in_s[1][2] : p.in_s[0][2]);
+    out[u] = static_cast<T*>(k ? p.out[1] : p.out[0]) + b * (k ? p.out_s[1][0] : p.out_s[0][0]) +
+             s * (k ? p.out_s[1][1] : p.out_s[0][1]) + h * (k ? p.out_s[1][2] : p.out_s[0][2]);
+    xa[u] = *reinterpret_cast<const Word*>(in + d0);
+    if (!kInterleaved) xb[u] = *reinterpret_cast<const Word*>(in + d1);
+  }
+
+  // 2. Position and frequencies, loads in flight with x's; then the chunk's P sin/cos.
+  //    (ncu's SASS page shows x unpacked inside the loop above before the frequency
+  //    loads issue; loading those first with the x loop predicated gained 0.1 us at 0.12
+  //    MB and lost 20-25% at 8-32 MB: run 6 of the night of 2026-11-24, reverted. Most of
+  //    a 0.12 MB call's stall samples sit on the first parameter loads, a cold constant
+  //    cache.)
+  if (!table_first) pos = position();
+  if (p.cache) {
+    if (!table_first) load_table_chunk(pos);
     if (!in_range) {
 #pragma unroll
       for (int j = 0; j < P; ++j) cs[j] = sn[j] = std::numeric_limits<float>::quiet_NaN();
