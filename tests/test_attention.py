@@ -443,7 +443,7 @@ def test_append_lean_kernel_cuda(case, paged):
         kw["offsets"] = off.to(dev)
         pos = idx + off[seq]
     if c.get("offset"):
-        kw["offset"] = c["offset"]
+        kw["offsets"] = c["offset"]  # an int: every sequence's offset
         pos = idx + c["offset"]
     if c.get("inv_freq"):
         kw["inv_freq"] = rope_ext.inv_freq(D, 500000.0, {"rope_type": "llama3", "factor": 8.0,

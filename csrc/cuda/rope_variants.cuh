@@ -585,48 +585,6 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   const int d0 = c * V, d1 = d0 + p.half;
   const int g = K == 1 ? 0 : (threadIdx.x >> p.cshift) & (K - 1);  // which P / K pairs
 
-  // The position (position_of's rules for the cases the host lets through) and, given a
-  // cos_sin_cache, the chunk's P cos / sin (pair_sincos's rule: a position outside [0,
-  // cache_rows) gives NaN, not a read).
-  auto position = [&]() -> int64_t {
-    if (p.positions.ptr) return load_index(p.positions, b * p.pos_stride_b + s * p.positions.stride);
-    int64_t q = s + (p.offsets.ptr ? load_index(p.offsets, (p.seq_start.ptr ? 0 : b) * p.offsets.stride) : p.offset);
-    if (p.seq_start.ptr) q -= load_index(p.seq_start, 0);
-    return q;
-  };
-  float sn[P], cs[P];
-  bool in_range = true;
-  auto load_table_chunk = [&](int64_t pos) {
-    in_range = pos >= 0 && pos < p.cache_rows;
-    const int64_t row = (in_range ? pos : 0) * p.cache_stride_row;
-    if (p.cache_vec) {  // scalar loads through load_float's dtype switch cost ~1 us here (run 7)
-      const int64_t at = row + c * P;
-      if (p.cache_dtype == DType::kFloat32) {
-        load_row_chunk<float, P>(static_cast<const float*>(p.cache) + at, cs);
-        load_row_chunk<float, P>(static_cast<const float*>(p.cache) + at + p.half, sn);
-      } else {
-        load_row_chunk<T, P>(static_cast<const T*>(p.cache) + at, cs);
-        load_row_chunk<T, P>(static_cast<const T*>(p.cache) + at + p.half, sn);
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < P; ++j) {
-        const int64_t col = static_cast<int64_t>(c * P + j) * p.cache_stride_col;
-        cs[j] = load_float(p.cache, p.cache_dtype, row + col);
-        sn[j] = load_float(p.cache, p.cache_dtype, row + col + static_cast<int64_t>(p.half) * p.cache_stride_col);
-      }
-    }
-  };
-  // A table at U = 1: its loads go out before x's (with a table nothing waits on the
-  // loads but the rotation, and the table rows were the chain's last loads: run 8 of
-  // the evening of 2026-11-25, 0.12 MB 4.8 us against 4.5 computing sin/cos).
-  int64_t pos = 0;
-  const bool table_first = U == 1 && p.cache;
-  if (table_first) {
-    pos = position();
-    load_table_chunk(pos);
-  }
-
   // 1. The x loads. Selects, not p.in[t]: a runtime index into the parameters would
   //    copy them to local memory.
   Word xa[U], xb[U];
@@ -645,15 +603,44 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
     if (!kInterleaved) xb[u] = *reinterpret_cast<const Word*>(in + d1);
   }
 
-  // 2. Position and frequencies, loads in flight with x's; then the chunk's P sin/cos.
-  //    (ncu's SASS page shows x unpacked inside the loop above before the frequency
-  //    loads issue; loading those first with the x loop predicated gained 0.1 us at 0.12
-  //    MB and lost 20-25% at 8-32 MB: run 6 of the night of 2026-11-24, reverted. Most of
-  //    a 0.12 MB call's stall samples sit on the first parameter loads, a cold constant
-  //    cache.)
-  if (!table_first) pos = position();
-  if (p.cache) {
-    if (!table_first) load_table_chunk(pos);
+  // 2. Position and frequencies, loads in flight with x's; then the chunk's P sin/cos
+  //    (position_of's rules for the cases the host lets through). (ncu's SASS page shows
+  //    x unpacked inside the loop above before the frequency loads issue; loading those
+  //    first with the x loop predicated gained 0.1 us at 0.12 MB and lost 20-25% at 8-32
+  //    MB: run 6 of the night of 2026-11-24, reverted. Most of a 0.12 MB call's stall
+  //    samples sit on the first parameter loads, a cold constant cache.)
+  int64_t pos;
+  if (p.positions.ptr) {
+    pos = load_index(p.positions, b * p.pos_stride_b + s * p.positions.stride);
+  } else {
+    pos = s + (p.offsets.ptr ? load_index(p.offsets, (p.seq_start.ptr ? 0 : b) * p.offsets.stride) : p.offset);
+    if (p.seq_start.ptr) pos -= load_index(p.seq_start, 0);
+  }
+  float sn[P], cs[P];
+  if (p.cache) {  // pair_sincos's rule: a position outside [0, cache_rows) gives NaN, not a read
+    const bool in_range = pos >= 0 && pos < p.cache_rows;
+    const int64_t row = (in_range ? pos : 0) * p.cache_stride_row;
+    // (Tried and reverted, run 1 of the night of 2026-11-25: at U = 1 the position and
+    // these loads before x's, so that the table was not the chain's last load: 0.12 MB
+    // 4.8 -> 5.2 us, 0.5 MB 5.0 -> 5.6; x's loads issued after the position and table
+    // code cost more than the table's late issue.)
+    if (p.cache_vec) {  // scalar loads through load_float's dtype switch cost ~1 us here (run 7)
+      const int64_t at = row + c * P;
+      if (p.cache_dtype == DType::kFloat32) {
+        load_row_chunk<float, P>(static_cast<const float*>(p.cache) + at, cs);
+        load_row_chunk<float, P>(static_cast<const float*>(p.cache) + at + p.half, sn);
+      } else {
+        load_row_chunk<T, P>(static_cast<const T*>(p.cache) + at, cs);
+        load_row_chunk<T, P>(static_cast<const T*>(p.cache) + at + p.half, sn);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < P; ++j) {
+        const int64_t col = static_cast<int64_t>(c * P + j) * p.cache_stride_col;
+        cs[j] = load_float(p.cache, p.cache_dtype, row + col);
+        sn[j] = load_float(p.cache, p.cache_dtype, row + col + static_cast<int64_t>(p.half) * p.cache_stride_col);
+      }
+    }
     if (!in_range) {
 #pragma unroll
       for (int j = 0; j < P; ++j) cs[j] = sn[j] = std::numeric_limits<float>::quiet_NaN();
