@@ -511,7 +511,14 @@ void check_position_values(const RopeParams& p, const std::optional<at::Tensor>&
       lo = off.min().item<int64_t>();
       TORCH_CHECK_VALUE(lo >= 0, msg("rope_ext: offsets must be >= 0, got ", lo));
     }
-    if (last_index.numel() && off.numel()) hi = (last_index + off).max().item<int64_t>();
+    if (last_index.numel() && off.numel()) {
+      // Both are >= 0 where it matters (empty sequences carry a large negative sentinel),
+      // so a sum below its index wrapped past int64: a position no kernel can represent.
+      const at::Tensor sum = last_index + off;
+      TORCH_CHECK_VALUE(!((sum < last_index) & (off > 0)).any().item<bool>(),
+                        msg("rope_ext: offsets too large: a position (offset + index) overflows int64"));
+      hi = sum.max().item<int64_t>();
+    }
   }
   if (p.freq == FreqSource::kCosSinCache && hi >= 0)
     TORCH_CHECK_VALUE(hi < p.cache_rows, msg("rope_ext: positions must be < ", p.cache_rows,

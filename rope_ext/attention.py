@@ -297,6 +297,10 @@ def rope_attention(q, k, v, positions=None, *, causal=True, softmax_scale=None, 
     if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
         raise ValueError(f"rope_ext: q [B, S, Hq, D] and k, v [B, S, Hk, D] must agree, got q {tuple(q.shape)}, "
                          f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    Hq_, Hk_ = q.shape[2], k.shape[2]
+    if (Hq_ % Hk_ if Hk_ else Hq_):
+        raise ValueError(f"rope_ext: q's heads (Hq = {Hq_}) must be a multiple of k's and v's (Hk = {Hk_}), "
+                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}")
     rkw = dict(base=base, inv_freq=inv_freq, cos_sin_cache=cos_sin_cache, rotary_dim=rotary_dim,
                interleaved=interleaved)
     grad = _needs_grad(q, k, v)

@@ -666,6 +666,37 @@ def test_as_cache_aligns_a_misaligned_contiguous_view():
     assert c.data_ptr() % 16 == 0 and torch.equal(c, k)
 
 
+def test_rope_attention_gqa_heads_checked(device):
+    """Hq not a multiple of Hk: rope_attention's own ValueError, before q or k is touched
+    (it rotated both, then SDPA raised)."""
+    q, k, v = (randn((1, 4, h, 16), torch.float32, device) for h in (3, 2, 2))
+    q0, k0 = q.clone(), k.clone()
+    for impl in ("auto", "separate"):
+        with pytest.raises(ValueError, match="multiple of"):
+            rope_ext.rope_attention(q, k, v, impl=impl)
+    assert torch.equal(q, q0) and torch.equal(k, k0)
+
+
+@pytest.mark.parametrize("where", ["q", "all_keys", "one_key"])
+def test_decode_nan_propagates(device, where):
+    """A NaN score gives NaN (output and lse), as softmax and SDPA do: an all-NaN row was
+    taken for a row without keys (zeros, lse = -inf) on the CPU."""
+    D, n = 64, 40
+    dt = torch.float32 if device == "cpu" else torch.bfloat16
+    kc, vc = randn((1, 48, 1, D), dt, device), randn((1, 48, 1, D), dt, device)
+    q = randn((1, 1, 1, D), dt, device)
+    if where == "q":
+        q.fill_(NAN)
+    elif where == "all_keys":
+        kc[:, :n] = NAN
+    else:
+        kc[0, 7, 0, 3] = NAN
+    lens = torch.tensor([n], dtype=torch.int32, device=device)
+    o, lse = rope_ext.attention_decode(q, kc, vc, lens, return_lse=True)
+    assert torch.isnan(o.float()).all(), f"{where}: {o.flatten()[:4].tolist()}"
+    assert torch.isnan(lse).all(), f"{where}: lse {lse.flatten().tolist()}"
+
+
 def test_rope_attention_grad_takes_the_separate_path(device):
     B, S, Hq, Hk, D = 1, 6, 4, 2, 32
     q, k, v = (randn((B, S, h, D), torch.float32, device).requires_grad_() for h in (Hq, Hk, Hk))

@@ -127,6 +127,85 @@ def test_inplace_autograd_nonleaf(device):
     assert_close_f64(w.grad, ref.rope_float64(g, inverse=True), g.abs().max().item(), "in-place grad")
 
 
+@pytest.mark.parametrize("form", ["projection_views", "fused_qkv_slices", "sbhd", "bhsd", "thd"])
+def test_inplace_qk_autograd_views(device, form):
+    """apply_rope_qk(inplace=True) under autograd where q and k are views (a projection's
+    .view(), head slices of one fused qkv output) or take a layout's permuted view
+    (sbhd / bhsd / thd): autograd refuses one Function that dirties two views, and did so
+    after the kernel had written them; now it runs, q and k rotated in place, and the
+    gradient is the rotation by -theta."""
+    Hq, Hk = 4, 2
+    layout = form if form in ("sbhd", "bhsd", "thd") else "bshd"
+    shape = {"bshd": (B, S), "sbhd": (S, B), "bhsd": None, "thd": (T,)}[layout]
+    if form == "projection_views":
+        wq = randn((B, S, Hq * D), torch.float32, device).requires_grad_()
+        wk = randn((B, S, Hk * D), torch.float32, device).requires_grad_()
+        q, k = (wq * 1.0).view(B, S, Hq, D), (wk * 1.0).view(B, S, Hk, D)
+        leaves = [(wq, (B, S, Hq, D)), (wk, (B, S, Hk, D))]
+    elif form == "fused_qkv_slices":
+        w = randn((B, S, Hq + 2 * Hk, D), torch.float32, device).requires_grad_()
+        qkv = w * 1.0
+        q, k = qkv[:, :, :Hq], qkv[:, :, Hq:Hq + Hk]
+        leaves = None
+    else:
+        sq = (B, Hq, S, D) if layout == "bhsd" else shape + (Hq, D)
+        sk = (B, Hk, S, D) if layout == "bhsd" else shape + (Hk, D)
+        wq = randn(sq, torch.float32, device).requires_grad_()
+        wk = randn(sk, torch.float32, device).requires_grad_()
+        q, k = wq * 1.0, wk * 1.0
+        leaves = [(wq, sq), (wk, sk)]
+    kw = dict(layout=layout)
+    if layout == "thd":
+        kw["cu_seqlens"] = torch.tensor(CU, dtype=torch.int32, device=device)
+    q0, k0 = q.detach().clone(), k.detach().clone()
+    qo, ko = rope_ext.apply_rope_qk(q, k, inplace=True, **kw)
+    assert qo is q and ko is k
+    assert_close_f64(q, ref.rope_float64(q0, **kw), 8.0, "q in place")
+    assert_close_f64(k, ref.rope_float64(k0, **kw), 8.0, "k in place")
+    gq, gk = randn(q.shape, q.dtype, device), randn(k.shape, k.dtype, device)
+    (q * gq).sum().add((k * gk).sum()).backward()
+    want_q, want_k = ref.rope_float64(gq, inverse=True, **kw), ref.rope_float64(gk, inverse=True, **kw)
+    if leaves is None:  # the fused buffer: q's and k's heads get the rotated grads, v's none
+        assert_close_f64(w.grad[:, :, :Hq], want_q, 8.0, "dq")
+        assert_close_f64(w.grad[:, :, Hq:Hq + Hk], want_k, 8.0, "dk")
+        assert (w.grad[:, :, Hq + Hk:] == 0).all()
+    else:
+        for (leaf, sh), want, what in zip(leaves, (want_q, want_k), ("dq", "dk")):
+            assert_close_f64(leaf.grad.view(sh), want, 8.0, what)
+
+
+def test_inplace_refuses_view_of_grad_leaf(device):
+    """In place on a view of a leaf that requires grad (param[:, :2]): a ValueError naming
+    the argument, raised before anything is written (autograd would refuse it only after
+    the kernel ran); apply_rope_qk's message names q."""
+    w = randn((B, S, H, D), torch.float32, device).requires_grad_()
+    before = w.detach().clone()
+    with pytest.raises(ValueError, match="inplace=True on x, a view of a leaf"):
+        rope_ext.apply_rope(w[:, :, :2], inplace=True)
+    k = randn((B, S, 2, D), torch.float32, device) * 1.0
+    with pytest.raises(ValueError, match="inplace=True on q, a view of a leaf"):
+        rope_ext.apply_rope_qk(w[:, :, :2], k, inplace=True)
+    with pytest.raises(ValueError, match="inplace=True on k, a view of a leaf"):
+        rope_ext.apply_rope_qk(k, w[:, :, 2:], inplace=True)
+    with pytest.raises(ValueError, match="inplace=True on q, a leaf"):
+        rope_ext.apply_rope_qk(w, k, inplace=True)
+    assert torch.equal(w.detach(), before)
+
+
+def test_offset_overflow_refused(device):
+    """An offset whose positions overflow int64 is refused (it wrapped negative and
+    passed the range checks: NaN rows from a cos_sin_cache, a wrong angle otherwise)."""
+    x = randn((1, 4, 1, 8), torch.float32, device)
+    cache = randn((16, 8), torch.float32, device)
+    rope_ext.set_value_checks(True)  # on CUDA value checks are opt-in (they synchronize)
+    try:
+        for kw in (dict(cos_sin_cache=cache), dict()):
+            with pytest.raises(ValueError, match="overflows int64"):
+                rope_ext.apply_rope(x, offsets=2**63 - 2, **kw)
+    finally:
+        rope_ext.set_value_checks(False)
+
+
 def test_inplace_refuses_leaf_and_overlap(device):
     x = randn((B, S, H, D), torch.float32, device).requires_grad_()
     with pytest.raises(ValueError, match="leaf"):

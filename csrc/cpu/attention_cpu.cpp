@@ -151,6 +151,7 @@ void decode_cpu_impl(const DecodeParams& p, bool full_fusion) {
       for (int d = 0; d < D; ++d) qf[d] *= p.softmax_scale;
       scores.assign(std::max<int64_t>(n, 0), ninf);
       float m = ninf;
+      bool nan = false;  // a NaN score: the row is NaN, not empty
       for (int64_t i = 0; i < n; ++i) {
         int64_t ko, vo;
         if (!cache_slot(p.cache, b, i, &ko, &vo)) continue;  // no such block: the key is skipped
@@ -166,9 +167,11 @@ void decode_cpu_impl(const DecodeParams& p, bool full_fusion) {
         for (int d = 0; d < D; ++d) s += qf[d] * kf[d];
         scores[i] = s;
         m = std::max(m, s);
+        nan |= std::isnan(s);
       }
+      if (nan) m = std::numeric_limits<float>::quiet_NaN();  // std::max dropped it: NaN weights, NaN row
       float* lse = p.lse + row;
-      if (m == ninf) {  // no key: zeros, lse = -inf
+      if (m == ninf) {  // no key (or every score -inf, as the GPU kernels): zeros, lse = -inf
         for (int d = 0; d < D; ++d) o[d] = static_cast<T>(0.f);
         *lse = ninf;
         continue;

@@ -26,6 +26,10 @@
 //                       in place there (fp8 caches: K and V quantized into staged fp8
 //                       rows); the same step 2 (slots, sin/cos). T = 8192 29.9 us, 90%
 //                       of a same-size copy (run 4 of 2026-11-25).
+//   1c. append_kv, lean  (auto's choice below 2 tokens per SM where it applies) one
+//                       thread per 8-byte chunk of one K / V / Q row of one token, its
+//                       own small params, no shared memory, no barrier: T = 16 4.7 us
+//                       against kernel 1's 6.9 (run 1 of the night of 2026-11-25).
 //   2. decode, hybrid_simt (impl="hybrid_simt"; auto takes variant 5, decode_mma.cuh,
 //                       which needs 0.70-0.93x of this one's time on the H100: this
 //                       kernel spends ~60 warp instructions per key and kv head on
@@ -1015,9 +1019,14 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const _
     }
   const float l0 = lane < ns ? lse[lane] : ninf;
   float M = l0;
-  for (int s = lane + 32; s < ns; s += 32) M = fmaxf(M, lse[s]);
+  bool nan = isnan(l0);
+  for (int s = lane + 32; s < ns; s += 32) {
+    M = fmaxf(M, lse[s]);
+    nan |= isnan(lse[s]);
+  }
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
+  if (__any_sync(0xffffffffu, nan)) M = __int_as_float(0x7fffffff);  // a NaN split: the row is NaN, not empty
   if (M == ninf) {  // no key in any split
     for (int d = lane; d < D; d += 32) o[d] = static_cast<T>(0.f);
     if (lane == 0) p.lse[row] = ninf;
