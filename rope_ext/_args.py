@@ -197,7 +197,9 @@ def _op_options(layout, positions, offsets, base, impl, cu_seqlens, rotary_dim, 
 def _check_inplace(t, name):
     """In place on a leaf that requires grad, or on a view of one (param[:, :2]), would
     overwrite a value autograd needs (and autograd says so only after the kernel wrote)."""
-    base = t._base if t._is_view() else None
+    # (torch.compile cannot trace _is_view; there functionalization refuses such a write
+    # while it traces, before anything runs.)
+    base = t._base if not _is_compiling() and t._is_view() else None
     of_leaf = base is not None and base.is_leaf and base.requires_grad
     if (t.is_leaf and t.requires_grad) or of_leaf:
         what = "a view of a leaf tensor that requires grad" if of_leaf else "a leaf tensor that requires grad"

@@ -97,10 +97,11 @@ def _run(xs, layout, opts, inplace):
     for x, name in zip(xs, names):
         _check_inplace(x, name)
     if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
-        if len(x4) == 2 and any(x._is_view() for x in x4):
+        if len(x4) == 2 and (_is_compiling() or any(x._is_view() for x in x4)):
             # autograd refuses a Function that marks two views dirty and returns both (the
             # layouts' permuted views, a projection's .view(), fused-qkv head slices), and
-            # refuses it only after forward has written them: one launch per tensor here.
+            # refuses it only after forward has written them: one launch per tensor here
+            # (and under torch.compile, which cannot trace _is_view).
             for x in x4:
                 _InplaceRope.apply(opts, x)
         else:
