@@ -1,10 +1,11 @@
 """Decode and append calls for ncu (issues 18 and 20: where the time goes):
 
     ncu --profile-from-start off -k regex:"decode|append|merge" python bench/profile_decode.py [CASE ...]
+    python bench/profile_decode.py --time [CASE ...]   # graph_us of each case instead (A/B runs)
 
 Profiles one call of each case after warm-up (the profiler range covers only those
 calls), Hq 32, Hk 8, D 128, bf16 q, contiguous cache. Cases (default: all):
-  bf16_b1_512, paged_b1_512 (block size 16), bf16_b1_2048, bf16_b1_8192, bf16_b1_32768, bf16_b8_8192, fp8_b8_8192, fp8_b8_32768,
+  bf16_b1_512, paged_b1_512 (block size 16), bf16_b1_2048, paged_b1_2048, bf16_b1_8192, bf16_b1_32768, bf16_b8_8192, fp8_b8_8192, fp8_b8_32768,
   fp8_b64_8192, step_b1_8192 (the decode step in one call: attention_decode with k, v),
   append_8192 (append_kv without q, T = 8192 tokens of one sequence), append_16 (16
   sequences of one token), both varlen as in the attn suite."""
@@ -55,6 +56,7 @@ CASES = {
     "bf16_b1_512": lambda: decode_case("bf16", 1, 512),
     "paged_b1_512": lambda: decode_case("bf16", 1, 512, paged=True),
     "bf16_b1_2048": lambda: decode_case("bf16", 1, 2048),
+    "paged_b1_2048": lambda: decode_case("bf16", 1, 2048, paged=True),
     "bf16_b1_8192": lambda: decode_case("bf16", 1, 8192),
     "step_b1_8192": lambda: decode_case("bf16", 1, 8192, step=True),
     "bf16_b1_32768": lambda: decode_case("bf16", 1, 32768),
@@ -65,8 +67,15 @@ CASES = {
     "append_8192": lambda: append_case(8192),
     "append_16": lambda: append_case(16),
 }
-names = sys.argv[1:] or list(CASES)
+timed = sys.argv[1:2] == ["--time"]  # --time CASE...: each case's graph_us (the suites' timing), no profiling
+names = sys.argv[1 + timed:] or list(CASES)
 calls = [CASES[n]() for n in names]
+if timed:
+    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+    from timing import graph_us
+    for n, f in zip(names, calls):
+        print(f"{n:<16}{graph_us(f):8.2f} us")
+    sys.exit(0)
 for f in calls:
     f()
 torch.cuda.synchronize()
