@@ -9,11 +9,13 @@ calls), Hq 32, Hk 8, D 128, bf16 q, contiguous cache. Cases (default: all):
   fp8_b64_8192, step_b1_8192 (the decode step in one call: attention_decode with k, v),
   append_8192 (append_kv without q, T = 8192 tokens of one sequence), append_16 (16
   sequences of one token), both varlen as in the attn suite."""
+import os
 import sys
 
 import torch
 
-import rope_ext
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # this tree's rope_ext
+import rope_ext  # noqa: E402
 
 Hq, Hk, D = 32, 8, 128
 dev = "cuda"
@@ -71,7 +73,7 @@ timed = sys.argv[1:2] == ["--time"]  # --time CASE...: each case's graph_us (the
 names = sys.argv[1 + timed:] or list(CASES)
 calls = [CASES[n]() for n in names]
 if timed:
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from timing import graph_us
     for n, f in zip(names, calls):
         print(f"{n:<16}{graph_us(f):8.2f} us")
