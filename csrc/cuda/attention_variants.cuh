@@ -1019,14 +1019,14 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const _
     }
   const float l0 = lane < ns ? lse[lane] : ninf;
   float M = l0;
-  bool nan = isnan(l0);
-  for (int s = lane + 32; s < ns; s += 32) {
-    M = fmaxf(M, lse[s]);
-    nan |= isnan(lse[s]);
-  }
+  for (int s = lane + 32; s < ns; s += 32) M = fmaxf(M, lse[s]);
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
-  if (__any_sync(0xffffffffu, nan)) M = __int_as_float(0x7fffffff);  // a NaN split: the row is NaN, not empty
+  if (M == ninf) {  // rare (M is warp-uniform here): a NaN split, which fmaxf dropped, makes the row NaN
+    bool nan = isnan(l0);
+    for (int s = lane + 32; s < ns; s += 32) nan |= isnan(lse[s]);
+    if (__any_sync(0xffffffffu, nan)) M = __int_as_float(0x7fffffff);
+  }
   if (M == ninf) {  // no key in any split
     for (int d = lane; d < D; d += 32) o[d] = static_cast<T>(0.f);
     if (lane == 0) p.lse[row] = ninf;
