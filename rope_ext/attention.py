@@ -192,7 +192,8 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, positions=None, bloc
        (q_len > cache_seqlens[b]: not in the cache) sees no key, causal or not: zeros,
        lse = -inf, on the CPU and CUDA alike; with causal=False and 0 < cache_seqlens[b] <
        q_len the call is refused (ValueError) where values are checked (CPU always, CUDA
-       under rope_ext.set_value_checks(True)).
+       under rope_ext.set_value_checks(True)). A NaN score (a NaN in q or in a visible
+       key) makes its row NaN, output and lse, as softmax does.
     positions: rotary positions of the query tokens [B, q_len] or [q_len]; default the
        cache index (+ offsets: int or int tensor [B]).
     k_scale, v_scale: with fp8 (torch.float8_e4m3fn) caches, float32 [1] or [Hk]: keys and
