@@ -520,10 +520,7 @@ def test_append_kv_fused_projection_and_q(device, paged, dtype):
     assert torch.equal(k, k0) and torch.equal(v, v0), "k and v are inputs only"
 
     def rows(cache):  # the cache rows of every token, [T, Hk, D]
-        if not paged:
-            return cache[seq.to(device), idx.to(device)]
-        blk = bt[seq.to(device), (idx // 8).to(device)].long()
-        return cache[blk, (idx % 8).to(device)]
+        return cache_rows(cache, bt, seq.to(device), idx.to(device))
 
     assert_close_f64(rows(kc), ref.rope_float64(k0, pos, layout="thd", rotary_dim=48), 8.0, "k in the cache")
     assert torch.equal(rows(vc), v0), "v is copied exactly"

@@ -238,9 +238,11 @@ void launch_append(const AppendParams& p, int device, cudaStream_t stream) {
   // Auto takes the bulk kernel from 2 tokens per SM up: at T = 16 (16 blocks of one token)
   // kernel 1 was level with it for bf16 (6.5 us) and ahead for fp8 (7.6 against 8.3), its
   // chain shorter by the mbarrier wait (run 5 of 2026-11-25). Below, the lean kernel 1c
-  // where it applies, else kernel 1.
+  // where it applies, else kernel 1: T = 16 4.7 us against kernel 1's 6.9 (fp8 5.6 / 7.6);
+  // forced at T = 8192 it loses (with q 96.4 us against the bulk kernel's 75.7: one 8-byte
+  // chunk per thread keeps too few bytes in flight), run 1 of the night of 2026-11-25.
   if (forced < 0 && p.num_tokens < 2 * sm_count(device)) shape = 5;
-  if constexpr (kVec && sizeof(T) <= 4) {
+  if constexpr (kVec) {
     if (shape == 5 && launch_append_lean<T, kInterleaved, kFp8>(p, device, stream)) {
       last_append_kernel() = 3;
       return;
