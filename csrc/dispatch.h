@@ -36,6 +36,9 @@ void set_lean_max_bytes(int64_t n);
 void set_lean_bytes(int64_t w);
 // Tests/bench: variant 6's rows per thread, 1, 2, 4 or 8 (anything else: its rule).
 void set_lean_rows_per_thread(int n);
+// Tests/bench: the fewest threads a lean block keeps when its rows are halved to cover the SMs (0 = 128,
+// the default; 1 = down to one row per block).
+void set_lean_min_block(int n);
 // Tests/bench: whether two lanes of variant 6 may share a chunk's sin/cos (default on).
 void set_lean_share(bool on);
 #endif

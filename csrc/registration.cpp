@@ -79,6 +79,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "tests/bench: variant 6's access width in bytes (16, 8 or 4; anything else = the defaults)");
   m.def("set_lean_rows_per_thread", &rope_ext::set_lean_rows_per_thread,
         "tests/bench: variant 6's rows per thread (1, 2, 4 or 8; anything else = its rule)");
+  m.def("set_lean_min_block", &rope_ext::set_lean_min_block,
+        "tests/bench: the fewest threads a block of variant 6 keeps when its rows are halved to cover the SMs "
+        "(0 = the default, 128; 1 = down to one row per block)");
   m.def("set_lean_share", &rope_ext::set_lean_share,
         "tests/bench: whether two lanes of variant 6 share a chunk's sin/cos where they can (default on)");
   m.def("set_decode_cluster_merge", &rope_ext::set_decode_cluster_merge,

@@ -268,6 +268,37 @@ def test_lean_small_tensor_path(case, dtype, tokens):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("cu_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("start", [0, 7])
+@pytest.mark.parametrize("tokens", [16, 300])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_lean_packed_position_guess(dtype, tokens, start, cu_dtype):
+    """One packed sequence: lean starts sin/cos from the position s + offset before
+    cu_seqlens[0] arrives and computes them again where that was not 0. cu_seqlens[0] is
+    0 in every valid call; a non-zero start (not checked on CUDA unless value checks are
+    on) takes the second pass, which must give the tiles' bits (they subtract it too).
+    Both widths of cu_seqlens (raw 32- and 64-bit loads), blocks of the default shape and
+    of one row (set_lean_min_block(1): blocks smaller than a warp, K = 2's shuffles)."""
+    dev, D = "cuda", 128
+    x = randn((tokens, 32, D), dtype, dev)
+    cu = torch.tensor([start, tokens], dtype=cu_dtype, device=dev)
+    tile = rope_ext.apply_rope(x, layout="thd", cu_seqlens=cu, offsets=5, impl="fp32x4_tile")
+    if start == 0:
+        truth = ref.rope_float64(x, layout="thd", cu_seqlens=cu, offsets=5)
+        assert_close_f64(tile, truth, x.abs().max().item(), "tiles vs float64")
+    for min_block in (0, 1):
+        rope_ext._C.set_lean_min_block(min_block)
+        try:
+            out = rope_ext.apply_rope(x, layout="thd", cu_seqlens=cu, offsets=5)
+            outs = rope_ext.apply_rope_qk(x, x[:, :8].contiguous(), layout="thd", cu_seqlens=cu, offsets=5)
+        finally:
+            rope_ext._C.set_lean_min_block(0)
+        assert not torch.isnan(out).any()
+        assert torch.equal(out, tile), f"lean vs tiles (start {start}, min_block {min_block})"
+        assert torch.equal(outs[0], tile) and torch.equal(outs[1], tile[:, :8]), "lean q + k vs tiles"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_lean_cos_sin_cache_out_of_range(dtype):
     """Lean reads a cos_sin_cache as the tiles do: a position outside the table gives NaN

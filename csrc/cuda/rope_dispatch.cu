@@ -155,6 +155,7 @@ std::atomic<int> g_lean_bytes{[] {
   return (w == 4 || w == 8 || w == 16) ? w : -1;
 }()};
 std::atomic<int> g_lean_rows_per_thread{0};  // 0: launch_lean's rule
+std::atomic<int> g_lean_min_block{0};         // fewest threads a block keeps when rows are halved (0: 128)
 std::atomic<bool> g_lean_share{[] {  // two lanes share a chunk's sin/cos (K = 2), where they can
   const char* e = std::getenv("ROPE_EXT_LEAN_SHARE");
   return !(e && std::atoi(e) == 0);
@@ -236,7 +237,8 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
   lp.cos_scale = p.scale;
   // Rows per thread U: the fewest that keep the grid within ~512 threads per SM (each
   // thread computes its chunk's sin/cos once for its U rows). Rows per block RB: as
-  // many as a block holds, halved until the tokens' blocks cover every SM.
+  // many as a block holds, halved (not below 128 threads) while the tokens' blocks do not
+  // cover every SM.
   const int sms = sm_count(device);
   int U = g_lean_rows_per_thread.load(std::memory_order_relaxed);
   if (U != 1 && U != 2 && U != 4 && U != 8) {
@@ -246,7 +248,12 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
   const int64_t rows_u = ceil_div(rows, int64_t(U));
   int RB = cuda::kLeanMaxThreads / chunks;
   while (RB > 1 && RB / 2 >= rows_u) RB /= 2;
-  while (RB > 1 && tokens * ceil_div(rows_u, int64_t(RB)) < sms) RB /= 2;
+  // Halving rows per block to cover the SMs stops at 128 threads: smaller blocks lost
+  // (bench/small_rope_study.py, H200, bf16 out of place: blocks of 32 threads at 0.12 MB
+  // 4.99 us against 4.77 with 128; 2 MB 5.92 against 5.73; equal at 0.5 and 8 MB).
+  const int min_block_knob = g_lean_min_block.load(std::memory_order_relaxed);
+  const int min_block = min_block_knob > 0 ? min_block_knob : cuda::kLeanMaxThreads;
+  while (RB > 1 && (RB / 2) * chunks >= min_block && tokens * ceil_div(rows_u, int64_t(RB)) < sms) RB /= 2;
   lp.rows_per_block = RB;
   const dim3 grid(static_cast<unsigned>(ceil_div(rows_u, int64_t(RB))), static_cast<unsigned>(p.S),
                   static_cast<unsigned>(p.B));
@@ -327,6 +334,7 @@ void launch(const RopeParams& p, Impl impl, int device, cudaStream_t stream) {
 void set_lean_max_bytes(int64_t n) { g_lean_max_bytes.store(n < 0 ? -1 : n); }
 void set_lean_bytes(int64_t w) { g_lean_bytes.store((w == 4 || w == 8 || w == 16) ? int(w) : -1); }
 void set_lean_share(bool on) { g_lean_share.store(on); }
+void set_lean_min_block(int n) { g_lean_min_block.store(n < 0 ? 0 : n); }  // 1: the old rule (down to RB = 1)
 void set_lean_rows_per_thread(int n) { g_lean_rows_per_thread.store((n == 1 || n == 2 || n == 4 || n == 8) ? n : 0); }
 void set_tile_rows_per_thread(int n) { g_tile_rows_per_thread.store(n < 0 ? 0 : n); }
 void set_flat_rows_per_thread(int n) { g_flat_rows_per_thread.store(n < 0 ? 0 : n); }

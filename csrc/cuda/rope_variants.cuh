@@ -102,6 +102,8 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstddef>
+
 #include "../rope_math.h"
 #include "primitives.cuh"
 
@@ -512,33 +514,42 @@ __global__ void __launch_bounds__(kFlatMaxThreads) rope_flat_kernel(const __grid
 // (launch_lean) picks U and RB; the chunks per row are a power of two (shift, mask).
 // Laid out for the constant cache: after an L2 flush each parameter line a thread
 // reads is a miss on its chain (ncu: most of a 0.12 MB call's stall samples on the
-// first parameter reads), so the fields every thread reads before its x loads come
-// first, strides are 32-bit (the host checks they fit) and the whole block ends before
-// c[0x0][0x300]: kernel parameters start at 0x210, and the previous layout (264 bytes,
-// 64-bit strides, the shift and row counts last) put those first reads in the line past
-// 0x300 and the pointers in the line before it.
+// first parameter reads), so the fields are in the order a thread first needs them,
+// 64 bytes to a line: its x loads (line 0), its frequency loads, the guessed position
+// and its stores (line 1), the position tensors (line 2), the cos_sin_cache's layout
+// (line 3). Strides are 32-bit (the host checks they fit) and the block ends before
+// c[0x0][0x300] (kernel parameters start at 0x210). (An earlier order read the
+// position fields and the frequency source's null test from lines past the pointers'
+// before the frequency loads went out: a second constant miss on the chain; issue 19,
+// bench/NOTES.md, night of 2026-11-25/26.)
 struct LeanParams {
   int32_t cshift;          // log2(chunks per row)
   int32_t rows_per_block;  // RB
   int32_t rows;            // heads of q + k
   int32_t H0;              // q's heads (rows >= H0 are k's)
+  const void* in[kMaxTensors];
+  int32_t in_s[kMaxTensors][3];  // element strides b, s, h
   int32_t half;            // R / 2
   int32_t inv_freq_stride;
+  // line 1
+  const float* inv_freq;
+  const void* cache;       // a cos_sin_cache [cache_rows, R] (read, not computed), or null: inv_freq
+  void* out[kMaxTensors];
+  int32_t out_s[kMaxTensors][3];
   float sin_scale, cos_scale;  // sign * scale, scale (as pair_sincos applies them)
+  // line 2
+  int64_t offset;
+  IndexArray positions;  // [b * pos_stride_b + s * positions.stride], or null
+  int64_t pos_stride_b;
+  IndexArray seq_start;  // one packed sequence: cu_seqlens[0] is subtracted from s, or null
+  // line 3
+  IndexArray offsets;    // [b] (or [0] with one packed sequence), or null: `offset`
   DType cache_dtype;
   int32_t cache_stride_row, cache_stride_col, cache_rows;
   int32_t cache_vec;     // a chunk's cos (and sin) by vector loads: unit columns, fp32 or x's dtype, aligned
-  const void* cache;     // a cos_sin_cache [cache_rows, R] (read, not computed), or null: inv_freq
-  const void* in[kMaxTensors];
-  void* out[kMaxTensors];
-  int32_t in_s[kMaxTensors][3], out_s[kMaxTensors][3];  // element strides b, s, h
-  const float* inv_freq;
-  IndexArray positions;  // [b * pos_stride_b + s * positions.stride], or null
-  int64_t pos_stride_b;
-  IndexArray offsets;    // [b] (or [0] with one packed sequence), or null: `offset`
-  IndexArray seq_start;  // one packed sequence: cu_seqlens[0] is subtracted from s, or null
-  int64_t offset;
 };
+static_assert(offsetof(LeanParams, inv_freq) == 64 && offsetof(LeanParams, offset) == 128 &&
+              offsetof(LeanParams, offsets) == 192, "LeanParams: 64-byte constant lines in order of use");
 static_assert(sizeof(LeanParams) <= 0x300 - 0x210, "LeanParams: within the constant lines before 0x300");
 constexpr int kLeanMaxThreads = 128;
 
@@ -603,21 +614,50 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
     if (!kInterleaved) xb[u] = *reinterpret_cast<const Word*>(in + d1);
   }
 
-  // 2. Position and frequencies, loads in flight with x's; then the chunk's P sin/cos
-  //    (position_of's rules for the cases the host lets through). (ncu's SASS page shows
-  //    x unpacked inside the loop above before the frequency loads issue; loading those
-  //    first with the x loop predicated gained 0.1 us at 0.12 MB and lost 20-25% at 8-32
-  //    MB: run 6 of the night of 2026-11-24, reverted. Most of a 0.12 MB call's stall
-  //    samples sit on the first parameter loads, a cold constant cache.)
-  int64_t pos;
+  // 2. The frequencies' loads right behind x's: they depend on nothing but the chunk,
+  //    so they go out before the position code's branches and loads (which had put a
+  //    second constant miss and, for packed sequences, the cu_seqlens[0] load in front
+  //    of them: issue 19, bench/NOTES.md night of 2026-11-25/26). (ncu's SASS page
+  //    shows x unpacked inside the loop above before later loads issue; loading the
+  //    frequencies before x's with the x loop predicated gained 0.1 us at 0.12 MB and
+  //    lost 20-25% at 8-32 MB: run 6 of the night of 2026-11-24, reverted.)
+  float f[PK];
+  if (!p.cache) {
+#pragma unroll
+    for (int j = 0; j < PK; ++j) f[j] = p.inv_freq[(c * P + g * PK + j) * static_cast<int64_t>(p.inv_freq_stride)];
+  }
+  // 3. The position (position_of's rules for the cases the host lets through). Without
+  //    a positions or offsets tensor it is s + offset less cu_seqlens[0] (one packed
+  //    sequence), and cu_seqlens[0] is almost always 0: sin/cos start from that guess
+  //    while the load is in flight, and are computed again only where it was wrong.
+  //    cu_seqlens[0] stays a raw load until the guess's sin/cos are done: a conversion
+  //    next to the load (the compiler put load_index's int32 sign extension there)
+  //    stalls the warp before the sin/cos (in-order issue).
+  const bool guessed = !p.positions.ptr && !p.offsets.ptr;
+  int64_t pos = 0;
+  uint32_t seq_lo = 0, seq_hi = 0;  // cu_seqlens[0], raw
   if (p.positions.ptr) {
     pos = load_index(p.positions, b * p.pos_stride_b + s * p.positions.stride);
-  } else {
-    pos = s + (p.offsets.ptr ? load_index(p.offsets, (p.seq_start.ptr ? 0 : b) * p.offsets.stride) : p.offset);
+  } else if (p.offsets.ptr) {
+    pos = s + load_index(p.offsets, (p.seq_start.ptr ? 0 : b) * p.offsets.stride);
     if (p.seq_start.ptr) pos -= load_index(p.seq_start, 0);
+  } else if (p.seq_start.ptr) {
+    if (p.seq_start.is64) {
+      const uint2 v = *static_cast<const uint2*>(p.seq_start.ptr);
+      seq_lo = v.x;
+      seq_hi = v.y;
+    } else {
+      seq_lo = *static_cast<const uint32_t*>(p.seq_start.ptr);
+    }
   }
+  const auto loaded = [&] {
+    const int64_t seq = p.seq_start.is64 ? static_cast<int64_t>((uint64_t(seq_hi) << 32) | seq_lo)
+                                         : static_cast<int64_t>(static_cast<int32_t>(seq_lo));
+    return guessed ? s + p.offset - seq : pos;
+  };
   float sn[P], cs[P];
   if (p.cache) {  // pair_sincos's rule: a position outside [0, cache_rows) gives NaN, not a read
+    pos = loaded();
     const bool in_range = pos >= 0 && pos < p.cache_rows;
     const int64_t row = (in_range ? pos : 0) * p.cache_stride_row;
     // (Tried and reverted, run 1 of the night of 2026-11-25: at U = 1 the position and
@@ -645,28 +685,39 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
 #pragma unroll
       for (int j = 0; j < P; ++j) cs[j] = sn[j] = std::numeric_limits<float>::quiet_NaN();
     }
-  } else if constexpr (K == 1) {
-    float f[P];
-#pragma unroll
-    for (int j = 0; j < P; ++j) f[j] = p.inv_freq[(c * P + j) * static_cast<int64_t>(p.inv_freq_stride)];
-    angle_sincos_chunk<P>(pos, f, sn, cs);
   } else {
-    float f[PK];
+    // One loop body (a second copy would be more cold code to fetch): the guess first,
+    // then, rarely, the loaded position. Every lane of a block has the same token, so
+    // the loop's trip count is the block's, and K = 2's shuffles see whole warps (a
+    // block smaller than a warp holds only its own lanes).
+    int64_t at = guessed ? s + p.offset : pos;
+    for (;;) {
+      float so[PK], co[PK];
+      angle_sincos_chunk<PK>(at, f, so, co);
+      if constexpr (K == 1) {
 #pragma unroll
-    for (int j = 0; j < PK; ++j) f[j] = p.inv_freq[(c * P + g * PK + j) * static_cast<int64_t>(p.inv_freq_stride)];
-    float so[PK], co[PK];
-    angle_sincos_chunk<PK>(pos, f, so, co);
-    // Every lane of the block's warps reaches here (rows past the end included); a block
-    // smaller than a warp holds only its own lanes.
-    const unsigned mask = blockDim.x >= 32 ? 0xffffffffu : (1u << blockDim.x) - 1u;
-    const int partner = (threadIdx.x & 31) ^ (1 << p.cshift);
+        for (int j = 0; j < P; ++j) {
+          sn[j] = so[j];
+          cs[j] = co[j];
+        }
+      } else {
+        const unsigned mask = blockDim.x >= 32 ? 0xffffffffu : (1u << blockDim.x) - 1u;
+        const int partner = (threadIdx.x & 31) ^ (1 << p.cshift);
 #pragma unroll
-    for (int j = 0; j < PK; ++j) {
-      const float sp = __shfl_sync(mask, so[j], partner), cp = __shfl_sync(mask, co[j], partner);
-      sn[j] = g ? sp : so[j];
-      cs[j] = g ? cp : co[j];
-      sn[PK + j] = g ? so[j] : sp;
-      cs[PK + j] = g ? co[j] : cp;
+        for (int j = 0; j < PK; ++j) {
+          const float sp = __shfl_sync(mask, so[j], partner), cp = __shfl_sync(mask, co[j], partner);
+          sn[j] = g ? sp : so[j];
+          cs[j] = g ? cp : co[j];
+          sn[PK + j] = g ? so[j] : sp;
+          cs[PK + j] = g ? co[j] : cp;
+        }
+      }
+      // (An empty asm that rewrites the raw words after the sin/cos: the compiler can
+      // neither hoist loaded() out of the loop nor place it before them.)
+      asm volatile("" : "+r"(seq_lo), "+r"(seq_hi) : "f"(co[0]));
+      const int64_t want = loaded();
+      if (at == want) break;
+      at = want;
     }
   }
 #pragma unroll

@@ -1,0 +1,150 @@
+// Issue 19: where a 0.12-8 MB out-of-place rope call spends the time that torch.compile's
+// Triton kernel does not (bench/small_rope_study.py builds this file with
+// torch.utils.cpp_extension.load and times each variant as the latency suite does).
+// x [S, H = 32, D = 128] bf16, GPT-NeoX pairs, positions 0..S-1; one thread per 8-byte
+// chunk of each half of a row (4 pairs), 128 threads per block.
+//
+// Variants (what each asks):
+//   0 copy_lean    lean's mapping (a block: 8 heads x 16 chunks of one token), x read and
+//                  written unchanged: the floor of this launch shape.
+//   1 lean_global  + frequencies loaded from a global fp32 table, sin/cos computed
+//                  (angle_sincos_chunk, rope_math.h): today's lean kernel at K = 1.
+//   2 lean_param   frequencies from the kernel's parameter block (a per-lane index: the
+//                  constant cache serializes the 16 distinct addresses of a warp).
+//   3 lean_fake    as 1, sin/cos replaced by two multiplies: the chain without sin/cos.
+//   4 lean_table   cos and sin read from global fp32 tables [S, 64] with x (Triton's
+//                  shape of work: three loads, then FMAs).
+//   5 uni_global   the uniform mapping: a warp holds ONE chunk of 32 heads of one token
+//                  (lanes = heads), so its frequencies and position are warp-uniform;
+//                  frequencies from the global table (a broadcast load).
+//   6 uni_param    as 5, frequencies from the parameter block (uniform index: one
+//                  constant-cache access, no DRAM trip after the parameters').
+//   7 copy_uni     the uniform mapping, copy only.
+//   8 uni_fake     as 6 with the fake sin/cos.
+//   9 lean_rb2     as 1 in blocks of 32 threads (2 heads x 16 chunks): the block shape
+//                  rope_ext's lean rule picks at 0.12 MB (it halves rows per block until
+//                  the blocks cover the SMs).
+//  10 lean_seq     as 1 with the position s - cu_seqlens[0] (a load before sin/cos: the
+//                  packed-sequence form's chain).
+//  11 lean_rb2_seq both.
+#include <cuda_bf16.h>
+#include <torch/extension.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "rope_math.h"
+
+namespace {
+using bf16 = __nv_bfloat16;
+constexpr int kH = 32, kD = 128, kHalf = 64, kV = 4;  // V: bf16 per 8-byte chunk
+
+struct StudyParams {
+  const bf16* x;
+  bf16* out;
+  const float* freq_g;  // [64]
+  const float* tcos;    // [S, 64]
+  const float* tsin;
+  const int* seq_start;  // [1] = 0
+  int S;
+  float freq[kHalf];
+};
+
+template <int kVar>
+__global__ void __launch_bounds__(128) study_kernel(const __grid_constant__ StudyParams p) {
+  constexpr bool kUni = kVar >= 5 && kVar <= 8;
+  int c, h;
+  const int s = blockIdx.y;
+  if (kUni) {
+    c = blockIdx.x * 4 + (threadIdx.x >> 5);
+    h = threadIdx.x & 31;
+  } else {
+    c = threadIdx.x & 15;
+    h = blockIdx.x * (blockDim.x >> 4) + (threadIdx.x >> 4);
+  }
+  const int64_t row = (static_cast<int64_t>(s) * kH + h) * kD;
+  const int d0 = c * kV;
+  const uint2 xa = *reinterpret_cast<const uint2*>(p.x + row + d0);
+  const uint2 xb = *reinterpret_cast<const uint2*>(p.x + row + d0 + kHalf);
+  uint2 ya = xa, yb = xb;
+  if (kVar != 0 && kVar != 7) {
+    float sn[kV], cs[kV];
+    if (kVar == 4) {
+      const float4 c4 = *reinterpret_cast<const float4*>(p.tcos + s * kHalf + d0);
+      const float4 s4 = *reinterpret_cast<const float4*>(p.tsin + s * kHalf + d0);
+      cs[0] = c4.x; cs[1] = c4.y; cs[2] = c4.z; cs[3] = c4.w;
+      sn[0] = s4.x; sn[1] = s4.y; sn[2] = s4.z; sn[3] = s4.w;
+    } else {
+      float f[kV];
+#pragma unroll
+      for (int j = 0; j < kV; ++j) f[j] = (kVar == 2 || kVar == 6 || kVar == 8) ? p.freq[d0 + j] : p.freq_g[d0 + j];
+      if (kVar == 3 || kVar == 8) {
+#pragma unroll
+        for (int j = 0; j < kV; ++j) {
+          sn[j] = f[j] * static_cast<float>(s);
+          cs[j] = 1.f - f[j];
+        }
+      } else {
+        const int64_t pos = (kVar == 10 || kVar == 11) ? s - *p.seq_start : s;
+        rope_ext::angle_sincos_chunk<kV>(pos, f, sn, cs);
+      }
+    }
+    const bf16* a = reinterpret_cast<const bf16*>(&xa);
+    const bf16* b = reinterpret_cast<const bf16*>(&xb);
+    bf16* oa = reinterpret_cast<bf16*>(&ya);
+    bf16* ob = reinterpret_cast<bf16*>(&yb);
+#pragma unroll
+    for (int j = 0; j < kV; ++j) {
+      const float x0 = __bfloat162float(a[j]), x1 = __bfloat162float(b[j]);
+      oa[j] = __float2bfloat16(rope_ext::rot_y0<float>(x0, x1, cs[j], sn[j]));
+      ob[j] = __float2bfloat16(rope_ext::rot_y1<float>(x0, x1, cs[j], sn[j]));
+    }
+  }
+  *reinterpret_cast<uint2*>(p.out + row + d0) = ya;
+  *reinterpret_cast<uint2*>(p.out + row + d0 + kHalf) = yb;
+}
+
+template <int kVar>
+void launch(const StudyParams& p) {
+  const bool uni = kVar >= 5 && kVar <= 8, rb2 = kVar == 9 || kVar == 11;
+  const dim3 grid(uni ? 4 : rb2 ? kH / 2 : kH / 8, p.S);
+  study_kernel<kVar><<<grid, rb2 ? 32 : 128, 0, c10::cuda::getCurrentCUDAStream()>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void run(int64_t variant, torch::Tensor x, torch::Tensor out, torch::Tensor freq, torch::Tensor freq_host,
+         torch::Tensor tcos, torch::Tensor tsin, torch::Tensor seq_start) {
+  TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kBFloat16 && x.is_contiguous() && x.dim() == 3 &&
+              x.size(1) == kH && x.size(2) == kD, "x: contiguous bf16 [S, 32, 128]");
+  TORCH_CHECK(out.sizes() == x.sizes() && out.is_contiguous() && out.scalar_type() == x.scalar_type(), "out");
+  TORCH_CHECK(freq.numel() == kHalf && freq.scalar_type() == torch::kFloat32, "freq: fp32 [64]");
+  TORCH_CHECK(!freq_host.is_cuda() && freq_host.numel() == kHalf && freq_host.scalar_type() == torch::kFloat32,
+              "freq_host: fp32 [64] on the CPU (no copy back inside a graph capture)");
+  TORCH_CHECK(tcos.is_contiguous() && tcos.size(0) >= x.size(0) && tcos.size(1) == kHalf, "tcos: [S, 64]");
+  StudyParams p{};
+  p.x = reinterpret_cast<const bf16*>(x.data_ptr());
+  p.out = reinterpret_cast<bf16*>(out.data_ptr());
+  p.freq_g = freq.data_ptr<float>();
+  p.tcos = tcos.data_ptr<float>();
+  p.tsin = tsin.data_ptr<float>();
+  p.seq_start = seq_start.data_ptr<int>();
+  p.S = static_cast<int>(x.size(0));
+  const auto fh = freq_host.contiguous();
+  for (int i = 0; i < kHalf; ++i) p.freq[i] = fh.data_ptr<float>()[i];
+  switch (variant) {
+    case 0: launch<0>(p); break;
+    case 1: launch<1>(p); break;
+    case 2: launch<2>(p); break;
+    case 3: launch<3>(p); break;
+    case 4: launch<4>(p); break;
+    case 5: launch<5>(p); break;
+    case 6: launch<6>(p); break;
+    case 7: launch<7>(p); break;
+    case 8: launch<8>(p); break;
+    case 9: launch<9>(p); break;
+    case 10: launch<10>(p); break;
+    case 11: launch<11>(p); break;
+    default: TORCH_CHECK(false, "variant: 0..11");
+  }
+}
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("run", &run); }

@@ -1,0 +1,108 @@
+"""Issue 19: where a small out-of-place rope call loses to torch.compile's kernel.
+
+Builds bench/small_rope_study.cu (its header lists the variants and what each asks) and
+times each variant, rope_ext's own calls, torch.compile's cached formula and the
+same-size copy as the latency suite does (bench/timing.py graph_us: one call in a CUDA
+graph, L2 flushed before every replay, median), x [S, 32, 128] bf16 out of place, at
+S = 16, 64, 256, 1024 (0.12, 0.5, 2, 8 MB). Each variant's output is checked against
+rope_ext's (the fake sin/cos and copy variants excepted) before it is timed.
+
+    python bench/small_rope_study.py [--reps 200]
+"""
+import argparse
+import os
+import sys
+
+import torch
+from torch.utils.cpp_extension import load
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, ".."))
+import rope_ext  # noqa: E402
+from rope_ext import reference as ref  # noqa: E402
+from timing import graph_us, same_size_copy  # noqa: E402
+
+VARIANTS = ["copy_lean", "lean_global", "lean_param", "lean_fake", "lean_table", "uni_global", "uni_param",
+            "copy_uni", "uni_fake", "lean_rb2", "lean_seq", "lean_rb2_seq"]
+EXACT = {"lean_global", "lean_param", "uni_global", "uni_param", "lean_rb2", "lean_seq", "lean_rb2_seq"}  # bit-equal to rope_ext's sin/cos
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=200)
+    args = ap.parse_args()
+    mod = load("small_rope_study", [os.path.join(HERE, "small_rope_study.cu")],
+               extra_include_paths=[os.path.join(HERE, "..", "csrc")],
+               extra_cuda_cflags=["-O3", "--expt-relaxed-constexpr", "-DROPE_EXT_ANGLE_TURNS=1"], verbose=False)
+    D, H = 128, 32
+    inv = rope_ext.inv_freq(D, 10000.0).float().cpu().contiguous()  # the bits rope_ext's kernels use
+    freq = inv.cuda()
+    seq0 = torch.zeros(1, dtype=torch.int32, device="cuda")
+    C = rope_ext._C
+    print(f"{'S':>6}{'MB':>7}" + "".join(f"{v:>12}" for v in VARIANTS) +
+          f"{'rope auto':>11}{'rope ip':>9}{'compile':>9}{'copy':>8}")
+    for S in (16, 64, 256, 1024):
+        x = torch.randn(S, H, D, device="cuda").bfloat16()
+        out = torch.empty_like(x)
+        ang = torch.arange(S, dtype=torch.float64, device="cuda")[:, None] * freq.double()
+        tcos, tsin = ang.cos().float().contiguous(), ang.sin().float().contiguous()
+        want = rope_ext.apply_rope(x, layout="thd", cu_seqlens=torch.tensor([0, S], dtype=torch.int32,
+                                                                             device="cuda"))
+        cells = []
+        for i, v in enumerate(VARIANTS):
+            out.fill_(float("nan"))
+            mod.run(i, x, out, freq, inv, tcos, tsin, seq0)
+            torch.cuda.synchronize()
+            if v in EXACT:
+                bad = (out.float() - want.float()).abs().max().item()
+                note = "" if bad == 0 else f"(!{bad:.1e})"
+            elif v.startswith("copy"):
+                note = "" if torch.equal(out, x) else "(!copy)"
+            elif v == "lean_table":
+                bad = (out.float() - want.float()).abs().max().item()
+                note = "" if bad <= 2 ** -7 * x.abs().max().item() else f"(!{bad:.1e})"
+            else:
+                note = "" if not out.isnan().any() else "(!nan)"
+            t = graph_us(lambda i=i: mod.run(i, x, out, freq, inv, tcos, tsin, seq0), args.reps)
+            cells.append(f"{t:.2f}{note}")
+        cu = torch.tensor([0, S], dtype=torch.int32, device="cuda")
+        t_auto = graph_us(lambda: rope_ext.apply_rope(x, layout="thd", cu_seqlens=cu), args.reps)
+        t_ip = graph_us(lambda: rope_ext.apply_rope(x, layout="thd", cu_seqlens=cu, inplace=True), args.reps)
+        t_copy = graph_us(same_size_copy(x.numel(), x.dtype), args.reps)
+        emb = torch.arange(S, device="cuda").float()[:, None] * freq
+        emb = torch.cat([emb, emb], -1)
+        c, s_ = emb.cos().bfloat16().view(S, 1, D), emb.sin().bfloat16().view(S, 1, D)
+        torch._dynamo.reset()
+        comp = torch.compile(ref.apply_cos_sin, dynamic=False)
+        t_comp = graph_us(lambda: comp(x, c, s_), args.reps)
+        graph_us(same_size_copy(x.numel(), x.dtype), 20)  # discarded (the suite's rule after compile)
+        print(f"{S:>6}{x.numel() * 2 / 2**20:>7.2f}" + "".join(f"{c_:>12}" for c_ in cells) +
+              f"{t_auto:>11.2f}{t_ip:>9.2f}{t_comp:>9.2f}{t_copy:>8.2f}", flush=True)
+        # rope_ext's lean kernel under its knobs, bshd [1, S, 32, 128] and thd, out of place.
+        xb = x.view(1, S, H, D)
+        want_now = rope_ext.apply_rope(x, layout="thd", cu_seqlens=cu, impl="fp32x4_tile")  # x was rotated in place
+        knobs = {"rule": {}, "old rule (blocks to 32)": dict(min_block=1), "K=1": dict(share=False)}
+        line = []
+        for name, kn in knobs.items():
+            C.set_lean_min_block(kn.get("min_block", 0))
+            C.set_lean_share(kn.get("share", True))
+            got = rope_ext.apply_rope(xb)
+            ok = torch.equal(got.view_as(want_now), want_now)
+            tb = graph_us(lambda: rope_ext.apply_rope(xb), args.reps)
+            tt = graph_us(lambda: rope_ext.apply_rope(x, layout="thd", cu_seqlens=cu), args.reps)
+            line.append(f"{name}: bshd {tb:.2f} thd {tt:.2f}{'' if ok else ' (!bits)'}")
+        C.set_lean_min_block(0)
+        C.set_lean_share(True)
+        print("        rope_ext lean knobs: " + "; ".join(line), flush=True)
+    # What one out-of-place call launches (a second kernel would show here).
+    x = torch.randn(1, 16, H, D, device="cuda").bfloat16()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        rope_ext.apply_rope(x)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    print("kernels of one apply_rope(bshd [1, 16, 32, 128]):", names)
+
+
+if __name__ == "__main__":
+    main()
