@@ -267,14 +267,19 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
         if constexpr (P >= 1) {
           // Two lanes share a chunk's sin/cos where a warp holds two row slots of it.
           const bool share = P % 2 == 0 && !cache && lean_share() && lp.cshift <= 4 && RB >= 2;
+          // The frequency source is the kernel's last template argument (rope_variants.cuh).
           ROPE_POW2_UPTO8_SWITCH(U, kU, [&] {
+            if (cache) {
+              cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 2><<<grid, threads, 0, stream>>>(lp);
+              return;
+            }
             if constexpr (P % 2 == 0) {
               if (share) {
-                cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 2><<<grid, threads, 0, stream>>>(lp);
+                cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 1><<<grid, threads, 0, stream>>>(lp);
                 return;
               }
             }
-            cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 1><<<grid, threads, 0, stream>>>(lp);
+            cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 0><<<grid, threads, 0, stream>>>(lp);
           });
         }
       });

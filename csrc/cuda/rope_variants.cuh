@@ -367,7 +367,7 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinBlocks) rope_tile_kernel
   fill_sincos_table(p, g_first, groups, cos_tab, sin_tab);
   __syncthreads();
 
-  // 3. Rotate and store, then the next rows of this chunk, then the next chunk.
+  // 4. Rotate and store. then the next rows of this chunk, then the next chunk.
   while (have) {
     rows.store(cos_tab, sin_tab, half, lr0, step, n, d0, d0 + half, c < n_rot, c * P);
     lr0 += U * step;
@@ -547,6 +547,7 @@ struct LeanParams {
   DType cache_dtype;
   int32_t cache_stride_row, cache_stride_col, cache_rows;
   int32_t cache_vec;     // a chunk's cos (and sin) by vector loads: unit columns, fp32 or x's dtype, aligned
+  int32_t lane_zero;     // 0 (see the position loads)
 };
 static_assert(offsetof(LeanParams, inv_freq) == 64 && offsetof(LeanParams, offset) == 128 &&
               offsetof(LeanParams, offsets) == 192, "LeanParams: 64-byte constant lines in order of use");
@@ -582,8 +583,14 @@ __device__ __forceinline__ void load_row_chunk(const E* ptr, float* out) {
   }
 }
 
-template <typename T, bool kInterleaved, int U, int W, int K>
+// kSource: 0 sin/cos computed by each lane, 1 shared by two lanes (K = 2), 2 read from
+// p.cache. A template argument, not a branch: with the table code in the same instance
+// the compiler laid it out as the fall-through and the sin/cos path behind a jump (a
+// cold instruction fetch after an L2 flush, whatever the branch's expectation).
+template <typename T, bool kInterleaved, int U, int W, int kSource>
 __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid_constant__ LeanParams p) {
+  constexpr int K = kSource == 1 ? 2 : 1;
+  constexpr bool kCache = kSource == 2;
   constexpr int V = W / sizeof(T);
   constexpr int P = kInterleaved ? V / 2 : V;
   constexpr int PK = P / K;  // pairs this thread computes
@@ -622,42 +629,96 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   //    frequencies before x's with the x loop predicated gained 0.1 us at 0.12 MB and
   //    lost 20-25% at 8-32 MB: run 6 of the night of 2026-11-24, reverted.)
   float f[PK];
-  if (!p.cache) {
+  if constexpr (!kCache) {
 #pragma unroll
     for (int j = 0; j < PK; ++j) f[j] = p.inv_freq[(c * P + g * PK + j) * static_cast<int64_t>(p.inv_freq_stride)];
   }
-  // 3. The position (position_of's rules for the cases the host lets through). Without
-  //    a positions or offsets tensor it is s + offset less cu_seqlens[0] (one packed
-  //    sequence), and cu_seqlens[0] is almost always 0: sin/cos start from that guess
-  //    while the load is in flight, and are computed again only where it was wrong.
-  //    cu_seqlens[0] stays a raw load until the guess's sin/cos are done: a conversion
-  //    next to the load (the compiler put load_index's int32 sign extension there)
-  //    stalls the warp before the sin/cos (in-order issue).
-  const bool guessed = !p.positions.ptr && !p.offsets.ptr;
-  int64_t pos = 0;
-  uint32_t seq_lo = 0, seq_hi = 0;  // cu_seqlens[0], raw
-  if (p.positions.ptr) {
-    pos = load_index(p.positions, b * p.pos_stride_b + s * p.positions.stride);
-  } else if (p.offsets.ptr) {
-    pos = s + load_index(p.offsets, (p.seq_start.ptr ? 0 : b) * p.offsets.stride);
-    if (p.seq_start.ptr) pos -= load_index(p.seq_start, 0);
-  } else if (p.seq_start.ptr) {
-    if (p.seq_start.is64) {
-      const uint2 v = *static_cast<const uint2*>(p.seq_start.ptr);
-      seq_lo = v.x;
-      seq_hi = v.y;
+  // 3. The position (position_of's rules for the cases the host lets through): a
+  //    positions tensor; else s plus an offsets tensor's entry, less cu_seqlens[0] (one
+  //    packed sequence); else s + offset less cu_seqlens[0]. The loads are straight-line
+  //    (predicated: a branch per case put the common path behind jumps, cold instruction
+  //    fetches after an L2 flush) and stay raw 32-bit words until the sin/cos below are
+  //    done: a conversion next to a load (the compiler put load_index's int32 sign
+  //    extension there) stalls the warp before the sin/cos (in-order issue).
+  const bool has_pos = p.positions.ptr != nullptr, has_off = p.offsets.ptr != nullptr;
+  const bool has_seq = p.seq_start.ptr != nullptr;
+  // Load a: the position, the offset, or cu_seqlens[0]; load b: cu_seqlens[0] beside an offset.
+  const void* a_ptr = has_pos ? p.positions.ptr : has_off ? p.offsets.ptr : p.seq_start.ptr;
+  const bool a64 = has_pos ? p.positions.is64 : has_off ? p.offsets.is64 : p.seq_start.is64;
+  // (+ threadIdx.x & lane_zero, which is 0: a uniform load's value goes to a uniform
+  // register right where it lands (R2UR), stalling the warp there; a per-lane address
+  // keeps it in the thread's registers until its first real use.)
+  const int64_t a_at = (has_pos ? b * p.pos_stride_b + s * p.positions.stride
+                        : has_off && !has_seq ? b * p.offsets.stride : 0) + (threadIdx.x & p.lane_zero);
+  const bool two = !has_pos && has_off && has_seq;
+  uint32_t a_lo = 0, a_hi = 0, b_lo = 0, b_hi = 0;
+  if (a_ptr) {
+    if (a64) {
+      const uint2 v = static_cast<const uint2*>(a_ptr)[a_at];
+      a_lo = v.x;
+      a_hi = v.y;
     } else {
-      seq_lo = *static_cast<const uint32_t*>(p.seq_start.ptr);
+      a_lo = static_cast<const uint32_t*>(a_ptr)[a_at];
+    }
+  }
+  if (two) {
+    const int64_t z = threadIdx.x & p.lane_zero;
+    if (p.seq_start.is64) {
+      const uint2 v = static_cast<const uint2*>(p.seq_start.ptr)[z];
+      b_lo = v.x;
+      b_hi = v.y;
+    } else {
+      b_lo = static_cast<const uint32_t*>(p.seq_start.ptr)[z];
     }
   }
   const auto loaded = [&] {
-    const int64_t seq = p.seq_start.is64 ? static_cast<int64_t>((uint64_t(seq_hi) << 32) | seq_lo)
-                                         : static_cast<int64_t>(static_cast<int32_t>(seq_lo));
-    return guessed ? s + p.offset - seq : pos;
+    const auto word = [](uint32_t lo, uint32_t hi, bool is64) {
+      return is64 ? static_cast<int64_t>((uint64_t(hi) << 32) | lo) : static_cast<int64_t>(static_cast<int32_t>(lo));
+    };
+    const int64_t va = word(a_lo, a_hi, a64), vb = word(b_lo, b_hi, p.seq_start.is64);  // 0 where not loaded
+    return has_pos ? va : has_off ? s + va - vb : s + p.offset - va;
   };
   float sn[P], cs[P];
-  if (p.cache) {  // pair_sincos's rule: a position outside [0, cache_rows) gives NaN, not a read
-    pos = loaded();
+  if constexpr (!kCache) {
+    // Without a positions or offsets tensor, sin/cos start from the guess s + offset
+    // while cu_seqlens[0] is in flight (it is 0 in every valid call) and are computed
+    // again where the loaded position differs: one loop body (a second copy would be
+    // more cold code to fetch). With a tensor the position is waited for. Every lane
+    // of a block has the same token, so the trip count is the block's, and K = 2's
+    // shuffles see whole warps (a block smaller than a warp holds only its own lanes).
+    const bool guessed = !has_pos && !has_off;
+    int64_t at = s + p.offset;
+    if (!guessed) at = loaded();
+    for (;;) {
+      float so[PK], co[PK];
+      angle_sincos_chunk<PK>(at, f, so, co);
+      if constexpr (K == 1) {
+#pragma unroll
+        for (int j = 0; j < P; ++j) {
+          sn[j] = so[j];
+          cs[j] = co[j];
+        }
+      } else {
+        const unsigned mask = blockDim.x >= 32 ? 0xffffffffu : (1u << blockDim.x) - 1u;
+        const int partner = (threadIdx.x & 31) ^ (1 << p.cshift);
+#pragma unroll
+        for (int j = 0; j < PK; ++j) {
+          const float sp = __shfl_sync(mask, so[j], partner), cp = __shfl_sync(mask, co[j], partner);
+          sn[j] = g ? sp : so[j];
+          cs[j] = g ? cp : co[j];
+          sn[PK + j] = g ? so[j] : sp;
+          cs[PK + j] = g ? co[j] : cp;
+        }
+      }
+      // (An empty asm that rewrites the raw words after the sin/cos: the compiler can
+      // neither hoist loaded() out of the loop nor place it before them.)
+      asm volatile("" : "+r"(a_lo), "+r"(a_hi), "+r"(b_lo), "+r"(b_hi) : "f"(co[0]));
+      const int64_t want = loaded();
+      if (at == want) break;
+      at = want;
+    }
+  } else {  // pair_sincos's rule: a position outside [0, cache_rows) gives NaN, not a read
+    const int64_t pos = loaded();
     const bool in_range = pos >= 0 && pos < p.cache_rows;
     const int64_t row = (in_range ? pos : 0) * p.cache_stride_row;
     // (Tried and reverted, run 1 of the night of 2026-11-25: at U = 1 the position and
@@ -685,40 +746,6 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
 #pragma unroll
       for (int j = 0; j < P; ++j) cs[j] = sn[j] = std::numeric_limits<float>::quiet_NaN();
     }
-  } else {
-    // One loop body (a second copy would be more cold code to fetch): the guess first,
-    // then, rarely, the loaded position. Every lane of a block has the same token, so
-    // the loop's trip count is the block's, and K = 2's shuffles see whole warps (a
-    // block smaller than a warp holds only its own lanes).
-    int64_t at = guessed ? s + p.offset : pos;
-    for (;;) {
-      float so[PK], co[PK];
-      angle_sincos_chunk<PK>(at, f, so, co);
-      if constexpr (K == 1) {
-#pragma unroll
-        for (int j = 0; j < P; ++j) {
-          sn[j] = so[j];
-          cs[j] = co[j];
-        }
-      } else {
-        const unsigned mask = blockDim.x >= 32 ? 0xffffffffu : (1u << blockDim.x) - 1u;
-        const int partner = (threadIdx.x & 31) ^ (1 << p.cshift);
-#pragma unroll
-        for (int j = 0; j < PK; ++j) {
-          const float sp = __shfl_sync(mask, so[j], partner), cp = __shfl_sync(mask, co[j], partner);
-          sn[j] = g ? sp : so[j];
-          cs[j] = g ? cp : co[j];
-          sn[PK + j] = g ? so[j] : sp;
-          cs[PK + j] = g ? co[j] : cp;
-        }
-      }
-      // (An empty asm that rewrites the raw words after the sin/cos: the compiler can
-      // neither hoist loaded() out of the loop nor place it before them.)
-      asm volatile("" : "+r"(seq_lo), "+r"(seq_hi) : "f"(co[0]));
-      const int64_t want = loaded();
-      if (at == want) break;
-      at = want;
-    }
   }
 #pragma unroll
   for (int j = 0; j < P; ++j) {
@@ -726,7 +753,7 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
     cs[j] *= p.cos_scale;
   }
 
-  // 3. Rotate and store.
+  // 4. Rotate and store.
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     if (r0 + u * p.rows_per_block >= p.rows) break;
