@@ -27,11 +27,16 @@
 //  10 lean_seq     as 1 with the position s - cu_seqlens[0] (a load before sin/cos: the
 //                  packed-sequence form's chain).
 //  11 lean_rb2_seq both.
+//  12 real_k2      rope_ext's own lean kernel (rope_variants.cuh, K = 2, its launch shape
+//                  for this call) launched from this module: does rope_ext's time come
+//                  from its kernel's code, or from around it?
+//  13 real_k1      the same at K = 1.
 #include <cuda_bf16.h>
 #include <torch/extension.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include "rope_math.h"
+#include "cuda/rope_variants.cuh"
 
 namespace {
 using bf16 = __nv_bfloat16;
@@ -110,6 +115,26 @@ void launch(const StudyParams& p) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+template <int kSource>
+void launch_real(const StudyParams& sp) {
+  rope_ext::cuda::LeanParams lp{};
+  lp.cshift = 4;  // 16 chunks of 8 bytes per half row
+  lp.rows_per_block = 8;
+  lp.rows = kH;
+  lp.H0 = kH;
+  lp.in[0] = sp.x;
+  lp.out[0] = sp.out;
+  const int32_t st[3] = {sp.S * kH * kD, kH * kD, kD};
+  for (int i = 0; i < 3; ++i) lp.in_s[0][i] = lp.out_s[0][i] = st[i];
+  lp.half = kHalf;
+  lp.inv_freq_stride = 1;
+  lp.inv_freq = sp.freq_g;
+  lp.sin_scale = lp.cos_scale = 1.f;
+  rope_ext::cuda::rope_lean_kernel<c10::BFloat16, false, 1, 8, kSource>
+      <<<dim3(kH / 8, sp.S, 1), 128, 0, c10::cuda::getCurrentCUDAStream()>>>(lp);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 void run(int64_t variant, torch::Tensor x, torch::Tensor out, torch::Tensor freq, torch::Tensor freq_host,
          torch::Tensor tcos, torch::Tensor tsin, torch::Tensor seq_start) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kBFloat16 && x.is_contiguous() && x.dim() == 3 &&
@@ -142,7 +167,9 @@ void run(int64_t variant, torch::Tensor x, torch::Tensor out, torch::Tensor freq
     case 9: launch<9>(p); break;
     case 10: launch<10>(p); break;
     case 11: launch<11>(p); break;
-    default: TORCH_CHECK(false, "variant: 0..11");
+    case 12: launch_real<1>(p); break;
+    case 13: launch_real<0>(p); break;
+    default: TORCH_CHECK(false, "variant: 0..13");
   }
 }
 }  // namespace

@@ -24,8 +24,9 @@ from rope_ext import reference as ref  # noqa: E402
 from timing import graph_us, same_size_copy  # noqa: E402
 
 VARIANTS = ["copy_lean", "lean_global", "lean_param", "lean_fake", "lean_table", "uni_global", "uni_param",
-            "copy_uni", "uni_fake", "lean_rb2", "lean_seq", "lean_rb2_seq"]
-EXACT = {"lean_global", "lean_param", "uni_global", "uni_param", "lean_rb2", "lean_seq", "lean_rb2_seq"}  # bit-equal to rope_ext's sin/cos
+            "copy_uni", "uni_fake", "lean_rb2", "lean_seq", "lean_rb2_seq", "real_k2", "real_k1"]
+EXACT = {"lean_global", "lean_param", "uni_global", "uni_param", "lean_rb2", "lean_seq", "lean_rb2_seq", "real_k2",
+         "real_k1"}  # bit-equal to rope_ext's sin/cos
 
 
 def main():
