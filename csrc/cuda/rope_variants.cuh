@@ -59,6 +59,14 @@
 //              here, in both append kernels and in decode variant 5: 0.12 MB 4.8 us
 //              either way, append T = 16 and decode B = 1 within noise. The generic
 //              prefetch does not fill the constant caches the parameter reads miss.
+//              Then (night of 2026-11-25/26, bench/small_rope_study.py, H200): blocks
+//              keep 128 threads, the frequency loads go out right behind x's, the
+//              packed-sequence position is guessed while cu_seqlens[0] loads, and the
+//              frequency source is a template argument: 0.12 MB bshd 4.99 -> 4.5-4.7
+//              us, thd 5.22 -> 4.7. This kernel launched from the study's own module
+//              takes rope_ext's time (4.70), while a kernel of the same loads and
+//              arithmetic with one-line params and constant shapes takes 3.84 (torch.
+//              compile 3.68): what is left is in this kernel's code (NOTES run 6).
 //
 // What was learned on the H100 (bench/NOTES.md has the numbers and the method):
 //   - Variant 3's x loads must be uint4: a struct copy of Vec<bf16, 8> compiled to
