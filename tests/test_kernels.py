@@ -277,8 +277,9 @@ def test_lean_packed_position_guess(dtype, tokens, start, cu_dtype):
     cu_seqlens[0] arrives and computes them again where that was not 0. cu_seqlens[0] is
     0 in every valid call; a non-zero start (not checked on CUDA unless value checks are
     on) takes the second pass, which must give the tiles' bits (they subtract it too).
-    Both widths of cu_seqlens (raw 32- and 64-bit loads), blocks of the default shape and
-    of one row (set_lean_min_block(1): blocks smaller than a warp, K = 2's shuffles)."""
+    Both widths of cu_seqlens (raw 32- and 64-bit loads); blocks of the default 128
+    threads and of the old rule's smaller shape (set_lean_min_block(1): 32 threads here,
+    two row slots for K = 2's shuffles)."""
     dev, D = "cuda", 128
     x = randn((tokens, 32, D), dtype, dev)
     cu = torch.tensor([start, tokens], dtype=cu_dtype, device=dev)

@@ -237,8 +237,8 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
   lp.cos_scale = p.scale;
   // Rows per thread U: the fewest that keep the grid within ~512 threads per SM (each
   // thread computes its chunk's sin/cos once for its U rows). Rows per block RB: as
-  // many as a block holds, halved (not below 128 threads) while the tokens' blocks do not
-  // cover every SM.
+  // many as a block of 128 threads holds (fewer where a token has fewer rows); the
+  // halving to cover every SM with small calls is a knob now (set_lean_min_block).
   const int sms = sm_count(device);
   int U = g_lean_rows_per_thread.load(std::memory_order_relaxed);
   if (U != 1 && U != 2 && U != 4 && U != 8) {

@@ -375,7 +375,7 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinBlocks) rope_tile_kernel
   fill_sincos_table(p, g_first, groups, cos_tab, sin_tab);
   __syncthreads();
 
-  // 4. Rotate and store. then the next rows of this chunk, then the next chunk.
+  // 3. Rotate and store, then the next rows of this chunk, then the next chunk.
   while (have) {
     rows.store(cos_tab, sin_tab, half, lr0, step, n, d0, d0 + half, c < n_rot, c * P);
     lr0 += U * step;
@@ -593,8 +593,9 @@ __device__ __forceinline__ void load_row_chunk(const E* ptr, float* out) {
 
 // kSource: 0 sin/cos computed by each lane, 1 shared by two lanes (K = 2), 2 read from
 // p.cache. A template argument, not a branch: with the table code in the same instance
-// the compiler laid it out as the fall-through and the sin/cos path behind a jump (a
-// cold instruction fetch after an L2 flush, whatever the branch's expectation).
+// the compiler laid it out as the fall-through and the sin/cos path behind a ~2.5 KB
+// jump, whatever the branch's expectation. Measured no faster without (run 5 of the
+// night of 2026-11-25/26); kept for the 200 fewer instructions per instance.
 template <typename T, bool kInterleaved, int U, int W, int kSource>
 __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid_constant__ LeanParams p) {
   constexpr int K = kSource == 1 ? 2 : 1;
@@ -644,18 +645,18 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   // 3. The position (position_of's rules for the cases the host lets through): a
   //    positions tensor; else s plus an offsets tensor's entry, less cu_seqlens[0] (one
   //    packed sequence); else s + offset less cu_seqlens[0]. The loads are straight-line
-  //    (predicated: a branch per case put the common path behind jumps, cold instruction
-  //    fetches after an L2 flush) and stay raw 32-bit words until the sin/cos below are
-  //    done: a conversion next to a load (the compiler put load_index's int32 sign
-  //    extension there) stalls the warp before the sin/cos (in-order issue).
+  //    (predicated; a branch per case measured the same, run 5, in more code) and stay
+  //    raw 32-bit words until the sin/cos below are done: a conversion next to a load
+  //    (the compiler put load_index's int32 sign extension there) waits for it, and
+  //    with in-order issue the sin/cos behind it.
   const bool has_pos = p.positions.ptr != nullptr, has_off = p.offsets.ptr != nullptr;
   const bool has_seq = p.seq_start.ptr != nullptr;
   // Load a: the position, the offset, or cu_seqlens[0]; load b: cu_seqlens[0] beside an offset.
   const void* a_ptr = has_pos ? p.positions.ptr : has_off ? p.offsets.ptr : p.seq_start.ptr;
   const bool a64 = has_pos ? p.positions.is64 : has_off ? p.offsets.is64 : p.seq_start.is64;
-  // (+ threadIdx.x & lane_zero, which is 0: a uniform load's value goes to a uniform
-  // register right where it lands (R2UR), stalling the warp there; a per-lane address
-  // keeps it in the thread's registers until its first real use.)
+  // (+ threadIdx.x & lane_zero, which is 0: the compiler moved a uniform load's value
+  // to a uniform register (R2UR) right where it lands, which waits for it; a per-lane
+  // address keeps it in the thread's registers until its first real use.)
   const int64_t a_at = (has_pos ? b * p.pos_stride_b + s * p.positions.stride
                         : has_off && !has_seq ? b * p.offsets.stride : 0) + (threadIdx.x & p.lane_zero);
   const bool two = !has_pos && has_off && has_seq;
