@@ -31,6 +31,13 @@
 //                  for this call) launched from this module: does rope_ext's time come
 //                  from its kernel's code, or from around it?
 //  13 real_k1      the same at K = 1.
+//  14 lines2       lean_global with its pointers read from a parameter block of 64-byte
+//                  lines: x and out from line 0, the frequencies from line 1 (the
+//                  minimal kernel's hot fields share one line; lean's span four).
+//  15 lines4       x from line 0, the frequencies from line 1, out from line 2, and a
+//                  null test from line 3 before the sin/cos (as lean's position fields):
+//                  if each cold constant line costs the chain a round trip, this runs at
+//                  lean's time (real_k1) and 14 between.
 #include <cuda_bf16.h>
 #include <torch/extension.h>
 #include <c10/cuda/CUDAStream.h>
@@ -115,6 +122,52 @@ void launch(const StudyParams& p) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// Four 64-byte lines of pointers (kernel parameters start at c[0x0][0x210]).
+struct LinesParams {
+  const void* line[4][8];
+};
+
+template <int kLines>
+__global__ void __launch_bounds__(128) lines_kernel(const __grid_constant__ LinesParams p) {
+  const int c = threadIdx.x & 15, h = blockIdx.x * 8 + (threadIdx.x >> 4), s = blockIdx.y;
+  const bf16* x = static_cast<const bf16*>(p.line[0][0]);
+  const float* freq = static_cast<const float*>(p.line[1][1]);
+  bf16* out = static_cast<bf16*>(const_cast<void*>(p.line[kLines == 2 ? 0 : 2][2]));
+  const int64_t row = (static_cast<int64_t>(s) * kH + h) * kD;
+  const int d0 = c * kV;
+  const uint2 xa = *reinterpret_cast<const uint2*>(x + row + d0);
+  const uint2 xb = *reinterpret_cast<const uint2*>(x + row + d0 + kHalf);
+  float f[kV], sn[kV], cs[kV];
+#pragma unroll
+  for (int j = 0; j < kV; ++j) f[j] = freq[d0 + j];
+  int64_t pos = s;
+  if (kLines == 4 && p.line[3][3] != nullptr) pos += *static_cast<const int*>(p.line[3][3]);
+  rope_ext::angle_sincos_chunk<kV>(pos, f, sn, cs);
+  uint2 ya, yb;
+  const bf16* a = reinterpret_cast<const bf16*>(&xa);
+  const bf16* b = reinterpret_cast<const bf16*>(&xb);
+  bf16* oa = reinterpret_cast<bf16*>(&ya);
+  bf16* ob = reinterpret_cast<bf16*>(&yb);
+#pragma unroll
+  for (int j = 0; j < kV; ++j) {
+    const float x0 = __bfloat162float(a[j]), x1 = __bfloat162float(b[j]);
+    oa[j] = __float2bfloat16(rope_ext::rot_y0<float>(x0, x1, cs[j], sn[j]));
+    ob[j] = __float2bfloat16(rope_ext::rot_y1<float>(x0, x1, cs[j], sn[j]));
+  }
+  *reinterpret_cast<uint2*>(out + row + d0) = ya;
+  *reinterpret_cast<uint2*>(out + row + d0 + kHalf) = yb;
+}
+
+template <int kLines>
+void launch_lines(const StudyParams& sp) {
+  LinesParams lp{};
+  lp.line[0][0] = sp.x;
+  lp.line[1][1] = sp.freq_g;
+  lp.line[kLines == 2 ? 0 : 2][2] = sp.out;
+  lines_kernel<kLines><<<dim3(kH / 8, sp.S), 128, 0, c10::cuda::getCurrentCUDAStream()>>>(lp);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 template <int kSource>
 void launch_real(const StudyParams& sp) {
   rope_ext::cuda::LeanParams lp{};
@@ -169,7 +222,9 @@ void run(int64_t variant, torch::Tensor x, torch::Tensor out, torch::Tensor freq
     case 11: launch<11>(p); break;
     case 12: launch_real<1>(p); break;
     case 13: launch_real<0>(p); break;
-    default: TORCH_CHECK(false, "variant: 0..13");
+    case 14: launch_lines<2>(p); break;
+    case 15: launch_lines<4>(p); break;
+    default: TORCH_CHECK(false, "variant: 0..15");
   }
 }
 }  // namespace

@@ -7,7 +7,7 @@ graph, L2 flushed before every replay, median), x [S, 32, 128] bf16 out of place
 S = 16, 64, 256, 1024 (0.12, 0.5, 2, 8 MB). Each variant's output is checked against
 rope_ext's (the fake sin/cos and copy variants excepted) before it is timed.
 
-    python bench/small_rope_study.py [--reps 200]
+    python bench/small_rope_study.py [--reps 200] [--only lean_global,real_k1,lines2,lines4] [--sizes 16,64]
 """
 import argparse
 import os
@@ -24,15 +24,22 @@ from rope_ext import reference as ref  # noqa: E402
 from timing import graph_us, same_size_copy  # noqa: E402
 
 VARIANTS = ["copy_lean", "lean_global", "lean_param", "lean_fake", "lean_table", "uni_global", "uni_param",
-            "copy_uni", "uni_fake", "lean_rb2", "lean_seq", "lean_rb2_seq", "real_k2", "real_k1"]
+            "copy_uni", "uni_fake", "lean_rb2", "lean_seq", "lean_rb2_seq", "real_k2", "real_k1",
+            "lines2", "lines4"]
 EXACT = {"lean_global", "lean_param", "uni_global", "uni_param", "lean_rb2", "lean_seq", "lean_rb2_seq", "real_k2",
-         "real_k1"}  # bit-equal to rope_ext's sin/cos
+         "real_k1", "lines2", "lines4"}  # bit-equal to rope_ext's sin/cos
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--only", default="", help="comma-separated variants to time (default: all)")
+    ap.add_argument("--sizes", default="16,64,256,1024", help="comma-separated S (tokens)")
     args = ap.parse_args()
+    only = set(args.only.split(",")) - {""}
+    unknown = only - set(VARIANTS)
+    if unknown:
+        raise SystemExit(f"--only: unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
     mod = load("small_rope_study", [os.path.join(HERE, "small_rope_study.cu")],
                extra_include_paths=[os.path.join(HERE, "..", "csrc")],
                extra_cuda_cflags=["-O3", "--expt-relaxed-constexpr", "-DROPE_EXT_ANGLE_TURNS=1"], verbose=False)
@@ -41,9 +48,10 @@ def main():
     freq = inv.cuda()
     seq0 = torch.zeros(1, dtype=torch.int32, device="cuda")
     C = rope_ext._C
-    print(f"{'S':>6}{'MB':>7}" + "".join(f"{v:>12}" for v in VARIANTS) +
+    shown = [v for v in VARIANTS if not only or v in only]
+    print(f"{'S':>6}{'MB':>7}" + "".join(f"{v:>13}" for v in shown) +
           f"{'rope auto':>11}{'rope ip':>9}{'compile':>9}{'copy':>8}")
-    for S in (16, 64, 256, 1024):
+    for S in (int(t) for t in args.sizes.split(",")):
         x = torch.randn(S, H, D, device="cuda").bfloat16()
         out = torch.empty_like(x)
         ang = torch.arange(S, dtype=torch.float64, device="cuda")[:, None] * freq.double()
@@ -52,6 +60,8 @@ def main():
                                                                              device="cuda"))
         cells = []
         for i, v in enumerate(VARIANTS):
+            if v not in shown:
+                continue
             out.fill_(float("nan"))
             mod.run(i, x, out, freq, inv, tcos, tsin, seq0)
             torch.cuda.synchronize()
@@ -78,7 +88,7 @@ def main():
         comp = torch.compile(ref.apply_cos_sin, dynamic=False)
         t_comp = graph_us(lambda: comp(x, c, s_), args.reps)
         graph_us(same_size_copy(x.numel(), x.dtype), 20)  # discarded (the suite's rule after compile)
-        print(f"{S:>6}{x.numel() * 2 / 2**20:>7.2f}" + "".join(f"{c_:>12}" for c_ in cells) +
+        print(f"{S:>6}{x.numel() * 2 / 2**20:>7.2f}" + "".join(f"{c_:>13}" for c_ in cells) +
               f"{t_auto:>11.2f}{t_ip:>9.2f}{t_comp:>9.2f}{t_copy:>8.2f}", flush=True)
         # rope_ext's lean kernel under its knobs, bshd [1, S, 32, 128] and thd, out of place.
         xb = x.view(1, S, H, D)
