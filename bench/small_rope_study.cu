@@ -38,6 +38,10 @@
 //                  null test from line 3 before the sin/cos (as lean's position fields):
 //                  if each cold constant line costs the chain a round trip, this runs at
 //                  lean's time (real_k1) and 14 between.
+//  16 lean_nopos   rope_ext's lean kernel at K = 1 (its LeanParams, runtime shapes, q/k
+//                  selects, 64-bit index math) without its position code: the position
+//                  is s + offset. Between lean_global and real_k1, it splits lean's extra
+//                  time into its index math and parameters versus its position code.
 #include <cuda_bf16.h>
 #include <torch/extension.h>
 #include <c10/cuda/CUDAStream.h>
@@ -168,8 +172,42 @@ void launch_lines(const StudyParams& sp) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <int kSource>
-void launch_real(const StudyParams& sp) {
+// rope_lean_kernel<bf16, neox, U = 1, W = 8, kSource = 0> with its position code cut
+// (the x loads, frequency loads, sin/cos and stores as there).
+__global__ void __launch_bounds__(128) lean_nopos_kernel(const __grid_constant__ rope_ext::cuda::LeanParams p) {
+  using T = c10::BFloat16;
+  const int c = threadIdx.x & ((1 << p.cshift) - 1);
+  const int r = blockIdx.x * p.rows_per_block + (threadIdx.x >> p.cshift);
+  const int64_t b = blockIdx.z, s = blockIdx.y;
+  const int d0 = c * kV, d1 = d0 + p.half;
+  if (r >= p.rows) return;
+  const bool k = r >= p.H0;
+  const int64_t h = k ? r - p.H0 : r;
+  const T* in = static_cast<const T*>(k ? p.in[1] : p.in[0]) + b * (k ? p.in_s[1][0] : p.in_s[0][0]) +
+                s * (k ? p.in_s[1][1] : p.in_s[0][1]) + h * (k ? p.in_s[1][2] : p.in_s[0][2]);
+  T* out = static_cast<T*>(k ? p.out[1] : p.out[0]) + b * (k ? p.out_s[1][0] : p.out_s[0][0]) +
+           s * (k ? p.out_s[1][1] : p.out_s[0][1]) + h * (k ? p.out_s[1][2] : p.out_s[0][2]);
+  const uint2 xa = *reinterpret_cast<const uint2*>(in + d0), xb = *reinterpret_cast<const uint2*>(in + d1);
+  float f[kV], sn[kV], cs[kV];
+#pragma unroll
+  for (int j = 0; j < kV; ++j) f[j] = p.inv_freq[(c * kV + j) * static_cast<int64_t>(p.inv_freq_stride)];
+  rope_ext::angle_sincos_chunk<kV>(s + p.offset, f, sn, cs);
+  uint2 ya, yb;
+  const T* a = reinterpret_cast<const T*>(&xa);
+  const T* bb = reinterpret_cast<const T*>(&xb);
+  T* oa = reinterpret_cast<T*>(&ya);
+  T* ob = reinterpret_cast<T*>(&yb);
+#pragma unroll
+  for (int j = 0; j < kV; ++j) {
+    const float x0 = static_cast<float>(a[j]), x1 = static_cast<float>(bb[j]);
+    oa[j] = static_cast<T>(rope_ext::rot_y0<float>(x0, x1, cs[j] * p.cos_scale, sn[j] * p.sin_scale));
+    ob[j] = static_cast<T>(rope_ext::rot_y1<float>(x0, x1, cs[j] * p.cos_scale, sn[j] * p.sin_scale));
+  }
+  *reinterpret_cast<uint2*>(out + d0) = ya;
+  *reinterpret_cast<uint2*>(out + d1) = yb;
+}
+
+rope_ext::cuda::LeanParams real_params(const StudyParams& sp) {
   rope_ext::cuda::LeanParams lp{};
   lp.cshift = 4;  // 16 chunks of 8 bytes per half row
   lp.rows_per_block = 8;
@@ -183,8 +221,18 @@ void launch_real(const StudyParams& sp) {
   lp.inv_freq_stride = 1;
   lp.inv_freq = sp.freq_g;
   lp.sin_scale = lp.cos_scale = 1.f;
+  return lp;
+}
+
+template <int kSource>
+void launch_real(const StudyParams& sp) {
   rope_ext::cuda::rope_lean_kernel<c10::BFloat16, false, 1, 8, kSource>
-      <<<dim3(kH / 8, sp.S, 1), 128, 0, c10::cuda::getCurrentCUDAStream()>>>(lp);
+      <<<dim3(kH / 8, sp.S, 1), 128, 0, c10::cuda::getCurrentCUDAStream()>>>(real_params(sp));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void launch_nopos(const StudyParams& sp) {
+  lean_nopos_kernel<<<dim3(kH / 8, sp.S, 1), 128, 0, c10::cuda::getCurrentCUDAStream()>>>(real_params(sp));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -224,7 +272,8 @@ void run(int64_t variant, torch::Tensor x, torch::Tensor out, torch::Tensor freq
     case 13: launch_real<0>(p); break;
     case 14: launch_lines<2>(p); break;
     case 15: launch_lines<4>(p); break;
-    default: TORCH_CHECK(false, "variant: 0..15");
+    case 16: launch_nopos(p); break;
+    default: TORCH_CHECK(false, "variant: 0..16");
   }
 }
 }  // namespace

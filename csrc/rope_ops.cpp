@@ -430,6 +430,10 @@ void fill_frequencies(RopeParams& p, const at::Tensor& x, const std::optional<at
     check_device(c, "cos_sin_cache", x);
     TORCH_CHECK_VALUE(c.dim() == 2 && c.size(1) == R, msg("rope_ext: cos_sin_cache must have shape [max_position, rotary_dim = ",
                       R, "] (cos in the first rotary_dim/2 columns, sin in the rest), got ", shape_str(c)));
+    // An empty table holds no position; a kernel's guarded read of row 0 (lean's) would
+    // go through a null pointer.
+    TORCH_CHECK_VALUE(c.size(0) > 0, msg("rope_ext: cos_sin_cache has no rows (shape ", shape_str(c),
+                      "): every position would be outside it"));
     p.freq = FreqSource::kCosSinCache;
     p.cache = c.data_ptr();
     p.cache_dtype = to_dtype(c.scalar_type());

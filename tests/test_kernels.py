@@ -267,36 +267,64 @@ def test_lean_small_tensor_path(case, dtype, tokens):
         assert torch.equal(out, tile), f"lean vs tiles ({name})"
 
 
+def cuda_kernels_of(fn):
+    """Names of the CUDA kernels one call of fn launches."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("offsets", ["int", "tensor", "tensor 2^33"])
 @pytest.mark.parametrize("cu_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("start", [0, 7])
 @pytest.mark.parametrize("tokens", [16, 300])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_lean_packed_position_guess(dtype, tokens, start, cu_dtype):
-    """One packed sequence: lean starts sin/cos from the position s + offset before
-    cu_seqlens[0] arrives and computes them again where that was not 0. cu_seqlens[0] is
-    0 in every valid call; a non-zero start (not checked on CUDA unless value checks are
-    on) takes the second pass, which must give the tiles' bits (they subtract it too).
-    Both widths of cu_seqlens (raw 32- and 64-bit loads); blocks of the default 128
-    threads and of the old rule's smaller shape (set_lean_min_block(1): 32 threads here,
-    two row slots for K = 2's shuffles)."""
+def test_lean_packed_position_guess(dtype, tokens, start, cu_dtype, offsets):
+    """One packed sequence. With an int offset lean starts sin/cos from the position
+    s + offset before cu_seqlens[0] arrives and computes them again where that was not
+    0; with an offsets tensor it loads both (the offset, then cu_seqlens[0] beside it)
+    and waits. cu_seqlens[0] is 0 in every valid call; a non-zero start (not checked on
+    CUDA unless value checks are on) takes the guess's second pass and the subtraction,
+    which must give the tiles' bits (they subtract it too). Both widths of cu_seqlens,
+    an int64 offset past 2^32 (the raw high word); blocks of the default 128 threads, of
+    the old rule's smaller shapes (set_lean_min_block(1)), and a two-head call in
+    16-byte chunks whose K = 2 blocks hold 16 threads (a partial shuffle mask). Lean's
+    knobs are pinned and its kernel is checked to be the one that ran."""
     dev, D = "cuda", 128
     x = randn((tokens, 32, D), dtype, dev)
     cu = torch.tensor([start, tokens], dtype=cu_dtype, device=dev)
-    tile = rope_ext.apply_rope(x, layout="thd", cu_seqlens=cu, offsets=5, impl="fp32x4_tile")
-    if start == 0:
-        truth = ref.rope_float64(x, layout="thd", cu_seqlens=cu, offsets=5)
-        assert_close_f64(tile, truth, x.abs().max().item(), "tiles vs float64")
-    for min_block in (0, 1):
-        rope_ext._C.set_lean_min_block(min_block)
-        try:
-            out = rope_ext.apply_rope(x, layout="thd", cu_seqlens=cu, offsets=5)
-            outs = rope_ext.apply_rope_qk(x, x[:, :8].contiguous(), layout="thd", cu_seqlens=cu, offsets=5)
-        finally:
-            rope_ext._C.set_lean_min_block(0)
-        assert not torch.isnan(out).any()
-        assert torch.equal(out, tile), f"lean vs tiles (start {start}, min_block {min_block})"
-        assert torch.equal(outs[0], tile) and torch.equal(outs[1], tile[:, :8]), "lean q + k vs tiles"
+    off = {"int": 5, "tensor": torch.tensor([5], device=dev),
+           "tensor 2^33": torch.tensor([(1 << 33) + 5], dtype=torch.int64, device=dev)}[offsets]
+    kw = dict(layout="thd", cu_seqlens=cu, offsets=off, inv_freq=rope_ext.inv_freq(D, device=dev))
+    tile = rope_ext.apply_rope(x, impl="fp32x4_tile", **kw)
+    x2 = x[:, :2].contiguous()
+    tile2 = rope_ext.apply_rope(x2, impl="fp32x4_tile", **kw)
+    if start == 0 and offsets != "tensor 2^33":
+        assert_close_f64(tile, ref.rope_float64(x, **kw), x.abs().max().item(), "tiles vs float64")
+    C = rope_ext._C
+    try:
+        C.set_lean_max_bytes(32 << 20)
+        C.set_lean_share(True)
+        assert any("rope_lean_kernel" in n for n in cuda_kernels_of(lambda: rope_ext.apply_rope(x, **kw))), \
+            "auto did not take lean here: the test would not test it"
+        for min_block in (0, 1):
+            C.set_lean_min_block(min_block)
+            out = rope_ext.apply_rope(x, **kw)
+            outs = rope_ext.apply_rope_qk(x, x[:, :8].contiguous(), **kw)
+            assert not torch.isnan(out).any()
+            assert torch.equal(out, tile), f"lean vs tiles (start {start}, min_block {min_block})"
+            assert torch.equal(outs[0], tile) and torch.equal(outs[1], tile[:, :8]), "lean q + k vs tiles"
+        if dtype == torch.bfloat16:
+            C.set_lean_min_block(0)
+            C.set_lean_bytes(16)
+            assert torch.equal(rope_ext.apply_rope(x2, **kw), tile2), "lean, 16-thread K = 2 blocks, vs tiles"
+    finally:
+        C.set_lean_min_block(0)
+        C.set_lean_bytes(-1)
+        C.set_lean_max_bytes(-1)
+        C.set_lean_share(True)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -52,6 +52,7 @@ def cases(dev):
         ("inv_freq dtype", lambda: rope_ext.apply_rope(x, inv_freq=rope_ext.inv_freq(D, device=dev).double()), TypeError, "inv_freq must be float32"),
         ("cache width", lambda: rope_ext.apply_rope(x, cos_sin_cache=ref.cos_sin_table(D + 2, 10000.0, 64, dev)), ValueError, "cos_sin_cache must have shape"),
         ("cache int", lambda: rope_ext.apply_rope(x, cos_sin_cache=torch.zeros(64, D, dtype=torch.int32, device=dev)), TypeError, "cos_sin_cache must be float"),
+        ("cache empty", lambda: rope_ext.apply_rope(x, cos_sin_cache=torch.zeros(0, D, device=dev)), ValueError, "cos_sin_cache has no rows"),
         ("base negative", lambda: rope_ext.apply_rope(x, base=-1.0), ValueError, "base must be"),
         ("q/k dtype", lambda: rope_ext.apply_rope_qk(x, x.half()), TypeError, "same dtype"),
         ("q/k shape", lambda: rope_ext.apply_rope_qk(x, randn((B, S + 1, H, D), torch.float32, dev)), ValueError, "agree in every dimension"),

@@ -522,14 +522,14 @@ __global__ void __launch_bounds__(kFlatMaxThreads) rope_flat_kernel(const __grid
 // (launch_lean) picks U and RB; the chunks per row are a power of two (shift, mask).
 // Laid out for the constant cache: after an L2 flush each parameter line a thread
 // reads is a miss on its chain (ncu: most of a 0.12 MB call's stall samples on the
-// first parameter reads), so the fields are in the order a thread first needs them,
-// 64 bytes to a line: its x loads (line 0), its frequency loads, the guessed position
-// and its stores (line 1), the position tensors (line 2), the cos_sin_cache's layout
-// (line 3). Strides are 32-bit (the host checks they fit) and the block ends before
-// c[0x0][0x300] (kernel parameters start at 0x210). (An earlier order read the
-// position fields and the frequency source's null test from lines past the pointers'
-// before the frequency loads went out: a second constant miss on the chain; issue 19,
-// bench/NOTES.md, night of 2026-11-25/26.)
+// first parameter reads), so the fields are roughly in the order a thread first needs
+// them, 64 bytes to a line: its x loads (line 0); its frequency loads and its stores
+// (line 1, with the table pointer, which only the table instances read); the offset and
+// the position tensors (line 2); the offsets tensor, lane_zero and the table's layout
+// (line 3). So the plain path still reads all four lines (bench/NOTES.md, night of
+// 2026-11-25/26, run 6: whether that is lean's remaining time is the next measurement).
+// Strides are 32-bit (the host checks they fit) and the block ends before c[0x0][0x300]
+// (kernel parameters start at 0x210; the static_asserts below hold it to 240 bytes).
 struct LeanParams {
   int32_t cshift;          // log2(chunks per row)
   int32_t rows_per_block;  // RB
@@ -726,7 +726,8 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
       if (at == want) break;
       at = want;
     }
-  } else {  // pair_sincos's rule: a position outside [0, cache_rows) gives NaN, not a read
+  } else {  // pair_sincos's rule: a position outside [0, cache_rows) gives NaN (row 0 is read
+            // and discarded: the host refuses an empty table)
     const int64_t pos = loaded();
     const bool in_range = pos >= 0 && pos < p.cache_rows;
     const int64_t row = (in_range ? pos : 0) * p.cache_stride_row;
