@@ -106,6 +106,19 @@ def main():
         C.set_lean_min_block(0)
         C.set_lean_share(True)
         print("        rope_ext lean knobs: " + "; ".join(line), flush=True)
+    # Decode-sized calls (q + k in place at random positions, W5's form) under lean's block
+    # rule (128 threads) and the old one (set_lean_min_block(1): halved to cover the SMs):
+    # the rule was measured at 0.12-8 MB only.
+    for T in (1, 16):
+        q = torch.randn(T, 32, D, device="cuda").bfloat16()
+        k = torch.randn(T, 8, D, device="cuda").bfloat16()
+        pos = torch.randint(0, 131072, (T,), device="cuda")
+        cells = []
+        for name, mb in (("rule", 0), ("old rule", 1)):
+            C.set_lean_min_block(mb)
+            cells.append(f"{name} {graph_us(lambda: rope_ext.apply_rope_qk(q, k, pos, layout='thd', inplace=True), args.reps):.2f}")
+        C.set_lean_min_block(0)
+        print(f"decode q[{T},32,128]+k[{T},8,128] in place, us: " + ", ".join(cells), flush=True)
     # What one out-of-place call launches (a second kernel would show here).
     x = torch.randn(1, 16, H, D, device="cuda").bfloat16()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
