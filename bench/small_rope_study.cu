@@ -64,6 +64,19 @@ struct StudyParams {
   float freq[kHalf];
 };
 
+// A thread's two 8-byte chunks (4 pairs) rotated by rope_ext's own rotate_chunk (lean's)
+// and stored: the same bits as rope_ext's kernels.
+__device__ __forceinline__ void rotate_store(uint2 xa, uint2 xb, const float* sn, const float* cs, void* out_a,
+                                             void* out_b) {
+  using VecT = rope_ext::cuda::Vec<c10::BFloat16, kV>;
+  VecT va, vb;
+  *reinterpret_cast<uint2*>(&va) = xa;
+  *reinterpret_cast<uint2*>(&vb) = xb;
+  rope_ext::cuda::rotate_chunk<c10::BFloat16, false>(va, vb, sn, cs);
+  *reinterpret_cast<uint2*>(out_a) = *reinterpret_cast<const uint2*>(&va);
+  *reinterpret_cast<uint2*>(out_b) = *reinterpret_cast<const uint2*>(&vb);
+}
+
 template <int kVar>
 __global__ void __launch_bounds__(128) study_kernel(const __grid_constant__ StudyParams p) {
   constexpr bool kUni = kVar >= 5 && kVar <= 8;
@@ -80,8 +93,10 @@ __global__ void __launch_bounds__(128) study_kernel(const __grid_constant__ Stud
   const int d0 = c * kV;
   const uint2 xa = *reinterpret_cast<const uint2*>(p.x + row + d0);
   const uint2 xb = *reinterpret_cast<const uint2*>(p.x + row + d0 + kHalf);
-  uint2 ya = xa, yb = xb;
-  if (kVar != 0 && kVar != 7) {
+  if (kVar == 0 || kVar == 7) {
+    *reinterpret_cast<uint2*>(p.out + row + d0) = xa;
+    *reinterpret_cast<uint2*>(p.out + row + d0 + kHalf) = xb;
+  } else {
     float sn[kV], cs[kV];
     if (kVar == 4) {
       const float4 c4 = *reinterpret_cast<const float4*>(p.tcos + s * kHalf + d0);
@@ -103,19 +118,8 @@ __global__ void __launch_bounds__(128) study_kernel(const __grid_constant__ Stud
         rope_ext::angle_sincos_chunk<kV>(pos, f, sn, cs);
       }
     }
-    const bf16* a = reinterpret_cast<const bf16*>(&xa);
-    const bf16* b = reinterpret_cast<const bf16*>(&xb);
-    bf16* oa = reinterpret_cast<bf16*>(&ya);
-    bf16* ob = reinterpret_cast<bf16*>(&yb);
-#pragma unroll
-    for (int j = 0; j < kV; ++j) {
-      const float x0 = __bfloat162float(a[j]), x1 = __bfloat162float(b[j]);
-      oa[j] = __float2bfloat16(rope_ext::rot_y0<float>(x0, x1, cs[j], sn[j]));
-      ob[j] = __float2bfloat16(rope_ext::rot_y1<float>(x0, x1, cs[j], sn[j]));
-    }
+    rotate_store(xa, xb, sn, cs, p.out + row + d0, p.out + row + d0 + kHalf);
   }
-  *reinterpret_cast<uint2*>(p.out + row + d0) = ya;
-  *reinterpret_cast<uint2*>(p.out + row + d0 + kHalf) = yb;
 }
 
 template <int kVar>
@@ -147,19 +151,7 @@ __global__ void __launch_bounds__(128) lines_kernel(const __grid_constant__ Line
   int64_t pos = s;
   if (kLines == 4 && p.line[3][3] != nullptr) pos += *static_cast<const int*>(p.line[3][3]);
   rope_ext::angle_sincos_chunk<kV>(pos, f, sn, cs);
-  uint2 ya, yb;
-  const bf16* a = reinterpret_cast<const bf16*>(&xa);
-  const bf16* b = reinterpret_cast<const bf16*>(&xb);
-  bf16* oa = reinterpret_cast<bf16*>(&ya);
-  bf16* ob = reinterpret_cast<bf16*>(&yb);
-#pragma unroll
-  for (int j = 0; j < kV; ++j) {
-    const float x0 = __bfloat162float(a[j]), x1 = __bfloat162float(b[j]);
-    oa[j] = __float2bfloat16(rope_ext::rot_y0<float>(x0, x1, cs[j], sn[j]));
-    ob[j] = __float2bfloat16(rope_ext::rot_y1<float>(x0, x1, cs[j], sn[j]));
-  }
-  *reinterpret_cast<uint2*>(out + row + d0) = ya;
-  *reinterpret_cast<uint2*>(out + row + d0 + kHalf) = yb;
+  rotate_store(xa, xb, sn, cs, out + row + d0, out + row + d0 + kHalf);
 }
 
 template <int kLines>
@@ -192,19 +184,12 @@ __global__ void __launch_bounds__(128) lean_nopos_kernel(const __grid_constant__
 #pragma unroll
   for (int j = 0; j < kV; ++j) f[j] = p.inv_freq[(c * kV + j) * static_cast<int64_t>(p.inv_freq_stride)];
   rope_ext::angle_sincos_chunk<kV>(s + p.offset, f, sn, cs);
-  uint2 ya, yb;
-  const T* a = reinterpret_cast<const T*>(&xa);
-  const T* bb = reinterpret_cast<const T*>(&xb);
-  T* oa = reinterpret_cast<T*>(&ya);
-  T* ob = reinterpret_cast<T*>(&yb);
 #pragma unroll
-  for (int j = 0; j < kV; ++j) {
-    const float x0 = static_cast<float>(a[j]), x1 = static_cast<float>(bb[j]);
-    oa[j] = static_cast<T>(rope_ext::rot_y0<float>(x0, x1, cs[j] * p.cos_scale, sn[j] * p.sin_scale));
-    ob[j] = static_cast<T>(rope_ext::rot_y1<float>(x0, x1, cs[j] * p.cos_scale, sn[j] * p.sin_scale));
+  for (int j = 0; j < kV; ++j) {  // as lean applies the scales
+    sn[j] *= p.sin_scale;
+    cs[j] *= p.cos_scale;
   }
-  *reinterpret_cast<uint2*>(out + d0) = ya;
-  *reinterpret_cast<uint2*>(out + d1) = yb;
+  rotate_store(xa, xb, sn, cs, out + d0, out + d1);
 }
 
 rope_ext::cuda::LeanParams real_params(const StudyParams& sp) {
