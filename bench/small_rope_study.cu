@@ -42,6 +42,18 @@
 //                  selects, 64-bit index math) without its position code: the position
 //                  is s + offset. Between lean_global and real_k1, it splits lean's extra
 //                  time into its index math and parameters versus its position code.
+//                  Run 1 of 2026-11-26 (H200, 0.12 MB, us): lean_global 3.74, lines2 4.06,
+//                  lines4 4.06, lean_nopos 4.10, real_k1 4.54: a second constant line
+//                  before the frequency load costs ~0.3 us, the old position code's
+//                  lines ~0.45 more; lean's index math nothing. LeanParams was laid out
+//                  again from it (rope_variants.cuh).
+//  17 lean_smem    lean_global with a token's sin/cos computed once per block: 64 lanes
+//                  one pair each, into shared memory, then every lane its 4 pairs. At
+//                  0.5-2 MB the minimal kernel trails torch.compile (4.54 vs 3.76 us at
+//                  0.5 MB), with each lane computing 4 sin/cos 8 times per block: is
+//                  that issue work the time there?
+//  18 lean_smem4   as 17 with a block per token (32 heads, 4 rows per lane): a quarter of
+//                  the blocks and of the sin/cos.
 #include <cuda_bf16.h>
 #include <torch/extension.h>
 #include <c10/cuda/CUDAStream.h>
@@ -164,25 +176,63 @@ void launch_lines(const StudyParams& sp) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// A token's 64 sin/cos once per block, then each lane's 4 pairs of kRows rows.
+template <int kRows>
+__global__ void __launch_bounds__(128) smem_kernel(const __grid_constant__ StudyParams p) {
+  __shared__ __align__(16) float tab[2][kHalf];  // sin, cos
+  const int c = threadIdx.x & 15, s = blockIdx.y;
+  const int h0 = blockIdx.x * 8 * kRows + (threadIdx.x >> 4);
+  const int d0 = c * kV;
+  uint2 xa[kRows], xb[kRows];
+#pragma unroll
+  for (int u = 0; u < kRows; ++u) {
+    const int64_t row = (static_cast<int64_t>(s) * kH + h0 + 8 * u) * kD;
+    xa[u] = *reinterpret_cast<const uint2*>(p.x + row + d0);
+    xb[u] = *reinterpret_cast<const uint2*>(p.x + row + d0 + kHalf);
+  }
+  if (threadIdx.x < kHalf) {
+    float f = p.freq_g[threadIdx.x], sn, cs;
+    rope_ext::angle_sincos_chunk<1>(s, &f, &sn, &cs);
+    tab[0][threadIdx.x] = sn;
+    tab[1][threadIdx.x] = cs;
+  }
+  __syncthreads();
+  const float4 s4 = *reinterpret_cast<const float4*>(&tab[0][d0]);
+  const float4 c4 = *reinterpret_cast<const float4*>(&tab[1][d0]);
+  const float sn[kV] = {s4.x, s4.y, s4.z, s4.w}, cs[kV] = {c4.x, c4.y, c4.z, c4.w};
+#pragma unroll
+  for (int u = 0; u < kRows; ++u) {
+    const int64_t row = (static_cast<int64_t>(s) * kH + h0 + 8 * u) * kD;
+    rotate_store(xa[u], xb[u], sn, cs, p.out + row + d0, p.out + row + d0 + kHalf);
+  }
+}
+
+template <int kRows>
+void launch_smem(const StudyParams& p) {
+  smem_kernel<kRows><<<dim3(kH / (8 * kRows), p.S), 128, 0, c10::cuda::getCurrentCUDAStream()>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 // rope_lean_kernel<bf16, neox, U = 1, W = 8, kSource = 0> with its position code cut
 // (the x loads, frequency loads, sin/cos and stores as there).
 __global__ void __launch_bounds__(128) lean_nopos_kernel(const __grid_constant__ rope_ext::cuda::LeanParams p) {
   using T = c10::BFloat16;
-  const int c = threadIdx.x & ((1 << p.cshift) - 1);
-  const int r = blockIdx.x * p.rows_per_block + (threadIdx.x >> p.cshift);
-  const int64_t b = blockIdx.z, s = blockIdx.y;
-  const int d0 = c * kV, d1 = d0 + p.half;
+  const int cshift = p.cshift & rope_ext::cuda::kLeanShiftMask;
+  const int c = threadIdx.x & ((1 << cshift) - 1);
+  const int r = blockIdx.x * p.rows_per_block + (threadIdx.x >> cshift);
+  const int64_t b = blockIdx.z, s = blockIdx.y, tok = b * gridDim.y + s;
+  const int d0 = c * kV, d1 = d0 + (kV << cshift);
   if (r >= p.rows) return;
   const bool k = r >= p.H0;
   const int64_t h = k ? r - p.H0 : r;
-  const T* in = static_cast<const T*>(k ? p.in[1] : p.in[0]) + b * (k ? p.in_s[1][0] : p.in_s[0][0]) +
-                s * (k ? p.in_s[1][1] : p.in_s[0][1]) + h * (k ? p.in_s[1][2] : p.in_s[0][2]);
+  const T* in = static_cast<const T*>(k ? p.in[1] : p.in[0]) + tok * (k ? p.in_ts[1] : p.in_ts[0]) +
+                h * (k ? p.in_hs[1] : p.in_hs[0]);
   T* out = static_cast<T*>(k ? p.out[1] : p.out[0]) + b * (k ? p.out_s[1][0] : p.out_s[0][0]) +
            s * (k ? p.out_s[1][1] : p.out_s[0][1]) + h * (k ? p.out_s[1][2] : p.out_s[0][2]);
   const uint2 xa = *reinterpret_cast<const uint2*>(in + d0), xb = *reinterpret_cast<const uint2*>(in + d1);
   float f[kV], sn[kV], cs[kV];
 #pragma unroll
-  for (int j = 0; j < kV; ++j) f[j] = p.inv_freq[(c * kV + j) * static_cast<int64_t>(p.inv_freq_stride)];
+  for (int j = 0; j < kV; ++j) f[j] = p.inv_freq[c * kV + j];
   rope_ext::angle_sincos_chunk<kV>(s + p.offset, f, sn, cs);
 #pragma unroll
   for (int j = 0; j < kV; ++j) {  // as lean applies the scales
@@ -199,11 +249,11 @@ rope_ext::cuda::LeanParams real_params(const StudyParams& sp) {
   lp.rows = kH;
   lp.H0 = kH;
   lp.in[0] = sp.x;
+  lp.in_ts[0] = kH * kD;
+  lp.in_hs[0] = kD;
   lp.out[0] = sp.out;
   const int32_t st[3] = {sp.S * kH * kD, kH * kD, kD};
-  for (int i = 0; i < 3; ++i) lp.in_s[0][i] = lp.out_s[0][i] = st[i];
-  lp.half = kHalf;
-  lp.inv_freq_stride = 1;
+  for (int i = 0; i < 3; ++i) lp.out_s[0][i] = st[i];
   lp.inv_freq = sp.freq_g;
   lp.sin_scale = lp.cos_scale = 1.f;
   return lp;
@@ -258,7 +308,9 @@ void run(int64_t variant, torch::Tensor x, torch::Tensor out, torch::Tensor freq
     case 14: launch_lines<2>(p); break;
     case 15: launch_lines<4>(p); break;
     case 16: launch_nopos(p); break;
-    default: TORCH_CHECK(false, "variant: 0..16");
+    case 17: launch_smem<1>(p); break;
+    case 18: launch_smem<4>(p); break;
+    default: TORCH_CHECK(false, "variant: 0..18");
   }
 }
 }  // namespace

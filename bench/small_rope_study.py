@@ -25,9 +25,9 @@ from timing import graph_us, same_size_copy  # noqa: E402
 
 VARIANTS = ["copy_lean", "lean_global", "lean_param", "lean_fake", "lean_table", "uni_global", "uni_param",
             "copy_uni", "uni_fake", "lean_rb2", "lean_seq", "lean_rb2_seq", "real_k2", "real_k1",
-            "lines2", "lines4", "lean_nopos"]
+            "lines2", "lines4", "lean_nopos", "lean_smem", "lean_smem4"]
 EXACT = {"lean_global", "lean_param", "uni_global", "uni_param", "lean_rb2", "lean_seq", "lean_rb2_seq", "real_k2",
-         "real_k1", "lines2", "lines4", "lean_nopos"}  # bit-equal to rope_ext's sin/cos
+         "real_k1", "lines2", "lines4", "lean_nopos", "lean_smem", "lean_smem4"}  # bit-equal to rope_ext's sin/cos
 
 
 def main():

@@ -328,6 +328,43 @@ def test_lean_packed_position_guess(dtype, tokens, start, cu_dtype, offsets):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("positions", [False, True])
+@pytest.mark.parametrize("B,S", [(2, 8), (3, 1), (1, 5)])
+@pytest.mark.parametrize("layout", ["bshd", "sbhd", "bhsd"])
+def test_lean_token_strides(layout, B, S, positions):
+    """Lean reads an input's token offset as one stride times (b * S + s), plus b times a
+    correction from a later parameter line where the batch stride is not S token strides
+    (sbhd and bhsd with B > 1 and S > 1). Every layout with and without that correction,
+    q + k (different head counts), positions per batch and token or none: lean must be
+    the kernel that ran, bit-equal to the tiles, and within the float64 truth's bounds.
+    A strided inv_freq is outside lean's layout: the tiles take it, with the same bits."""
+    dev, D, dtype = "cuda", 128, torch.bfloat16
+    dims = {"bshd": (B, S), "sbhd": (S, B), "bhsd": (B, None, S)}[layout]
+    def shape(H):
+        return (B, H, S, D) if layout == "bhsd" else (*dims, H, D)
+    q, k = randn(shape(32), dtype, dev), randn(shape(8), dtype, dev)
+    pos = torch.randint(0, 1 << 20, (B, S), device=dev) if positions else None
+    kw = dict(layout=layout)
+    C = rope_ext._C
+    try:
+        C.set_lean_max_bytes(32 << 20)
+        assert any("rope_lean_kernel" in n for n in cuda_kernels_of(lambda: rope_ext.apply_rope_qk(q, k, pos, **kw))), \
+            "auto did not take lean here: the test would not test it"
+        outs = rope_ext.apply_rope_qk(q, k, pos, **kw)
+        for x, out in zip((q, k), outs):
+            tile = rope_ext.apply_rope(x, pos, impl="fp32x4_tile", **kw)
+            assert torch.equal(out, tile), f"lean vs tiles ({layout}, B {B}, S {S})"
+            assert_close_f64(out, ref.rope_float64(x, pos, **kw), x.abs().max().item(), "lean vs float64")
+        f = torch.empty(D, device=dev)[::2]
+        f.copy_(rope_ext.inv_freq(D, device=dev))
+        assert not any("rope_lean_kernel" in n for n in cuda_kernels_of(lambda: rope_ext.apply_rope(q, pos, inv_freq=f, **kw)))
+        assert torch.equal(rope_ext.apply_rope(q, pos, inv_freq=f, **kw),
+                           rope_ext.apply_rope(q, pos, inv_freq=f.contiguous(), **kw)), "strided inv_freq: lean's bits"
+    finally:
+        C.set_lean_max_bytes(-1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_lean_cos_sin_cache_out_of_range(dtype):
     """Lean reads a cos_sin_cache as the tiles do: a position outside the table gives NaN

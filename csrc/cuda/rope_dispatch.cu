@@ -188,24 +188,35 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
   const int V = W / int(sizeof(T));
   const int chunks = rot_chunks(p, V);
   if (chunks < 1 || chunks > cuda::kLeanMaxThreads || (chunks & (chunks - 1))) return false;
-  // 32-bit strides (LeanParams' layout): a view with a larger one takes the tiles.
+  if (chunks * V != (p.interleaved ? p.R : p.R / 2)) return false;  // the kernel takes R / 2 = chunks * P
+  // 32-bit strides, 16-bit head counts, unit-stride frequencies (LeanParams' layout):
+  // other calls take the tiles.
   const auto fits32 = [](int64_t x) { return x >= INT32_MIN && x <= INT32_MAX; };
-  if (!fits32(p.inv_freq_stride) || !fits32(p.cache_stride_row) || !fits32(p.cache_stride_col) ||
-      !fits32(p.cache_rows))
+  if (rows > INT16_MAX || (!cache && p.inv_freq_stride != 1) || !fits32(p.cache_stride_row) ||
+      !fits32(p.cache_stride_col) || !fits32(p.cache_rows) || !fits32(p.positions.stride) || !fits32(p.pos_stride_b) ||
+      !fits32(p.offsets.stride))
     return false;
   cuda::LeanParams lp{};
   for (int t = 0; t < p.num_tensors; ++t) {
     const TensorView& v = p.t[t];
+    // The token offset (b * S + s) * ts + b * bfix: bfix is 0 where the batch stride is
+    // S token strides (bshd, thd, and any single-token or single-batch call).
+    const int64_t ts = p.S == 1 ? v.in_stride[0] : v.in_stride[1];
+    const int64_t bfix = p.B > 1 ? v.in_stride[0] - p.S * ts : 0;
+    if (!fits32(ts) || !fits32(bfix) || !fits32(v.in_stride[2])) return false;
+    if (bfix) lp.cshift |= cuda::kLeanBatchFix;
     lp.in[t] = v.in;
+    lp.in_ts[t] = static_cast<int32_t>(ts);
+    lp.in_bfix[t] = static_cast<int32_t>(bfix);
+    lp.in_hs[t] = static_cast<int32_t>(v.in_stride[2]);
     lp.out[t] = v.out;
     for (int i = 0; i < 3; ++i) {
-      if (!fits32(v.in_stride[i]) || !fits32(v.out_stride[i])) return false;
-      lp.in_s[t][i] = static_cast<int32_t>(v.in_stride[i]);
+      if (!fits32(v.out_stride[i])) return false;
       lp.out_s[t][i] = static_cast<int32_t>(v.out_stride[i]);
     }
   }
+  uint16_t flags = 0;
   lp.inv_freq = p.inv_freq;
-  lp.inv_freq_stride = static_cast<int32_t>(p.inv_freq_stride);
   if (cache) {
     lp.cache = p.cache;
     lp.cache_dtype = p.cache_dtype;
@@ -219,20 +230,33 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
     const int P = p.interleaved ? V / 2 : V;
     const int64_t es = p.cache_dtype == DType::kFloat32 ? 4 : 2;
     const int64_t align = std::min<int64_t>(16, P * es);
-    lp.cache_vec = p.cache_stride_col == 1 && (p.cache_dtype == DType::kFloat32 || p.cache_dtype == kT) &&
-                   reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 && (p.cache_stride_row * es) % align == 0 &&
-                   (p.R / 2 * es) % align == 0;
+    if (p.cache_stride_col == 1 && (p.cache_dtype == DType::kFloat32 || p.cache_dtype == kT) &&
+        reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 && (p.cache_stride_row * es) % align == 0 &&
+        (p.R / 2 * es) % align == 0)
+      flags |= cuda::kLeanCacheVec;
   }
-  lp.positions = p.positions;
-  lp.pos_stride_b = p.pos_stride_b;
-  lp.offsets = p.offsets;
-  if (p.cu_seqlens.ptr) lp.seq_start = p.cu_seqlens;
+  if (p.positions.ptr) {
+    lp.positions = p.positions.ptr;
+    lp.pos_stride = static_cast<int32_t>(p.positions.stride);
+    lp.pos_stride_b = static_cast<int32_t>(p.pos_stride_b);
+    flags |= cuda::kLeanPos | (p.positions.is64 ? cuda::kLeanPos64 : 0);
+  }
+  if (p.offsets.ptr) {
+    lp.offsets = p.offsets.ptr;
+    lp.off_stride = static_cast<int32_t>(p.offsets.stride);
+    flags |= cuda::kLeanOff | (p.offsets.is64 ? cuda::kLeanOff64 : 0);
+  }
+  if (p.cu_seqlens.ptr) {
+    lp.seq_start = p.cu_seqlens.ptr;
+    flags |= cuda::kLeanSeq | (p.cu_seqlens.is64 ? cuda::kLeanSeq64 : 0);
+  }
+  lp.flags = flags;
   lp.offset = p.offset;
-  lp.H0 = static_cast<int32_t>(p.t[0].H);
-  lp.rows = static_cast<int32_t>(rows);
-  lp.half = p.R / 2;
-  lp.cshift = 0;
-  while ((1 << lp.cshift) < chunks) ++lp.cshift;
+  lp.H0 = static_cast<int16_t>(p.t[0].H);
+  lp.rows = static_cast<int16_t>(rows);
+  int cshift = 0;
+  while ((1 << cshift) < chunks) ++cshift;
+  lp.cshift |= static_cast<uint8_t>(cshift);
   lp.sin_scale = p.sign * p.scale;
   lp.cos_scale = p.scale;
   // Rows per thread U: the fewest that keep the grid within ~512 threads per SM (each
@@ -254,7 +278,7 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
   const int min_block_knob = g_lean_min_block.load(std::memory_order_relaxed);
   const int min_block = min_block_knob > 0 ? min_block_knob : cuda::kLeanMaxThreads;
   while (RB > 1 && (RB / 2) * chunks >= min_block && tokens * ceil_div(rows_u, int64_t(RB)) < sms) RB /= 2;
-  lp.rows_per_block = RB;
+  lp.rows_per_block = static_cast<uint8_t>(RB);
   const dim3 grid(static_cast<unsigned>(ceil_div(rows_u, int64_t(RB))), static_cast<unsigned>(p.S),
                   static_cast<unsigned>(p.B));
   const int threads = RB * chunks;
@@ -266,7 +290,7 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
         constexpr int P = kInterleaved ? kW / int(sizeof(T)) / 2 : kW / int(sizeof(T));
         if constexpr (P >= 1) {
           // Two lanes share a chunk's sin/cos where a warp holds two row slots of it.
-          const bool share = P % 2 == 0 && !cache && lean_share() && lp.cshift <= 4 && RB >= 2;
+          const bool share = P % 2 == 0 && !cache && lean_share() && cshift <= 4 && RB >= 2;
           // The frequency source is the kernel's last template argument (rope_variants.cuh).
           ROPE_POW2_UPTO8_SWITCH(U, kU, [&] {
             if (cache) {

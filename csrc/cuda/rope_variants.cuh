@@ -520,46 +520,61 @@ __global__ void __launch_bounds__(kFlatMaxThreads) rope_flat_kernel(const __grid
 // One thread: chunk c (16 bytes of each half for neox, of the row for GPT-J) of rows r,
 // r + RB, ... (U of them) of token (b, s), rows = q's heads then k's. The host
 // (launch_lean) picks U and RB; the chunks per row are a power of two (shift, mask).
-// Laid out for the constant cache: after an L2 flush each parameter line a thread
-// reads is a miss on its chain (ncu: most of a 0.12 MB call's stall samples on the
-// first parameter reads), so the fields are roughly in the order a thread first needs
-// them, 64 bytes to a line: its x loads (line 0); its frequency loads and its stores
-// (line 1, with the table pointer, which only the table instances read); the offset and
-// the position tensors (line 2); the offsets tensor, lane_zero and the table's layout
-// (line 3). So the plain path still reads all four lines (bench/NOTES.md, night of
-// 2026-11-25/26, run 6: whether that is lean's remaining time is the next measurement).
-// Strides are 32-bit (the host checks they fit) and the block ends before c[0x0][0x300]
-// (kernel parameters start at 0x210; the static_asserts below hold it to 240 bytes).
-struct LeanParams {
-  int32_t cshift;          // log2(chunks per row)
-  int32_t rows_per_block;  // RB
-  int32_t rows;            // heads of q + k
-  int32_t H0;              // q's heads (rows >= H0 are k's)
-  const void* in[kMaxTensors];
-  int32_t in_s[kMaxTensors][3];  // element strides b, s, h
-  int32_t half;            // R / 2
-  int32_t inv_freq_stride;
-  // line 1
-  const float* inv_freq;
-  const void* cache;       // a cos_sin_cache [cache_rows, R] (read, not computed), or null: inv_freq
-  void* out[kMaxTensors];
-  int32_t out_s[kMaxTensors][3];
-  float sin_scale, cos_scale;  // sign * scale, scale (as pair_sincos applies them)
-  // line 2
-  int64_t offset;
-  IndexArray positions;  // [b * pos_stride_b + s * positions.stride], or null
-  int64_t pos_stride_b;
-  IndexArray seq_start;  // one packed sequence: cu_seqlens[0] is subtracted from s, or null
-  // line 3
-  IndexArray offsets;    // [b] (or [0] with one packed sequence), or null: `offset`
-  DType cache_dtype;
-  int32_t cache_stride_row, cache_stride_col, cache_rows;
-  int32_t cache_vec;     // a chunk's cos (and sin) by vector loads: unit columns, fp32 or x's dtype, aligned
-  int32_t lane_zero;     // 0 (see the position loads)
+// Laid out for the constant cache: after an L2 flush each 64-byte line of constant bank
+// 0 is a DRAM round trip the first time it is read, and the compiler reads a kernel's
+// pointers with LDC / ULDC at its top, ahead of the first loads. The parameters start
+// at c[0x0][0x210], so their first 48 bytes share the line at 0x200 with the global
+// memory descriptor (c[0x0][0x208]) that every load reads anyway. Those 48 bytes hold
+// all a thread needs to issue its x and frequency loads, and the flags (the compiler
+// decodes them near the top: from a later line they made the x loads wait for it); the
+// rest (outputs, scales, the offset; then the position tensors and the table, read only
+// under their flags) is needed after those loads are in flight. Measured
+// (bench/small_rope_study.py, H200, 0.12 MB, run 1 of 2026-11-26): the minimal kernel
+// with its frequency pointer in a second line 4.06 us against 3.74 in one; lean, whose
+// position code then read two more lines before the sin/cos, 4.54.
+// An input's token offset is one stride times (b * S + s), plus b times a correction
+// (its batch stride less S token strides) read from the second line only where a bit in
+// line 0 says some tensor needs one (B > 1 and S > 1 in the sbhd and bhsd layouts).
+// Strides are 32-bit, head counts 16-bit (the host checks they fit); R / 2 is chunks * P.
+constexpr uint8_t kLeanShiftMask = 15, kLeanBatchFix = 128;  // LeanParams::cshift's bits
+enum LeanFlags : uint16_t {
+  kLeanPos = 1,     // a positions tensor
+  kLeanPos64 = 2,
+  kLeanOff = 4,     // an offsets tensor
+  kLeanOff64 = 8,
+  kLeanSeq = 16,    // one packed sequence: cu_seqlens[0] is subtracted from s
+  kLeanSeq64 = 32,
+  kLeanCacheVec = 64,  // a table chunk's cos (and sin) by vector loads: unit columns, fp32 or x's dtype, aligned
 };
-static_assert(offsetof(LeanParams, inv_freq) == 64 && offsetof(LeanParams, offset) == 128 &&
-              offsetof(LeanParams, offsets) == 192, "LeanParams: 64-byte constant lines in order of use");
-static_assert(sizeof(LeanParams) <= 0x300 - 0x210, "LeanParams: within the constant lines before 0x300");
+struct LeanParams {
+  // bytes 0-47 (line 0x200): the x and frequency loads
+  const void* in[kMaxTensors];
+  const float* inv_freq;   // unit stride
+  int32_t in_ts[kMaxTensors];  // element stride of a token (b * S + s)
+  int32_t in_hs[kMaxTensors];  // element stride of a head
+  uint8_t cshift;          // log2(chunks per row) | kLeanBatchFix where in_bfix is needed
+  uint8_t rows_per_block;  // RB
+  int16_t rows;            // heads of q + k
+  int16_t H0;              // q's heads (rows >= H0 are k's)
+  uint16_t flags;          // LeanFlags (here: the position code's branches must not wait for a later line)
+  // bytes 48-111 (line 0x240): after the loads
+  void* out[kMaxTensors];
+  int32_t out_s[kMaxTensors][3];  // element strides b, s, h
+  float sin_scale, cos_scale;  // sign * scale, scale (as pair_sincos applies them)
+  int64_t offset;
+  int32_t in_bfix[kMaxTensors];  // under kLeanBatchFix: batch stride - S * in_ts
+  // bytes 112-175 (line 0x280): under the flags
+  const void* positions;   // [b * pos_stride_b + s * pos_stride], or null
+  const void* offsets;     // [b * off_stride] (or [0] with one packed sequence), or null: `offset`
+  const void* seq_start;   // cu_seqlens (its element 0), or null
+  const void* cache;       // a cos_sin_cache [cache_rows, R] (read, not computed), or null: inv_freq
+  int32_t pos_stride, pos_stride_b, off_stride;
+  int32_t cache_stride_row, cache_stride_col, cache_rows;
+  DType cache_dtype;
+  int32_t lane_zero;       // 0 (see the position loads)
+};
+static_assert(offsetof(LeanParams, out) == 48 && offsetof(LeanParams, positions) == 112 && sizeof(LeanParams) <= 176,
+              "LeanParams: the lines at 0x200, 0x240 and 0x280 in order of use");
 constexpr int kLeanMaxThreads = 128;
 
 // 16-, 8- or 4-byte accesses (W): narrower chunks give a thread fewer pairs, so fewer
@@ -606,26 +621,25 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   static_assert(P >= 1 && (K == 1 || K == 2) && PK * K == P, "a chunk holds at least one pair, split evenly");
   using VecT = Vec<T, V>;
   using Word = typename LeanWord<W>::type;
-  const int c = threadIdx.x & ((1 << p.cshift) - 1);
-  const int r0 = blockIdx.x * (p.rows_per_block * U) + (threadIdx.x >> p.cshift);
-  const int64_t b = blockIdx.z, s = blockIdx.y;
-  const int d0 = c * V, d1 = d0 + p.half;
-  const int g = K == 1 ? 0 : (threadIdx.x >> p.cshift) & (K - 1);  // which P / K pairs
+  const int cshift = p.cshift & kLeanShiftMask;
+  const int c = threadIdx.x & ((1 << cshift) - 1);
+  const int r0 = blockIdx.x * (p.rows_per_block * U) + (threadIdx.x >> cshift);
+  const int64_t b = blockIdx.z, s = blockIdx.y, tok = b * gridDim.y + s;
+  const int d0 = c * V, d1 = d0 + (V << cshift);  // neox: the second half starts R / 2 = chunks * V in
+  const int g = K == 1 ? 0 : (threadIdx.x >> cshift) & (K - 1);  // which P / K pairs
 
   // 1. The x loads. Selects, not p.in[t]: a runtime index into the parameters would
   //    copy them to local memory.
   Word xa[U], xb[U];
-  T* out[U];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const int r = r0 + u * p.rows_per_block;
     if (r >= p.rows) break;
     const bool k = r >= p.H0;
     const int64_t h = k ? r - p.H0 : r;
-    const T* in = static_cast<const T*>(k ? p.in[1] : p.in[0]) + b * (k ? p.in_s[1][0] : p.in_s[0][0]) +
-                  s * (k ? p.in_s[1][1] : p.in_s[0][1]) + h * (k ? p.in_s[1][2] : p.in_s[0][2]);
-    out[u] = static_cast<T*>(k ? p.out[1] : p.out[0]) + b * (k ? p.out_s[1][0] : p.out_s[0][0]) +
-             s * (k ? p.out_s[1][1] : p.out_s[0][1]) + h * (k ? p.out_s[1][2] : p.out_s[0][2]);
+    const T* in = static_cast<const T*>(k ? p.in[1] : p.in[0]) + tok * (k ? p.in_ts[1] : p.in_ts[0]) +
+                  h * (k ? p.in_hs[1] : p.in_hs[0]);
+    if (p.cshift & kLeanBatchFix) in += b * (k ? p.in_bfix[1] : p.in_bfix[0]);
     xa[u] = *reinterpret_cast<const Word*>(in + d0);
     if (!kInterleaved) xb[u] = *reinterpret_cast<const Word*>(in + d1);
   }
@@ -640,28 +654,29 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   float f[PK];
   if constexpr (!kCache) {
 #pragma unroll
-    for (int j = 0; j < PK; ++j) f[j] = p.inv_freq[(c * P + g * PK + j) * static_cast<int64_t>(p.inv_freq_stride)];
+    for (int j = 0; j < PK; ++j) f[j] = p.inv_freq[c * P + g * PK + j];
   }
   // 3. The position (position_of's rules for the cases the host lets through): a
   //    positions tensor; else s plus an offsets tensor's entry, less cu_seqlens[0] (one
-  //    packed sequence); else s + offset less cu_seqlens[0]. The loads are straight-line
-  //    (predicated; a branch per case measured the same, run 5, in more code) and stay
-  //    raw 32-bit words until the sin/cos below are done: a conversion next to a load
-  //    (the compiler put load_index's int32 sign extension there) waits for it, and
-  //    with in-order issue the sin/cos behind it.
-  const bool has_pos = p.positions.ptr != nullptr, has_off = p.offsets.ptr != nullptr;
-  const bool has_seq = p.seq_start.ptr != nullptr;
-  // Load a: the position, the offset, or cu_seqlens[0]; load b: cu_seqlens[0] beside an offset.
-  const void* a_ptr = has_pos ? p.positions.ptr : has_off ? p.offsets.ptr : p.seq_start.ptr;
-  const bool a64 = has_pos ? p.positions.is64 : has_off ? p.offsets.is64 : p.seq_start.is64;
-  // (+ threadIdx.x & lane_zero, which is 0: the compiler moved a uniform load's value
-  // to a uniform register (R2UR) right where it lands, which waits for it; a per-lane
-  // address keeps it in the thread's registers until its first real use.)
-  const int64_t a_at = (has_pos ? b * p.pos_stride_b + s * p.positions.stride
-                        : has_off && !has_seq ? b * p.offsets.stride : 0) + (threadIdx.x & p.lane_zero);
-  const bool two = !has_pos && has_off && has_seq;
+  //    packed sequence); else s + offset less cu_seqlens[0]. Which of them comes from the
+  //    flags (line 0), so a call without position tensors never touches line 2. The
+  //    loads stay raw 32-bit words until the sin/cos below are done: a conversion next
+  //    to a load (the compiler put load_index's int32 sign extension there) waits for
+  //    it, and with in-order issue the sin/cos behind it.
+  const uint32_t fl = p.flags;
+  const bool has_pos = fl & kLeanPos, has_off = fl & kLeanOff, has_seq = fl & kLeanSeq;
+  const bool a64 = has_pos ? (fl & kLeanPos64) : has_off ? (fl & kLeanOff64) : (fl & kLeanSeq64);
+  const bool b64 = fl & kLeanSeq64;
+  const bool two = !has_pos && has_off && has_seq;  // load b: cu_seqlens[0] beside an offset
   uint32_t a_lo = 0, a_hi = 0, b_lo = 0, b_hi = 0;
-  if (a_ptr) {
+  if (fl & (kLeanPos | kLeanOff | kLeanSeq)) {
+    // Load a: the position, the offset, or cu_seqlens[0]. (+ threadIdx.x & lane_zero,
+    // which is 0: the compiler moved a uniform load's value to a uniform register
+    // (R2UR) right where it lands, which waits for it; a per-lane address keeps it in
+    // the thread's registers until its first real use.)
+    const void* a_ptr = has_pos ? p.positions : has_off ? p.offsets : p.seq_start;
+    const int64_t z = threadIdx.x & p.lane_zero;
+    const int64_t a_at = (has_pos ? b * p.pos_stride_b + s * p.pos_stride : has_off && !has_seq ? b * p.off_stride : 0) + z;
     if (a64) {
       const uint2 v = static_cast<const uint2*>(a_ptr)[a_at];
       a_lo = v.x;
@@ -669,22 +684,21 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
     } else {
       a_lo = static_cast<const uint32_t*>(a_ptr)[a_at];
     }
-  }
-  if (two) {
-    const int64_t z = threadIdx.x & p.lane_zero;
-    if (p.seq_start.is64) {
-      const uint2 v = static_cast<const uint2*>(p.seq_start.ptr)[z];
-      b_lo = v.x;
-      b_hi = v.y;
-    } else {
-      b_lo = static_cast<const uint32_t*>(p.seq_start.ptr)[z];
+    if (two) {
+      if (b64) {
+        const uint2 v = static_cast<const uint2*>(p.seq_start)[z];
+        b_lo = v.x;
+        b_hi = v.y;
+      } else {
+        b_lo = static_cast<const uint32_t*>(p.seq_start)[z];
+      }
     }
   }
   const auto loaded = [&] {
     const auto word = [](uint32_t lo, uint32_t hi, bool is64) {
       return is64 ? static_cast<int64_t>((uint64_t(hi) << 32) | lo) : static_cast<int64_t>(static_cast<int32_t>(lo));
     };
-    const int64_t va = word(a_lo, a_hi, a64), vb = word(b_lo, b_hi, p.seq_start.is64);  // 0 where not loaded
+    const int64_t va = word(a_lo, a_hi, a64), vb = word(b_lo, b_hi, b64);  // 0 where not loaded
     return has_pos ? va : has_off ? s + va - vb : s + p.offset - va;
   };
   float sn[P], cs[P];
@@ -709,7 +723,7 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
         }
       } else {
         const unsigned mask = blockDim.x >= 32 ? 0xffffffffu : (1u << blockDim.x) - 1u;
-        const int partner = (threadIdx.x & 31) ^ (1 << p.cshift);
+        const int partner = (threadIdx.x & 31) ^ (1 << cshift);
 #pragma unroll
         for (int j = 0; j < PK; ++j) {
           const float sp = __shfl_sync(mask, so[j], partner), cp = __shfl_sync(mask, co[j], partner);
@@ -735,21 +749,21 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
     // these loads before x's, so that the table was not the chain's last load: 0.12 MB
     // 4.8 -> 5.2 us, 0.5 MB 5.0 -> 5.6; x's loads issued after the position and table
     // code cost more than the table's late issue.)
-    if (p.cache_vec) {  // scalar loads through load_float's dtype switch cost ~1 us here (run 7)
-      const int64_t at = row + c * P;
+    if (fl & kLeanCacheVec) {  // scalar loads through load_float's dtype switch cost ~1 us here (run 7)
+      const int64_t at = row + c * P, half = P << cshift;  // R / 2
       if (p.cache_dtype == DType::kFloat32) {
         load_row_chunk<float, P>(static_cast<const float*>(p.cache) + at, cs);
-        load_row_chunk<float, P>(static_cast<const float*>(p.cache) + at + p.half, sn);
+        load_row_chunk<float, P>(static_cast<const float*>(p.cache) + at + half, sn);
       } else {
         load_row_chunk<T, P>(static_cast<const T*>(p.cache) + at, cs);
-        load_row_chunk<T, P>(static_cast<const T*>(p.cache) + at + p.half, sn);
+        load_row_chunk<T, P>(static_cast<const T*>(p.cache) + at + half, sn);
       }
     } else {
 #pragma unroll
       for (int j = 0; j < P; ++j) {
         const int64_t col = static_cast<int64_t>(c * P + j) * p.cache_stride_col;
         cs[j] = load_float(p.cache, p.cache_dtype, row + col);
-        sn[j] = load_float(p.cache, p.cache_dtype, row + col + static_cast<int64_t>(p.half) * p.cache_stride_col);
+        sn[j] = load_float(p.cache, p.cache_dtype, row + col + static_cast<int64_t>(P << cshift) * p.cache_stride_col);  // R / 2
       }
     }
     if (!in_range) {
@@ -766,13 +780,18 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   // 4. Rotate and store.
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    if (r0 + u * p.rows_per_block >= p.rows) break;
+    const int r = r0 + u * p.rows_per_block;
+    if (r >= p.rows) break;
+    const bool k = r >= p.H0;
+    const int64_t h = k ? r - p.H0 : r;
+    T* out = static_cast<T*>(k ? p.out[1] : p.out[0]) + b * (k ? p.out_s[1][0] : p.out_s[0][0]) +
+             s * (k ? p.out_s[1][1] : p.out_s[0][1]) + h * (k ? p.out_s[1][2] : p.out_s[0][2]);
     VecT va, vb;
     *reinterpret_cast<Word*>(&va) = xa[u];
     if (!kInterleaved) *reinterpret_cast<Word*>(&vb) = xb[u];
     rotate_chunk<T, kInterleaved>(va, vb, sn, cs);
-    *reinterpret_cast<Word*>(out[u] + d0) = *reinterpret_cast<const Word*>(&va);
-    if (!kInterleaved) *reinterpret_cast<Word*>(out[u] + d1) = *reinterpret_cast<const Word*>(&vb);
+    *reinterpret_cast<Word*>(out + d0) = *reinterpret_cast<const Word*>(&va);
+    if (!kInterleaved) *reinterpret_cast<Word*>(out + d1) = *reinterpret_cast<const Word*>(&vb);
   }
 }
 
