@@ -133,6 +133,11 @@ def graph_us(fn, reps=200, flush=None, clean=None):
     after an L2 flush (flush_l2: a 256 MB write; clean: then a 256 MB read) with the GPU
     held busy while the host enqueues it; the median. Device time of one call, launch
     included, host overhead excluded."""
+    return statistics.median(graph_samples(fn, reps, flush, clean))
+
+
+def graph_samples(fn, reps=200, flush=None, clean=None):
+    """graph_us's samples (µs), one per replay, in order."""
     flush = flush if flush is not None else _flush_buffer()
     for _ in range(3):
         fn()
@@ -153,7 +158,7 @@ def graph_us(fn, reps=200, flush=None, clean=None):
         a.record(); g.replay(); b.record(); b.synchronize()  # noqa: E702
         ts.append(a.elapsed_time(b) * 1e3)
     del g
-    return statistics.median(ts)
+    return ts
 
 
 _FLUSH = []
