@@ -1,6 +1,6 @@
 """Variant 6 (lean) by its launch choices, for issue 19's small and middle sizes: rows per
 thread U (each thread computes its chunk's sin/cos once for its U rows), access width W
-and sin/cos shared by two lanes (K = 2, the default) or not (K1), out of place and in
+and the block's sin/cos table in shared memory (the default) or each lane's own (K1), out of place and in
 place, beside Liger in place (when importable) and a same-size copy, timed as the
 latency suite times (one call in a CUDA graph, L2 flushed, median).
 
@@ -53,7 +53,7 @@ def main():
                 C.set_lean_bytes(W)
                 C.set_lean_rows_per_thread(U)
                 t = []
-                for share in (True, False):  # K = 2 (two lanes share a chunk's sin/cos) and K = 1
+                for share in (True, False):  # the block's table (default) and each lane's own (K1)
                     C.set_lean_share(share)
                     t += [graph_us(lambda: rope_ext.apply_rope(x), args.reps),
                           graph_us(lambda: rope_ext.apply_rope(x, inplace=True), args.reps)]

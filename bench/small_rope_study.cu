@@ -27,10 +27,12 @@
 //  10 lean_seq     as 1 with the position s - cu_seqlens[0] (a load before sin/cos: the
 //                  packed-sequence form's chain).
 //  11 lean_rb2_seq both.
-//  12 real_k2      rope_ext's own lean kernel (rope_variants.cuh, K = 2, its launch shape
-//                  for this call) launched from this module: does rope_ext's time come
-//                  from its kernel's code, or from around it?
-//  13 real_k1      the same at K = 1.
+//  12 real_k2      rope_ext's own lean kernel (rope_variants.cuh, kSource 1, U = 1, 8 rows
+//                  per block) launched from this module: does rope_ext's time come from
+//                  its kernel's code, or from around it? kSource 1 was two lanes sharing
+//                  sin/cos by shuffles (K = 2) until 2026-11-26, the block's table in
+//                  shared memory since (the name is kept for the tables in NOTES).
+//  13 real_k1      the same at kSource 0 (each lane its own sin/cos).
 //  14 lines2       lean_global with its pointers read from a parameter block of 64-byte
 //                  lines: x and out from line 0, the frequencies from line 1 (the
 //                  minimal kernel's hot fields share one line; lean's span four).
@@ -261,8 +263,9 @@ rope_ext::cuda::LeanParams real_params(const StudyParams& sp) {
 
 template <int kSource>
 void launch_real(const StudyParams& sp) {
+  const size_t smem = kSource == 1 ? 2 * sizeof(float) * kHalf : 0;  // the block's sin/cos table
   rope_ext::cuda::rope_lean_kernel<c10::BFloat16, false, 1, 8, kSource>
-      <<<dim3(kH / 8, sp.S, 1), 128, 0, c10::cuda::getCurrentCUDAStream()>>>(real_params(sp));
+      <<<dim3(kH / 8, sp.S, 1), 128, smem, c10::cuda::getCurrentCUDAStream()>>>(real_params(sp));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

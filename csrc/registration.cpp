@@ -83,7 +83,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "tests/bench: the fewest threads a block of variant 6 keeps when its rows are halved to cover the SMs "
         "(0 = the default, 128; 1 = down to one row per block)");
   m.def("set_lean_share", &rope_ext::set_lean_share,
-        "tests/bench: whether two lanes of variant 6 share a chunk's sin/cos where they can (default on)");
+        "tests/bench: whether a block of variant 6 computes its token's sin/cos once, into shared memory (default on; "
+        "off: each lane its own)");
   m.def("set_decode_cluster_merge", &rope_ext::set_decode_cluster_merge,
         "tests/bench: whether attention_decode's splits may merge in a thread-block cluster (default on; "
         "off: the combine kernel)");

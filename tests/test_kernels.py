@@ -191,8 +191,8 @@ LEAN_CASES = [
 def lean_up_to_32mb(request):
     """auto gives lean tensors up to 32 MB here (its defaults stop at 16 MB for fp32:
     measured), so every rows-per-thread choice runs through it, at each access width (its
-    defaults pick 8 or 16 bytes by size; 4 is an A/B instance), with two lanes sharing a
-    chunk's sin/cos where they can (the default) and without."""
+    defaults pick 8 or 16 bytes by size; 4 is an A/B instance), with the block's sin/cos
+    table in shared memory (the default) and with each lane computing its own."""
     width, share = request.param
     rope_ext._C.set_lean_max_bytes(32 << 20)
     rope_ext._C.set_lean_bytes(width)
@@ -290,8 +290,9 @@ def test_lean_packed_position_guess(dtype, tokens, start, cu_dtype, offsets):
     which must give the tiles' bits (they subtract it too). Both widths of cu_seqlens,
     an int64 offset past 2^32 (the raw high word); blocks of the default 128 threads, of
     the old rule's smaller shapes (set_lean_min_block(1)), and a two-head call in
-    16-byte chunks whose K = 2 blocks hold 16 threads (a partial shuffle mask). Lean's
-    knobs are pinned and its kernel is checked to be the one that ran."""
+    16-byte chunks whose blocks hold 16 threads for 64 pairs (the block's sin/cos table
+    then takes several pairs per thread). Lean's knobs are pinned and its kernel is
+    checked to be the one that ran."""
     dev, D = "cuda", 128
     x = randn((tokens, 32, D), dtype, dev)
     cu = torch.tensor([start, tokens], dtype=cu_dtype, device=dev)
@@ -319,7 +320,7 @@ def test_lean_packed_position_guess(dtype, tokens, start, cu_dtype, offsets):
         if dtype == torch.bfloat16:
             C.set_lean_min_block(0)
             C.set_lean_bytes(16)
-            assert torch.equal(rope_ext.apply_rope(x2, **kw), tile2), "lean, 16-thread K = 2 blocks, vs tiles"
+            assert torch.equal(rope_ext.apply_rope(x2, **kw), tile2), "lean, 16-thread blocks (4 table pairs per thread), vs tiles"
     finally:
         C.set_lean_min_block(0)
         C.set_lean_bytes(-1)

@@ -140,11 +140,9 @@ void launch_flat(const RopeParams& p, int device, cudaStream_t stream) {
 // bytes up to 16 MB. ROPE_EXT_LEAN_MAX_BYTES / ROPE_EXT_LEAN_BYTES at import, or
 // set_lean_max_bytes / set_lean_bytes (tests: every width and rows-per-thread choice),
 // override them; a size of 0 turns lean off (the bench's A/B), -1 restores the defaults.
-// Rows per thread (set_lean_rows_per_thread) and the shared sin/cos (set_lean_share,
-// ROPE_EXT_LEAN_SHARE=0) are A/B knobs too; bench/lean_sweep.py, H100, bf16 us out of place
-// with K = 2 / K = 1 at the rule's U (evening of 2026-11-25, run 3): 0.12 MB 4.7-4.9 / 5.0,
-// 0.5 MB 5.1 / 5.3, 2 MB 6.4 / 6.4 (in place 6.1 / 6.3), 8 MB 10.1 / 10.3, 32 MB 27.3 / 27.8;
-// the rule's U was within 0.2 us of the best forced U at every size.
+// Rows per thread (set_lean_rows_per_thread) and the block's shared sin/cos table
+// (set_lean_share, ROPE_EXT_LEAN_SHARE=0: each lane its own) are A/B knobs too
+// (bench/lean_sweep.py, bench/small_rope_study.py; bench/NOTES.md, 2026-11-26).
 std::atomic<int64_t> g_lean_max_bytes{[] {
   const char* e = std::getenv("ROPE_EXT_LEAN_MAX_BYTES");
   return e ? std::atoll(e) : int64_t(-1);
@@ -156,7 +154,7 @@ std::atomic<int> g_lean_bytes{[] {
 }()};
 std::atomic<int> g_lean_rows_per_thread{0};  // 0: launch_lean's rule
 std::atomic<int> g_lean_min_block{0};         // fewest threads a block keeps when rows are halved (0: 128)
-std::atomic<bool> g_lean_share{[] {  // two lanes share a chunk's sin/cos (K = 2), where they can
+std::atomic<bool> g_lean_share{[] {  // a block shares its token's sin/cos through shared memory
   const char* e = std::getenv("ROPE_EXT_LEAN_SHARE");
   return !(e && std::atoi(e) == 0);
 }()};
@@ -260,14 +258,18 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
   lp.sin_scale = p.sign * p.scale;
   lp.cos_scale = p.scale;
   // Rows per thread U: the fewest that keep the grid within ~512 threads per SM (each
-  // thread computes its chunk's sin/cos once for its U rows). Rows per block RB: as
-  // many as a block of 128 threads holds (fewer where a token has fewer rows); the
-  // halving to cover every SM with small calls is a knob now (set_lean_min_block).
+  // thread computes its chunk's sin/cos once for its U rows), and with the block's
+  // sin/cos table, at least enough for one block of 128 threads to hold the token's
+  // rows (the table is then computed once per token). Rows per block RB: as many as a
+  // block of 128 threads holds (fewer where a token has fewer rows); the halving to
+  // cover every SM with small calls is a knob now (set_lean_min_block).
+  const bool table = !cache && lean_share();
   const int sms = sm_count(device);
   int U = g_lean_rows_per_thread.load(std::memory_order_relaxed);
   if (U != 1 && U != 2 && U != 4 && U != 8) {
     U = 1;
     while (U < 8 && tokens * ceil_div(rows, int64_t(U)) * chunks > int64_t(sms) * 512) U *= 2;
+    while (table && U < 8 && int64_t(U) * (cuda::kLeanMaxThreads / chunks) < rows) U *= 2;
   }
   const int64_t rows_u = ceil_div(rows, int64_t(U));
   int RB = cuda::kLeanMaxThreads / chunks;
@@ -289,21 +291,15 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
       ROPE_BOOL_SWITCH(p.interleaved, kInterleaved, [&] {
         constexpr int P = kInterleaved ? kW / int(sizeof(T)) / 2 : kW / int(sizeof(T));
         if constexpr (P >= 1) {
-          // Two lanes share a chunk's sin/cos where a warp holds two row slots of it.
-          const bool share = P % 2 == 0 && !cache && lean_share() && cshift <= 4 && RB >= 2;
           // The frequency source is the kernel's last template argument (rope_variants.cuh).
           ROPE_POW2_UPTO8_SWITCH(U, kU, [&] {
-            if (cache) {
+            if (cache)
               cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 2><<<grid, threads, 0, stream>>>(lp);
-              return;
-            }
-            if constexpr (P % 2 == 0) {
-              if (share) {
-                cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 1><<<grid, threads, 0, stream>>>(lp);
-                return;
-              }
-            }
-            cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 0><<<grid, threads, 0, stream>>>(lp);
+            else if (table)  // sin, then cos, of the token's R / 2 pairs
+              cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 1>
+                  <<<grid, threads, 2 * sizeof(float) * (p.R / 2), stream>>>(lp);
+            else
+              cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 0><<<grid, threads, 0, stream>>>(lp);
           });
         }
       });

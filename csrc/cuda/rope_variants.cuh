@@ -67,6 +67,10 @@
 //              takes rope_ext's time (4.70), while a kernel of the same loads and
 //              arithmetic with one-line params and constant shapes takes 3.84 (torch.
 //              compile 3.68): what is left is in this kernel's code (NOTES run 6).
+//              Then (2026-11-26): the parameters laid out by constant line (all the x
+//              and frequency loads need in the line every load reads anyway) and the
+//              token's sin/cos computed once per block into shared memory instead of
+//              two lanes sharing them (K = 2); bench/NOTES.md, session of 2026-11-26.
 //
 // What was learned on the H100 (bench/NOTES.md has the numbers and the method):
 //   - Variant 3's x loads must be uint4: a struct copy of Vec<bf16, 8> compiled to
@@ -584,11 +588,14 @@ template <> struct LeanWord<16> { using type = uint4; };
 template <> struct LeanWord<8> { using type = uint2; };
 template <> struct LeanWord<4> { using type = uint32_t; };
 
-// K lanes of a warp share a chunk's sin/cos: the lanes of one chunk in K consecutive row
-// slots (lane ^ (1 << cshift) for K = 2) compute P / K pairs each and swap them by
-// shuffles, which halves the sin/cos code on each thread's path (in a kernel of a few
-// warps per SM that path is the time after x arrives; bench/NOTES.md issue 19, evening
-// of 2026-11-25). The host takes K = 2 where a warp holds two row slots of the chunk.
+// The block's sin/cos table (kSource 1): every lean block holds one token, so its R / 2
+// sin/cos are computed once, by one thread per pair, into shared memory, and each thread
+// reads its chunk's P from there after a barrier. Per-lane sin/cos (kSource 0) computes
+// each pair once per row slot of the block: 8 times at 32 heads and 16 chunks. The
+// shared-memory form of the minimal kernel (bench/small_rope_study.py, lean_smem4) ran
+// at 2 MB 5.44 us against lean's 6.0-6.4 and at 8 MB 8.06 against 9.2 (H200, run 2 of
+// 2026-11-26), where the sin/cos issue work, not DRAM, set the time. It replaced two
+// lanes sharing by shuffles (K = 2), which halved the work per lane at most.
 // N consecutive table elements as fp32, by the widest aligned loads that hold them (the
 // host checks the alignment): a chunk's cos or sin from a cos_sin_cache row.
 template <typename E, int N>
@@ -606,19 +613,18 @@ __device__ __forceinline__ void load_row_chunk(const E* ptr, float* out) {
   }
 }
 
-// kSource: 0 sin/cos computed by each lane, 1 shared by two lanes (K = 2), 2 read from
-// p.cache. A template argument, not a branch: with the table code in the same instance
-// the compiler laid it out as the fall-through and the sin/cos path behind a ~2.5 KB
-// jump, whatever the branch's expectation. Measured no faster without (run 5 of the
-// night of 2026-11-25/26); kept for the 200 fewer instructions per instance.
+// kSource: 0 sin/cos computed by each lane, 1 the block's table in shared memory
+// (2 * R / 2 floats of dynamic shared memory), 2 read from p.cache. A template argument,
+// not a branch: with the table code in the same instance the compiler laid it out as the
+// fall-through and the sin/cos path behind a ~2.5 KB jump, whatever the branch's
+// expectation. Measured no faster without (run 5 of the night of 2026-11-25/26); kept
+// for the 200 fewer instructions per instance.
 template <typename T, bool kInterleaved, int U, int W, int kSource>
 __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid_constant__ LeanParams p) {
-  constexpr int K = kSource == 1 ? 2 : 1;
-  constexpr bool kCache = kSource == 2;
+  constexpr bool kTable = kSource == 1, kCache = kSource == 2;
   constexpr int V = W / sizeof(T);
   constexpr int P = kInterleaved ? V / 2 : V;
-  constexpr int PK = P / K;  // pairs this thread computes
-  static_assert(P >= 1 && (K == 1 || K == 2) && PK * K == P, "a chunk holds at least one pair, split evenly");
+  static_assert(P >= 1, "a chunk holds at least one pair");
   using VecT = Vec<T, V>;
   using Word = typename LeanWord<W>::type;
   const int cshift = p.cshift & kLeanShiftMask;
@@ -626,7 +632,7 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   const int r0 = blockIdx.x * (p.rows_per_block * U) + (threadIdx.x >> cshift);
   const int64_t b = blockIdx.z, s = blockIdx.y, tok = b * gridDim.y + s;
   const int d0 = c * V, d1 = d0 + (V << cshift);  // neox: the second half starts R / 2 = chunks * V in
-  const int g = K == 1 ? 0 : (threadIdx.x >> cshift) & (K - 1);  // which P / K pairs
+  const int half = P << cshift;                     // R / 2: pairs per row
 
   // 1. The x loads. Selects, not p.in[t]: a runtime index into the parameters would
   //    copy them to local memory.
@@ -651,10 +657,15 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   //    shows x unpacked inside the loop above before later loads issue; loading the
   //    frequencies before x's with the x loop predicated gained 0.1 us at 0.12 MB and
   //    lost 20-25% at 8-32 MB: run 6 of the night of 2026-11-24, reverted.)
-  float f[PK];
-  if constexpr (!kCache) {
+  //    The table's threads load the frequency of pair threadIdx.x (more pairs than
+  //    threads, at most P per thread, load theirs in the loop below).
+  constexpr int NF = kTable ? 1 : P;
+  float f[NF];
+  if constexpr (kTable) {
+    f[0] = threadIdx.x < half ? p.inv_freq[threadIdx.x] : 0.f;
+  } else if constexpr (!kCache) {
 #pragma unroll
-    for (int j = 0; j < PK; ++j) f[j] = p.inv_freq[c * P + g * PK + j];
+    for (int j = 0; j < P; ++j) f[j] = p.inv_freq[c * P + j];
   }
   // 3. The position (position_of's rules for the cases the host lets through): a
   //    positions tensor; else s plus an offsets tensor's entry, less cu_seqlens[0] (one
@@ -707,38 +718,65 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
     // while cu_seqlens[0] is in flight (it is 0 in every valid call) and are computed
     // again where the loaded position differs: one loop body (a second copy would be
     // more cold code to fetch). With a tensor the position is waited for. Every lane
-    // of a block has the same token, so the trip count is the block's, and K = 2's
-    // shuffles see whole warps (a block smaller than a warp holds only its own lanes).
+    // of a block has the same token, so the trip count is the block's (the table's
+    // barrier below sees every thread).
     const bool guessed = !has_pos && !has_off;
     int64_t at = s + p.offset;
     if (!guessed) at = loaded();
+    extern __shared__ __align__(16) float lean_table[];  // kTable: sin * sin_scale [half], then cos * cos_scale [half]
     for (;;) {
-      float so[PK], co[PK];
-      angle_sincos_chunk<PK>(at, f, so, co);
-      if constexpr (K == 1) {
-#pragma unroll
-        for (int j = 0; j < P; ++j) {
-          sn[j] = so[j];
-          cs[j] = co[j];
+      float last;
+      if constexpr (kTable) {
+        float s0 = 0.f, c0 = 0.f;
+        if (threadIdx.x < half) {
+          angle_sincos_chunk<1>(at, f, &s0, &c0);
+          lean_table[threadIdx.x] = s0 * p.sin_scale;
+          lean_table[half + threadIdx.x] = c0 * p.cos_scale;
         }
+        for (int i = threadIdx.x + blockDim.x; i < half; i += blockDim.x) {
+          const float fi = p.inv_freq[i];
+          float si, ci;
+          angle_sincos_chunk<1>(at, &fi, &si, &ci);
+          lean_table[i] = si * p.sin_scale;
+          lean_table[half + i] = ci * p.cos_scale;
+        }
+        last = c0;
       } else {
-        const unsigned mask = blockDim.x >= 32 ? 0xffffffffu : (1u << blockDim.x) - 1u;
-        const int partner = (threadIdx.x & 31) ^ (1 << cshift);
-#pragma unroll
-        for (int j = 0; j < PK; ++j) {
-          const float sp = __shfl_sync(mask, so[j], partner), cp = __shfl_sync(mask, co[j], partner);
-          sn[j] = g ? sp : so[j];
-          cs[j] = g ? cp : co[j];
-          sn[PK + j] = g ? so[j] : sp;
-          cs[PK + j] = g ? co[j] : cp;
-        }
+        angle_sincos_chunk<P>(at, f, sn, cs);
+        last = cs[0];
       }
       // (An empty asm that rewrites the raw words after the sin/cos: the compiler can
       // neither hoist loaded() out of the loop nor place it before them.)
-      asm volatile("" : "+r"(a_lo), "+r"(a_hi), "+r"(b_lo), "+r"(b_hi) : "f"(co[0]));
+      asm volatile("" : "+r"(a_lo), "+r"(a_hi), "+r"(b_lo), "+r"(b_hi) : "f"(last));
       const int64_t want = loaded();
       if (at == want) break;
       at = want;
+    }
+    if constexpr (kTable) {
+      __syncthreads();
+#pragma unroll
+      for (int j = 0; j < P; j += P % 4 == 0 ? 4 : P % 2 == 0 ? 2 : 1) {  // aligned: half is a multiple of P
+        if constexpr (P % 4 == 0) {
+          const float4 a = *reinterpret_cast<const float4*>(&lean_table[c * P + j]);
+          const float4 z = *reinterpret_cast<const float4*>(&lean_table[half + c * P + j]);
+          sn[j] = a.x; sn[j + 1] = a.y; sn[j + 2] = a.z; sn[j + 3] = a.w;
+          cs[j] = z.x; cs[j + 1] = z.y; cs[j + 2] = z.z; cs[j + 3] = z.w;
+        } else if constexpr (P % 2 == 0) {
+          const float2 a = *reinterpret_cast<const float2*>(&lean_table[c * P + j]);
+          const float2 z = *reinterpret_cast<const float2*>(&lean_table[half + c * P + j]);
+          sn[j] = a.x; sn[j + 1] = a.y;
+          cs[j] = z.x; cs[j + 1] = z.y;
+        } else {
+          sn[j] = lean_table[c * P + j];
+          cs[j] = lean_table[half + c * P + j];
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < P; ++j) {
+        sn[j] *= p.sin_scale;
+        cs[j] *= p.cos_scale;
+      }
     }
   } else {  // pair_sincos's rule: a position outside [0, cache_rows) gives NaN (row 0 is read
             // and discarded: the host refuses an empty table)
@@ -750,7 +788,7 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
     // 4.8 -> 5.2 us, 0.5 MB 5.0 -> 5.6; x's loads issued after the position and table
     // code cost more than the table's late issue.)
     if (fl & kLeanCacheVec) {  // scalar loads through load_float's dtype switch cost ~1 us here (run 7)
-      const int64_t at = row + c * P, half = P << cshift;  // R / 2
+      const int64_t at = row + c * P;
       if (p.cache_dtype == DType::kFloat32) {
         load_row_chunk<float, P>(static_cast<const float*>(p.cache) + at, cs);
         load_row_chunk<float, P>(static_cast<const float*>(p.cache) + at + half, sn);
@@ -763,18 +801,18 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
       for (int j = 0; j < P; ++j) {
         const int64_t col = static_cast<int64_t>(c * P + j) * p.cache_stride_col;
         cs[j] = load_float(p.cache, p.cache_dtype, row + col);
-        sn[j] = load_float(p.cache, p.cache_dtype, row + col + static_cast<int64_t>(P << cshift) * p.cache_stride_col);  // R / 2
+        sn[j] = load_float(p.cache, p.cache_dtype, row + col + static_cast<int64_t>(half) * p.cache_stride_col);
       }
     }
     if (!in_range) {
 #pragma unroll
       for (int j = 0; j < P; ++j) cs[j] = sn[j] = std::numeric_limits<float>::quiet_NaN();
     }
-  }
 #pragma unroll
-  for (int j = 0; j < P; ++j) {
-    sn[j] *= p.sin_scale;
-    cs[j] *= p.cos_scale;
+    for (int j = 0; j < P; ++j) {
+      sn[j] *= p.sin_scale;
+      cs[j] *= p.cos_scale;
+    }
   }
 
   // 4. Rotate and store.
