@@ -258,9 +258,10 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
   lp.sin_scale = p.sign * p.scale;
   lp.cos_scale = p.scale;
   // Rows per thread U: the fewest that keep the grid within ~512 threads per SM (each
-  // thread computes its chunk's sin/cos once for its U rows), and with the block's
-  // sin/cos table, at least enough for one block of 128 threads to hold the token's
-  // rows (the table is then computed once per token). Rows per block RB: as many as a
+  // thread computes its chunk's sin/cos once for its U rows). Not more to let one block
+  // hold a token's rows (its sin/cos table then computed once per token): U = 4 at 0.12-2
+  // MB took 0.4-0.6 us more than U = 1 (ncu, H200, run 4 of 2026-11-26; a thread's U
+  // rows' address code runs before its frequency load). Rows per block RB: as many as a
   // block of 128 threads holds (fewer where a token has fewer rows); the halving to
   // cover every SM with small calls is a knob now (set_lean_min_block).
   const bool table = !cache && lean_share();
@@ -269,7 +270,6 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
   if (U != 1 && U != 2 && U != 4 && U != 8) {
     U = 1;
     while (U < 8 && tokens * ceil_div(rows, int64_t(U)) * chunks > int64_t(sms) * 512) U *= 2;
-    while (table && U < 8 && int64_t(U) * (cuda::kLeanMaxThreads / chunks) < rows) U *= 2;
   }
   const int64_t rows_u = ceil_div(rows, int64_t(U));
   int RB = cuda::kLeanMaxThreads / chunks;

@@ -634,6 +634,14 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   const int d0 = c * V, d1 = d0 + (V << cshift);  // neox: the second half starts R / 2 = chunks * V in
   const int half = P << cshift;                     // R / 2: pairs per row
 
+  // 0. With the block's table, its one frequency load first: it heads the chain (load,
+  //    sin/cos, barrier), and U rows' address code in front of it delayed it (U = 4:
+  //    ~170 instructions, run 4 of 2026-11-26).
+  float ft = 0.f;
+  if constexpr (kTable) {
+    if (threadIdx.x < half) ft = p.inv_freq[threadIdx.x];
+  }
+
   // 1. The x loads. Selects, not p.in[t]: a runtime index into the parameters would
   //    copy them to local memory.
   Word xa[U], xb[U];
@@ -657,12 +665,11 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   //    shows x unpacked inside the loop above before later loads issue; loading the
   //    frequencies before x's with the x loop predicated gained 0.1 us at 0.12 MB and
   //    lost 20-25% at 8-32 MB: run 6 of the night of 2026-11-24, reverted.)
-  //    The table's threads load the frequency of pair threadIdx.x (more pairs than
-  //    threads, at most P per thread, load theirs in the loop below).
-  constexpr int NF = kTable ? 1 : P;
-  float f[NF];
+  //    (The table's threads loaded the frequency of pair threadIdx.x above; more pairs
+  //    than threads, at most P per thread, load theirs in the loop below.)
+  float f[kTable ? 1 : P];
   if constexpr (kTable) {
-    f[0] = threadIdx.x < half ? p.inv_freq[threadIdx.x] : 0.f;
+    f[0] = ft;
   } else if constexpr (!kCache) {
 #pragma unroll
     for (int j = 0; j < P; ++j) f[j] = p.inv_freq[c * P + j];
