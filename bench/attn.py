@@ -318,7 +318,10 @@ def append_suite(timer, bw, quick=False):
                 batched = lambda: rope_ext.append_kv(k4, v4, kc, vc, before, q=q4 if with_q else None)  # noqa: E731
                 paged = lambda: rope_ext.append_kv(k4, v4, kp, vp, before, block_table=btp,  # noqa: E731
                                                    q=q4 if with_q else None)
-                fns += [("rope_ext append_kv, batched [B, 1]", batched),
+                blocks128 = lambda fn: _switched(rope_ext._C.set_append_lean_min_block, 128, 0, fn)  # noqa: E731
+                fns += [("rope_ext append_kv, lean, 128-thread blocks", blocks128(fns[0][1])),
+                        ("rope_ext append_kv, batched [B, 1]", batched),
+                        ("rope_ext append_kv, batched [B, 1], 128-thread blocks", blocks128(batched)),
                         ("rope_ext append_kv, batched [B, 1], shape 1", _append_shape(1, batched)),
                         ("rope_ext append_kv, batched, paged(16)", paged),
                         ("rope_ext append_kv, batched, paged(16), shape 1", _append_shape(1, paged))]

@@ -49,6 +49,9 @@ void set_decode_cluster_merge(bool on);
 // where it applies; the list is beside
 // launch_append in attention_dispatch.cu), -1: auto.
 void set_append_shape(int shape);
+// bench/tests: the lean append kernel's fewest threads per block when it halves its rows
+// to cover the SMs (0: the default, down to one row; packed sequences keep a warp).
+void set_append_lean_min_block(int n);
 // tests: the kernel of this thread's last CUDA append_kv launch: 1 the register kernel,
 // 2 the bulk kernel (1b), 3 the lean kernel (1c); 0 none yet.
 int& last_append_kernel();

@@ -88,6 +88,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_decode_cluster_merge", &rope_ext::set_decode_cluster_merge,
         "tests/bench: whether attention_decode's splits may merge in a thread-block cluster (default on; "
         "off: the combine kernel)");
+  m.def("set_append_lean_min_block", &rope_ext::set_append_lean_min_block,
+        "tests/bench: the fewest threads a block of append_kv's lean kernel keeps when its rows are halved to "
+        "cover the SMs (0 = the default: down to one row; packed sequences keep a warp)");
   m.def("set_append_shape", &rope_ext::set_append_shape,
         "tests/bench: append_kv's kernel and shape: the register kernel with 0 (4 items per thread, 3 blocks per "
         "SM), 1 (2, 4) or 2 (1, 6); the bulk kernel (where it applies) with ~8 KB (3) or ~16 KB (4) of rows per "

@@ -316,7 +316,7 @@ def test_empty_sequences_give_zeros(device):
 
 # ---------------------------------------------------------------------------- append_kv on its own
 @cuda
-@pytest.mark.parametrize("shape", [0, 1, 2, 3, 4, 5])
+@pytest.mark.parametrize("shape", [0, 1, 2, 3, 4, 5, "5-128"])
 def test_append_kernel_shapes_bit_equal_cuda(shape):
     """append_kv's kernels and shapes (rope_ext._C.set_append_shape: kernel 1's items per
     thread and blocks per SM, 0-2; the bulk kernel's bytes per block, 3-4, and the lean
@@ -326,8 +326,11 @@ def test_append_kernel_shapes_bit_equal_cuda(shape):
     NaN and shows), for bf16 / fp16 / fp32 / fp8 caches, paged and contiguous, varlen and
     batched, GPT-J and neox, partial rotary, q in place, v with its own head dim (MLA),
     q as a slice of a fused projection, head-major caches (the bulk kernel's per-head
-    stores) and the scalar path."""
+    stores) and the scalar path. "5-128": the lean kernel with its blocks kept at 128
+    threads (set_append_lean_min_block) instead of halved to cover the SMs."""
     dev, B, Hk, Hq = "cuda", 3, 2, 8
+    min_block = 128 if shape == "5-128" else 0
+    shape = 5 if shape == "5-128" else shape
     cases = [dict(dt=torch.bfloat16), dict(dt=torch.float16, interleaved=True), dict(dt=torch.float32, rotary_dim=32),
              dict(dt=torch.bfloat16, fp8=True), dict(dt=torch.bfloat16, Dv=96), dict(dt=torch.bfloat16, strided=True),
              dict(dt=torch.bfloat16, fused=True), dict(dt=torch.float16, heads_apart=True),
@@ -373,10 +376,12 @@ def test_append_kernel_shapes_bit_equal_cuda(shape):
                 for sh in (-1, shape):  # auto, then the forced shape
                     kc, vc, qq = kc0.clone(), vc0.clone(), q.clone()
                     rope_ext._C.set_append_shape(sh)
+                    rope_ext._C.set_append_lean_min_block(min_block if sh == shape else 0)
                     try:
                         rope_ext.append_kv(k, v, kc, vc, lens, block_table=bt, **dict(kw, q=qq), **scales)
                     finally:
                         rope_ext._C.set_append_shape(-1)
+                        rope_ext._C.set_append_lean_min_block(0)
                     torch.cuda.synchronize()
                     out.append((kc, vc, qq))
                 what = f"{c} paged={paged} varlen={varlen}"

@@ -79,6 +79,10 @@ int64_t set_append_dividers(AppendParams& p, int V) {
 // Kernel 1 did not lift bf16 T = 8192 above ~77% of a same-size copy (35.5 us against
 // 27.4, run 1 of 2026-11-25; 33.3 with FastDiv, run 2).
 std::atomic<int> g_append_shape{-1};
+// The lean append kernel's fewest threads per block when its rows are halved to cover
+// the SMs (0: down to one row per block; the rope op's lean stops at 128, where smaller
+// blocks lost: bench/NOTES.md, issue 19). An A/B knob (set_append_lean_min_block).
+std::atomic<int> g_append_lean_min_block{0};
 
 template <typename T, bool kInterleaved, bool kVec, bool kFp8, int kItems, int kMinBlocks>
 void launch_append_shape(const AppendParams& params, int device, cudaStream_t stream) {
@@ -221,7 +225,8 @@ bool launch_append_lean(const AppendParams& p, int device, cudaStream_t stream) 
   const int sms = sm_count(device);
   int RB = 128 / chunks;
   while (RB > 1 && RB / 2 >= rows) RB /= 2;
-  while (RB > 1 && tokens * ceil_div(rows, int64_t(RB)) < sms && (!p.varlen || (RB / 2) * chunks >= 32)) RB /= 2;
+  const int min_block = std::max(p.varlen ? 32 : 1, g_append_lean_min_block.load(std::memory_order_relaxed));
+  while (RB > 1 && tokens * ceil_div(rows, int64_t(RB)) < sms && (RB / 2) * chunks >= min_block) RB /= 2;
   if (p.varlen && RB * chunks < 32) return false;
   lp.rows_per_block = RB;
   const dim3 grid(static_cast<unsigned>(ceil_div(rows, int64_t(RB))), static_cast<unsigned>(gy),
@@ -485,6 +490,7 @@ bool cluster_merge_pays(const DecodeParams& p, int s, int64_t max_keys, int dev,
 
 void set_decode_cluster_merge(bool on) { g_cluster_merge.store(on); }
 void set_append_shape(int shape) { g_append_shape.store(shape); }
+void set_append_lean_min_block(int n) { g_append_lean_min_block.store(n < 0 ? 0 : n); }
 int& last_append_kernel() {
   static thread_local int kernel = 0;
   return kernel;
