@@ -8,7 +8,8 @@
 //   0 copy_lean    lean's mapping (a block: 8 heads x 16 chunks of one token), x read and
 //                  written unchanged: the floor of this launch shape.
 //   1 lean_global  + frequencies loaded from a global fp32 table, sin/cos computed
-//                  (angle_sincos_chunk, rope_math.h): today's lean kernel at K = 1.
+//                  (angle_sincos_chunk, rope_math.h): lean's arithmetic with each lane
+//                  computing its own sin/cos (kSource 0).
 //   2 lean_param   frequencies from the kernel's parameter block (a per-lane index: the
 //                  constant cache serializes the 16 distinct addresses of a warp).
 //   3 lean_fake    as 1, sin/cos replaced by two multiplies: the chain without sin/cos.
@@ -35,9 +36,10 @@
 //  13 real_k1      the same at kSource 0 (each lane its own sin/cos).
 //  14 lines2       lean_global with its pointers read from a parameter block of 64-byte
 //                  lines: x and out from line 0, the frequencies from line 1 (the
-//                  minimal kernel's hot fields share one line; lean's span four).
+//                  minimal kernel's hot fields share one line; lean's spanned four until
+//                  2026-11-26).
 //  15 lines4       x from line 0, the frequencies from line 1, out from line 2, and a
-//                  null test from line 3 before the sin/cos (as lean's position fields):
+//                  null test from line 3 before the sin/cos (as lean's position fields were):
 //                  if each cold constant line costs the chain a round trip, this runs at
 //                  lean's time (real_k1) and 14 between.
 //  16 lean_nopos   rope_ext's lean kernel at K = 1 (its LeanParams, runtime shapes, q/k

@@ -337,8 +337,11 @@ def test_lean_token_strides(layout, B, S, positions):
     correction from a later parameter line where the batch stride is not S token strides
     (sbhd and bhsd with B > 1 and S > 1). Every layout with and without that correction,
     q + k (different head counts), positions per batch and token or none: lean must be
-    the kernel that ran, bit-equal to the tiles, and within the float64 truth's bounds.
-    A strided inv_freq is outside lean's layout: the tiles take it, with the same bits."""
+    the kernel that ran, bit-equal to the tiles, and within the float64 truth's bounds;
+    also with 2 rows per thread, with each lane computing its own sin/cos (no shared
+    table), and (bshd) with a k whose memory is head-major, so that only k needs the
+    correction. A strided inv_freq is outside lean's layout: the tiles take it, with the
+    same bits."""
     dev, D, dtype = "cuda", 128, torch.bfloat16
     dims = {"bshd": (B, S), "sbhd": (S, B), "bhsd": (B, None, S)}[layout]
     def shape(H):
@@ -351,11 +354,21 @@ def test_lean_token_strides(layout, B, S, positions):
         C.set_lean_max_bytes(32 << 20)
         assert any("rope_lean_kernel" in n for n in cuda_kernels_of(lambda: rope_ext.apply_rope_qk(q, k, pos, **kw))), \
             "auto did not take lean here: the test would not test it"
-        outs = rope_ext.apply_rope_qk(q, k, pos, **kw)
-        for x, out in zip((q, k), outs):
-            tile = rope_ext.apply_rope(x, pos, impl="fp32x4_tile", **kw)
-            assert torch.equal(out, tile), f"lean vs tiles ({layout}, B {B}, S {S})"
-            assert_close_f64(out, ref.rope_float64(x, pos, **kw), x.abs().max().item(), "lean vs float64")
+        pairs = [(q, k)]
+        if layout == "bshd":  # k [B, S, 8, D] over [B, 8, S, D] memory
+            pairs.append((q, randn((B, 8, S, D), dtype, dev).transpose(1, 2)))
+        for rows_per_thread, share in ((0, True), (2, True), (0, False)):
+            C.set_lean_rows_per_thread(rows_per_thread)
+            C.set_lean_share(share)
+            for qq, kk in pairs:
+                outs = rope_ext.apply_rope_qk(qq, kk, pos, **kw)
+                for x, out in zip((qq, kk), outs):
+                    tile = rope_ext.apply_rope(x, pos, impl="fp32x4_tile", **kw)
+                    what = f"({layout}, B {B}, S {S}, U {rows_per_thread}, share {share}, k {tuple(kk.stride())})"
+                    assert torch.equal(out, tile), f"lean vs tiles {what}"
+                    assert_close_f64(out, ref.rope_float64(x, pos, **kw), x.abs().max().item(), f"lean vs float64 {what}")
+        C.set_lean_rows_per_thread(0)
+        C.set_lean_share(True)
         f = torch.empty(D, device=dev)[::2]
         f.copy_(rope_ext.inv_freq(D, device=dev))
         assert not any("rope_lean_kernel" in n for n in cuda_kernels_of(lambda: rope_ext.apply_rope(q, pos, inv_freq=f, **kw)))
@@ -363,6 +376,8 @@ def test_lean_token_strides(layout, B, S, positions):
                            rope_ext.apply_rope(q, pos, inv_freq=f.contiguous(), **kw)), "strided inv_freq: lean's bits"
     finally:
         C.set_lean_max_bytes(-1)
+        C.set_lean_rows_per_thread(0)
+        C.set_lean_share(True)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -651,9 +651,10 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
     if (r >= p.rows) break;
     const bool k = r >= p.H0;
     const int64_t h = k ? r - p.H0 : r;
-    const T* in = static_cast<const T*>(k ? p.in[1] : p.in[0]) + tok * (k ? p.in_ts[1] : p.in_ts[0]) +
-                  h * (k ? p.in_hs[1] : p.in_hs[0]);
-    if (p.cshift & kLeanBatchFix) in += b * (k ? p.in_bfix[1] : p.in_bfix[0]);
+    // One offset, then the pointer: tok * ts alone may lie past the tensor (sbhd).
+    int64_t off = tok * (k ? p.in_ts[1] : p.in_ts[0]) + h * (k ? p.in_hs[1] : p.in_hs[0]);
+    if (p.cshift & kLeanBatchFix) off += b * (k ? p.in_bfix[1] : p.in_bfix[0]);
+    const T* in = static_cast<const T*>(k ? p.in[1] : p.in[0]) + off;
     xa[u] = *reinterpret_cast<const Word*>(in + d0);
     if (!kInterleaved) xb[u] = *reinterpret_cast<const Word*>(in + d1);
   }
