@@ -7,7 +7,7 @@ graph, L2 flushed before every replay, median), x [S, 32, 128] bf16 out of place
 S = 16, 64, 256, 1024 (0.12, 0.5, 2, 8 MB). Each variant's output is checked against
 rope_ext's (the fake sin/cos and copy variants excepted) before it is timed.
 
-    python bench/small_rope_study.py [--reps 200] [--only lean_global,real_k1,lines2,lines4] [--sizes 16,64]
+    python bench/small_rope_study.py [--reps 200] [--only lean_global,real_k2,lean_global_far,real_k2_far] [--sizes 16,64]
 """
 import argparse
 import os
@@ -26,8 +26,16 @@ from timing import graph_us, same_size_copy  # noqa: E402
 VARIANTS = ["copy_lean", "lean_global", "lean_param", "lean_fake", "lean_table", "uni_global", "uni_param",
             "copy_uni", "uni_fake", "lean_rb2", "lean_seq", "lean_rb2_seq", "real_k2", "real_k1",
             "lines2", "lines4", "lean_nopos", "lean_smem", "lean_smem4"]
+# Python-side variants: a kernel above with its output (and frequencies) in other memory.
+# The op's launch of lean took ~0.2-0.3 us more than the study's launch of the same
+# instance (ncu, runs 3 and 5 of 2026-11-26); the parameters differ only in the
+# frequency and output pointers. The study's x, out and frequencies sit in one
+# allocator segment, the op's output in the graph's pool and its frequencies in an
+# early small allocation: if a cold address translation per extra segment is the
+# cost, the "_far" rows (output and frequencies each behind a 64 MB spacer) take it too.
+FAR = {"lean_global_far": "lean_global", "real_k2_far": "real_k2"}
 EXACT = {"lean_global", "lean_param", "uni_global", "uni_param", "lean_rb2", "lean_seq", "lean_rb2_seq", "real_k2",
-         "real_k1", "lines2", "lines4", "lean_nopos", "lean_smem", "lean_smem4"}  # bit-equal to rope_ext's sin/cos
+         "real_k1", "lines2", "lines4", "lean_nopos", "lean_smem", "lean_smem4", *FAR}  # bit-equal to rope_ext's sin/cos
 
 
 def main():
@@ -37,9 +45,9 @@ def main():
     ap.add_argument("--sizes", default="16,64,256,1024", help="comma-separated S (tokens)")
     args = ap.parse_args()
     only = set(args.only.split(",")) - {""}
-    unknown = only - set(VARIANTS)
+    unknown = only - set(VARIANTS) - set(FAR)
     if unknown:
-        raise SystemExit(f"--only: unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
+        raise SystemExit(f"--only: unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS + list(FAR))}")
     mod = load("small_rope_study", [os.path.join(HERE, "small_rope_study.cu")],
                extra_include_paths=[os.path.join(HERE, "..", "csrc")],
                extra_cuda_cflags=["-O3", "--expt-relaxed-constexpr", "-DROPE_EXT_ANGLE_TURNS=1"], verbose=False)
@@ -48,7 +56,11 @@ def main():
     freq = inv.cuda()
     seq0 = torch.zeros(1, dtype=torch.int32, device="cuda")
     C = rope_ext._C
-    shown = [v for v in VARIANTS if not only or v in only]
+    shown = [v for v in VARIANTS + list(FAR) if not only or v in only]
+    # (Allocations under 1 MB share the caching allocator's 2 MB segments: the far ones
+    # are slices of their own 8+ MB buffers, each behind a 64 MB spacer.)
+    spacers = [torch.empty(64 << 20, dtype=torch.uint8, device="cuda")]
+    freq_far = torch.empty(2 << 20, device="cuda")[: freq.numel()].copy_(freq)
     print(f"{'S':>6}{'MB':>7}" + "".join(f"{v:>13}" for v in shown) +
           f"{'rope auto':>11}{'rope ip':>9}{'compile':>9}{'copy':>8}")
     for S in (int(t) for t in args.sizes.split(",")):
@@ -58,24 +70,26 @@ def main():
         tcos, tsin = ang.cos().float().contiguous(), ang.sin().float().contiguous()
         want = rope_ext.apply_rope(x, layout="thd", cu_seqlens=torch.tensor([0, S], dtype=torch.int32,
                                                                              device="cuda"))
+        spacers.append(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"))
+        out_far = torch.empty(max(x.numel(), 4 << 20), dtype=x.dtype, device="cuda")[: x.numel()].view_as(x)
         cells = []
-        for i, v in enumerate(VARIANTS):
-            if v not in shown:
-                continue
-            out.fill_(float("nan"))
-            mod.run(i, x, out, freq, inv, tcos, tsin, seq0)
+        for v in shown:
+            i = VARIANTS.index(FAR.get(v, v))
+            o, f = (out_far, freq_far) if v in FAR else (out, freq)
+            o.fill_(float("nan"))
+            mod.run(i, x, o, f, inv, tcos, tsin, seq0)
             torch.cuda.synchronize()
             if v in EXACT:
-                bad = (out.float() - want.float()).abs().max().item()
+                bad = (o.float() - want.float()).abs().max().item()
                 note = "" if bad == 0 else f"(!{bad:.1e})"
             elif v.startswith("copy"):
-                note = "" if torch.equal(out, x) else "(!copy)"
+                note = "" if torch.equal(o, x) else "(!copy)"
             elif v == "lean_table":
-                bad = (out.float() - want.float()).abs().max().item()
+                bad = (o.float() - want.float()).abs().max().item()
                 note = "" if bad <= 2 ** -7 * x.abs().max().item() else f"(!{bad:.1e})"
             else:
-                note = "" if not out.isnan().any() else "(!nan)"
-            t = graph_us(lambda i=i: mod.run(i, x, out, freq, inv, tcos, tsin, seq0), args.reps)
+                note = "" if not o.isnan().any() else "(!nan)"
+            t = graph_us(lambda i=i, o=o, f=f: mod.run(i, x, o, f, inv, tcos, tsin, seq0), args.reps)
             cells.append(f"{t:.2f}{note}")
         cu = torch.tensor([0, S], dtype=torch.int32, device="cuda")
         t_auto = graph_us(lambda: rope_ext.apply_rope(x, layout="thd", cu_seqlens=cu), args.reps)
