@@ -137,7 +137,8 @@ void launch_flat(const RopeParams& p, int device, cudaStream_t stream) {
 // A 16-byte bf16 thread computes 8 sin/cos, an 8-byte one 4: the chain to the first
 // store is shorter (841 vs 500 SASS instructions), and below ~8 MB that chain, not DRAM,
 // sets the time. So: 8 bytes for 16-bit types up to 32 MB; fp32 8 bytes up to 4 MB, 16
-// bytes up to 16 MB. ROPE_EXT_LEAN_MAX_BYTES / ROPE_EXT_LEAN_BYTES at import, or
+// bytes up to 16 MB. (Measured with per-lane sin/cos; with the block's shared table, the
+// default since 2026-11-26, a thread computes about one pair whatever W: not re-measured.) ROPE_EXT_LEAN_MAX_BYTES / ROPE_EXT_LEAN_BYTES at import, or
 // set_lean_max_bytes / set_lean_bytes (tests: every width and rows-per-thread choice),
 // override them; a size of 0 turns lean off (the bench's A/B), -1 restores the defaults.
 // Rows per thread (set_lean_rows_per_thread) and the block's shared sin/cos table
