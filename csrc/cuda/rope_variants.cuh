@@ -67,10 +67,10 @@
 //              takes rope_ext's time (4.70), while a kernel of the same loads and
 //              arithmetic with one-line params and constant shapes takes 3.84 (torch.
 //              compile 3.68): what is left is in this kernel's code (NOTES run 6).
-//              Then (2026-11-26): the parameters laid out by constant line (all the x
-//              and frequency loads need in the line every load reads anyway) and the
-//              token's sin/cos computed once per block into shared memory instead of
-//              two lanes sharing them (K = 2); bench/NOTES.md, session of 2026-11-26.
+//              Then (2026-11-26): the parameters laid out by constant line (no gain
+//              measured, none lost) and the token's sin/cos computed once per block
+//              into shared memory instead of two lanes sharing them (K = 2): ncu 0.5 MB
+//              3.7 -> 3.5 us, 2 MB 4.6 -> 4.3, 32 MB graph 21.8 -> 20.9; bench/NOTES.md.
 //
 // What was learned on the H100 (bench/NOTES.md has the numbers and the method):
 //   - Variant 3's x loads must be uint4: a struct copy of Vec<bf16, 8> compiled to
@@ -532,10 +532,11 @@ __global__ void __launch_bounds__(kFlatMaxThreads) rope_flat_kernel(const __grid
 // all a thread needs to issue its x and frequency loads, and the flags (the compiler
 // decodes them near the top: from a later line they made the x loads wait for it); the
 // rest (outputs, scales, the offset; then the position tensors and the table, read only
-// under their flags) is needed after those loads are in flight. Measured
-// (bench/small_rope_study.py, H200, 0.12 MB, run 1 of 2026-11-26): the minimal kernel
-// with its frequency pointer in a second line 4.06 us against 3.74 in one; lean, whose
-// position code then read two more lines before the sin/cos, 4.54.
+// under their flags) is needed after those loads are in flight. Measured (H200, bench/
+// NOTES.md, 2026-11-26): graph medians first suggested a second line cost 0.3 us (run 1),
+// but ncu timing each kernel alone found none (run 3: 2.56 vs 2.50 us), and this layout
+// gained nothing measurable (run 2). Kept: no loss, and a call without position tensors
+// no longer reads their line.
 // An input's token offset is one stride times (b * S + s), plus b times a correction
 // (its batch stride less S token strides) read from the second line only where a bit in
 // line 0 says some tensor needs one (B > 1 and S > 1 in the sbhd and bhsd layouts).
