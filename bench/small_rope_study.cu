@@ -46,11 +46,11 @@
 //                  selects, 64-bit index math) without its position code: the position
 //                  is s + offset. Between lean_global and real_k1, it splits lean's extra
 //                  time into its index math and parameters versus its position code.
-//                  Run 1 of 2026-11-26 (H200, 0.12 MB, us): lean_global 3.74, lines2 4.06,
-//                  lines4 4.06, lean_nopos 4.10, real_k1 4.54: a second constant line
-//                  before the frequency load costs ~0.3 us, the old position code's
-//                  lines ~0.45 more; lean's index math nothing. LeanParams was laid out
-//                  again from it (rope_variants.cuh).
+//                  Run 1 of 2026-11-26 (H200, 0.12 MB, graph medians, us): lean_global
+//                  3.74, lines2 4.06, lines4 4.06, lean_nopos 4.10, real_k1 4.54. ncu, each
+//                  kernel alone (run 3): 2.50, 2.56, -, 2.85, 3.07: a second constant line
+//                  costs nothing (the medians' 0.3 us was their modes' noise); lean's
+//                  runtime shapes and selects ~0.3 us, its position code ~0.2.
 //  17 lean_smem    lean_global with a token's sin/cos computed once per block: 64 lanes
 //                  one pair each, into shared memory, then every lane its 4 pairs. At
 //                  0.5-2 MB the minimal kernel trails torch.compile (4.54 vs 3.76 us at
