@@ -138,9 +138,10 @@ void launch_flat(const RopeParams& p, int device, cudaStream_t stream) {
 // store is shorter (841 vs 500 SASS instructions), and below ~8 MB that chain, not DRAM,
 // sets the time. So: 8 bytes for 16-bit types up to 32 MB; fp32 8 bytes up to 4 MB, 16
 // bytes up to 16 MB. (Measured with per-lane sin/cos; with the block's shared table, the
-// default since 2026-11-26, a thread computes about one pair whatever W: not re-measured.) ROPE_EXT_LEAN_MAX_BYTES / ROPE_EXT_LEAN_BYTES at import, or
-// set_lean_max_bytes / set_lean_bytes (tests: every width and rows-per-thread choice),
-// override them; a size of 0 turns lean off (the bench's A/B), -1 restores the defaults.
+// default since 2026-11-26, a thread computes about one pair whatever W: not re-measured.)
+// ROPE_EXT_LEAN_MAX_BYTES / ROPE_EXT_LEAN_BYTES at import, or set_lean_max_bytes /
+// set_lean_bytes (tests: every width and rows-per-thread choice), override them; a size
+// of 0 turns lean off (the bench's A/B), -1 restores the defaults.
 // Rows per thread (set_lean_rows_per_thread) and the block's shared sin/cos table
 // (set_lean_share, ROPE_EXT_LEAN_SHARE=0: each lane its own) are A/B knobs too
 // (bench/lean_sweep.py, bench/small_rope_study.py; bench/NOTES.md, 2026-11-26).
@@ -265,7 +266,6 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
   // rows' address code runs before its frequency load). Rows per block RB: as many as a
   // block of 128 threads holds (fewer where a token has fewer rows); the halving to
   // cover every SM with small calls is a knob now (set_lean_min_block).
-  const bool table = !cache && lean_share();
   const int sms = sm_count(device);
   int U = g_lean_rows_per_thread.load(std::memory_order_relaxed);
   if (U != 1 && U != 2 && U != 4 && U != 8) {
@@ -285,6 +285,7 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(ceil_div(rows_u, int64_t(RB))), static_cast<unsigned>(p.S),
                   static_cast<unsigned>(p.B));
   const int threads = RB * chunks;
+  const bool table = !cache && lean_share();  // the block's sin/cos table (kSource 1)
   if constexpr (sizeof(T) <= 4) {  // (no fp64 instances: it returned above)
     // Access width W (16, 8 or 4 bytes), pairing, rows per thread U (1, 2, 4, 8). An fp32
     // 4-byte word holds one element: neox only (GPT-J took W = 8 above).

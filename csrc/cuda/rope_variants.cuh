@@ -598,7 +598,8 @@ template <> struct LeanWord<4> { using type = uint32_t; };
 // 2026-11-26), where the sin/cos issue work, not DRAM, set the time. It replaced two
 // lanes sharing by shuffles (K = 2), which halved the work per lane at most.
 // N consecutive table elements as fp32, by the widest aligned loads that hold them (the
-// host checks the alignment): a chunk's cos or sin from a cos_sin_cache row.
+// host checks the alignment): a chunk's cos or sin from a cos_sin_cache row, or from the
+// block's shared table.
 template <typename E, int N>
 __device__ __forceinline__ void load_row_chunk(const E* ptr, float* out) {
   constexpr int B = N * static_cast<int>(sizeof(E));
@@ -638,10 +639,8 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   // 0. With the block's table, its one frequency load first: it heads the chain (load,
   //    sin/cos, barrier), and U rows' address code in front of it delayed it (U = 4:
   //    ~170 instructions, run 4 of 2026-11-26).
-  float ft = 0.f;
-  if constexpr (kTable) {
-    if (threadIdx.x < half) ft = p.inv_freq[threadIdx.x];
-  }
+  float f[kTable ? 1 : P];  // the table: pair threadIdx.x's; else the chunk's P
+  if constexpr (kTable) f[0] = threadIdx.x < half ? p.inv_freq[threadIdx.x] : 0.f;
 
   // 1. The x loads. Selects, not p.in[t]: a runtime index into the parameters would
   //    copy them to local memory.
@@ -669,10 +668,7 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   //    lost 20-25% at 8-32 MB: run 6 of the night of 2026-11-24, reverted.)
   //    (The table's threads loaded the frequency of pair threadIdx.x above; more pairs
   //    than threads, at most P per thread, load theirs in the loop below.)
-  float f[kTable ? 1 : P];
-  if constexpr (kTable) {
-    f[0] = ft;
-  } else if constexpr (!kCache) {
+  if constexpr (!kTable && !kCache) {
 #pragma unroll
     for (int j = 0; j < P; ++j) f[j] = p.inv_freq[c * P + j];
   }
@@ -736,20 +732,15 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
     for (;;) {
       float last;
       if constexpr (kTable) {
-        float s0 = 0.f, c0 = 0.f;
-        if (threadIdx.x < half) {
-          angle_sincos_chunk<1>(at, f, &s0, &c0);
-          lean_table[threadIdx.x] = s0 * p.sin_scale;
-          lean_table[half + threadIdx.x] = c0 * p.cos_scale;
-        }
-        for (int i = threadIdx.x + blockDim.x; i < half; i += blockDim.x) {
-          const float fi = p.inv_freq[i];
+        const auto put = [&](int i, float fi) {  // pair i's sin and cos, scaled, into the table
           float si, ci;
           angle_sincos_chunk<1>(at, &fi, &si, &ci);
           lean_table[i] = si * p.sin_scale;
           lean_table[half + i] = ci * p.cos_scale;
-        }
-        last = c0;
+          return ci;
+        };
+        last = threadIdx.x < half ? put(threadIdx.x, f[0]) : 0.f;
+        for (int i = threadIdx.x + blockDim.x; i < half; i += blockDim.x) put(i, p.inv_freq[i]);
       } else {
         angle_sincos_chunk<P>(at, f, sn, cs);
         last = cs[0];
@@ -763,23 +754,8 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
     }
     if constexpr (kTable) {
       __syncthreads();
-#pragma unroll
-      for (int j = 0; j < P; j += P % 4 == 0 ? 4 : P % 2 == 0 ? 2 : 1) {  // aligned: half is a multiple of P
-        if constexpr (P % 4 == 0) {
-          const float4 a = *reinterpret_cast<const float4*>(&lean_table[c * P + j]);
-          const float4 z = *reinterpret_cast<const float4*>(&lean_table[half + c * P + j]);
-          sn[j] = a.x; sn[j + 1] = a.y; sn[j + 2] = a.z; sn[j + 3] = a.w;
-          cs[j] = z.x; cs[j + 1] = z.y; cs[j + 2] = z.z; cs[j + 3] = z.w;
-        } else if constexpr (P % 2 == 0) {
-          const float2 a = *reinterpret_cast<const float2*>(&lean_table[c * P + j]);
-          const float2 z = *reinterpret_cast<const float2*>(&lean_table[half + c * P + j]);
-          sn[j] = a.x; sn[j + 1] = a.y;
-          cs[j] = z.x; cs[j + 1] = z.y;
-        } else {
-          sn[j] = lean_table[c * P + j];
-          cs[j] = lean_table[half + c * P + j];
-        }
-      }
+      load_row_chunk<float, P>(lean_table + c * P, sn);  // aligned: half is a multiple of P
+      load_row_chunk<float, P>(lean_table + half + c * P, cs);
     } else {
 #pragma unroll
       for (int j = 0; j < P; ++j) {
