@@ -343,9 +343,8 @@ def test_lean_token_strides(layout, B, S, positions):
     correction. A strided inv_freq is outside lean's layout: the tiles take it, with the
     same bits."""
     dev, D, dtype = "cuda", 128, torch.bfloat16
-    dims = {"bshd": (B, S), "sbhd": (S, B), "bhsd": (B, None, S)}[layout]
     def shape(H):
-        return (B, H, S, D) if layout == "bhsd" else (*dims, H, D)
+        return {"bshd": (B, S, H, D), "sbhd": (S, B, H, D), "bhsd": (B, H, S, D)}[layout]
     q, k = randn(shape(32), dtype, dev), randn(shape(8), dtype, dev)
     pos = torch.randint(0, 1 << 20, (B, S), device=dev) if positions else None
     kw = dict(layout=layout)
