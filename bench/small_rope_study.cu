@@ -58,6 +58,16 @@
 //                  that issue work the time there?
 //  18 lean_smem4   as 17 with a block per token (32 heads, 4 rows per lane): a quarter of
 //                  the blocks and of the sin/cos.
+//  19 lean_pf      lean_global with thread 0 of each block prefetching (prefetch.global.L2)
+//                  its output row right after the loads: the out page's address
+//                  translation, cold after the flush, walked while the loads are in flight
+//                  rather than in front of the stores. (Run 1 of 2026-11-26 (second), H100,
+//                  graph medians at 0.12 MB: lean_global 4.19, its "_far" form 4.42,
+//                  real_k2 4.42 / 4.67 far, the op 4.86: a separate segment costs ~0.23;
+//                  ncu, which does not flush the TLBs, saw no difference.)
+//  20 lean_ld      as 19 by a load of the row's first word (a prefetch may be dropped on a
+//                  TLB miss).
+//  21 real_pf      real_k2 with lean's own kLeanWarmOut flag (a prefetch).
 #include <cuda_bf16.h>
 #include <torch/extension.h>
 #include <c10/cuda/CUDAStream.h>
@@ -123,6 +133,14 @@ __global__ void __launch_bounds__(128) study_kernel(const __grid_constant__ Stud
       float f[kV];
 #pragma unroll
       for (int j = 0; j < kV; ++j) f[j] = (kVar == 2 || kVar == 6 || kVar == 8) ? p.freq[d0 + j] : p.freq_g[d0 + j];
+      if ((kVar == 19 || kVar == 20) && threadIdx.x == 0) {
+        if (kVar == 19) {
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(p.out + row));
+        } else {
+          uint32_t dummy;
+          asm volatile("ld.global.relaxed.gpu.u32 %0, [%1];" : "=r"(dummy) : "l"(p.out + row));
+        }
+      }
       if (kVar == 3 || kVar == 8) {
 #pragma unroll
         for (int j = 0; j < kV; ++j) {
@@ -264,10 +282,12 @@ rope_ext::cuda::LeanParams real_params(const StudyParams& sp) {
 }
 
 template <int kSource>
-void launch_real(const StudyParams& sp) {
+void launch_real(const StudyParams& sp, uint16_t flags = 0) {
   const size_t smem = kSource == 1 ? 2 * sizeof(float) * kHalf : 0;  // the block's sin/cos table
+  auto lp = real_params(sp);
+  lp.flags = flags;
   rope_ext::cuda::rope_lean_kernel<c10::BFloat16, false, 1, 8, kSource>
-      <<<dim3(kH / 8, sp.S, 1), 128, smem, c10::cuda::getCurrentCUDAStream()>>>(real_params(sp));
+      <<<dim3(kH / 8, sp.S, 1), 128, smem, c10::cuda::getCurrentCUDAStream()>>>(lp);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -315,7 +335,10 @@ void run(int64_t variant, torch::Tensor x, torch::Tensor out, torch::Tensor freq
     case 16: launch_nopos(p); break;
     case 17: launch_smem<1>(p); break;
     case 18: launch_smem<4>(p); break;
-    default: TORCH_CHECK(false, "variant: 0..18");
+    case 19: launch<19>(p); break;
+    case 20: launch<20>(p); break;
+    case 21: launch_real<1>(p, rope_ext::cuda::kLeanWarmOut); break;
+    default: TORCH_CHECK(false, "variant: 0..21");
   }
 }
 }  // namespace
