@@ -25,6 +25,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--sizes", default="16,64,256,1024,4096", help="tokens S of [1, S, 32, 128] bf16")
+    ap.add_argument("--widths", default="4,8,16", help="access widths W (bytes)")
     args = ap.parse_args()
     try:
         liger = import_liger()
@@ -47,7 +48,7 @@ def main():
             qb, kb = xt[:h].unsqueeze(0).transpose(1, 2), xt[h:2 * h].unsqueeze(0).transpose(1, 2)
             c, s_ = cos[:h].unsqueeze(0).contiguous(), sin[:h].unsqueeze(0).contiguous()
             lig = graph_us(lambda: liger.rope_forward(qb, kb, c, s_), args.reps)
-        for W in (8, 16):
+        for W in (int(w) for w in args.widths.split(",")):
             for U in (0, 1, 2, 4, 8):
                 C.set_lean_max_bytes(64 << 20)
                 C.set_lean_bytes(W)

@@ -34,7 +34,8 @@ VARIANTS = ["copy_lean", "lean_global", "lean_param", "lean_fake", "lean_table",
 # early small allocation: if a cold address translation per extra segment is the
 # cost, the "_far" rows (output and frequencies each behind a 64 MB spacer) take it too.
 # (Run 1 of 2026-11-26 (second session), H100: far +0.23 us in graph medians at 0.12 MB,
-# nothing under ncu; the _pf / _ld rows touch the output early, see the .cu's header.)
+# nothing under ncu; the _pf / _ld rows touch the output early and gained nothing (run 2,
+# the .cu's header).)
 FAR = {"lean_global_far": "lean_global", "real_k2_far": "real_k2", "lean_pf_far": "lean_pf",
        "lean_ld_far": "lean_ld", "real_pf_far": "real_pf"}
 EXACT = {"lean_global", "lean_param", "uni_global", "uni_param", "lean_rb2", "lean_seq", "lean_rb2_seq", "real_k2",
@@ -111,12 +112,11 @@ def main():
         # rope_ext's lean kernel under its knobs, bshd [1, S, 32, 128] and thd, out of place.
         xb = x.view(1, S, H, D)
         want_now = rope_ext.apply_rope(x, layout="thd", cu_seqlens=cu, impl="fp32x4_tile")  # x was rotated in place
-        knobs = {"rule": {}, "warm off": dict(warm=0), "warm by load": dict(warm=2), "K=1": dict(share=False)}
+        knobs = {"rule": {}, "old rule (blocks to 32)": dict(min_block=1), "K=1": dict(share=False)}
         line = []
         for name, kn in knobs.items():
             C.set_lean_min_block(kn.get("min_block", 0))
             C.set_lean_share(kn.get("share", True))
-            C.set_lean_warm_out(kn.get("warm", 1))
             got = rope_ext.apply_rope(xb)
             ok = torch.equal(got.view_as(want_now), want_now)
             tb = graph_us(lambda: rope_ext.apply_rope(xb), args.reps)
@@ -124,7 +124,6 @@ def main():
             line.append(f"{name}: bshd {tb:.2f} thd {tt:.2f}{'' if ok else ' (!bits)'}")
         C.set_lean_min_block(0)
         C.set_lean_share(True)
-        C.set_lean_warm_out(1)
         print("        rope_ext lean knobs: " + "; ".join(line), flush=True)
     # Decode-sized calls (q + k in place at random positions, W5's form) under lean's block
     # rule (128 threads) and the old one (set_lean_min_block(1): halved to cover the SMs):

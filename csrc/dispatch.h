@@ -41,8 +41,6 @@ void set_lean_rows_per_thread(int n);
 void set_lean_min_block(int n);
 // Tests/bench: whether two lanes of variant 6 may share a chunk's sin/cos (default on).
 void set_lean_share(bool on);
-// Tests/bench: how a small out-of-place lean call touches its output early: 0 not, 1 a prefetch (default), 2 a load.
-void set_lean_warm_out(int mode);
 #endif
 
 }  // namespace rope_ext

@@ -85,9 +85,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_lean_share", &rope_ext::set_lean_share,
         "tests/bench: whether a block of variant 6 computes its token's sin/cos once, into shared memory (default on; "
         "off: each lane its own)");
-  m.def("set_lean_warm_out", &rope_ext::set_lean_warm_out,
-        "tests/bench: how a small out-of-place call of variant 6 touches its output row early, so that the "
-        "output's address translation overlaps the loads: 0 not, 1 a prefetch (default), 2 a load");
   m.def("set_decode_cluster_merge", &rope_ext::set_decode_cluster_merge,
         "tests/bench: whether attention_decode's splits may merge in a thread-block cluster (default on; "
         "off: the combine kernel)");

@@ -156,7 +156,6 @@ std::atomic<int> g_lean_bytes{[] {
 }()};
 std::atomic<int> g_lean_rows_per_thread{0};  // 0: launch_lean's rule
 std::atomic<int> g_lean_min_block{0};         // fewest threads a block keeps when rows are halved (0: 128)
-std::atomic<int> g_lean_warm_out{1};          // small out-of-place calls: 0 off, 1 prefetch, 2 load (kLeanWarmOut)
 std::atomic<bool> g_lean_share{[] {  // a block shares its token's sin/cos through shared memory
   const char* e = std::getenv("ROPE_EXT_LEAN_SHARE");
   return !(e && std::atoi(e) == 0);
@@ -283,12 +282,6 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
   const int min_block = min_block_knob > 0 ? min_block_knob : cuda::kLeanMaxThreads;
   while (RB > 1 && (RB / 2) * chunks >= min_block && tokens * ceil_div(rows_u, int64_t(RB)) < sms) RB /= 2;
   lp.rows_per_block = static_cast<uint8_t>(RB);
-  // Thread 0 of a block touches its output row early (kLeanWarmOut): small out-of-place
-  // calls only (U = 1, up to ~2 MB), where one extra sector per block costs no bandwidth.
-  const int warm = g_lean_warm_out.load(std::memory_order_relaxed);
-  bool apart = false;
-  for (int t = 0; t < p.num_tensors; ++t) apart |= p.t[t].out != p.t[t].in;
-  if (warm > 0 && U == 1 && apart) lp.flags |= cuda::kLeanWarmOut | (warm == 2 ? cuda::kLeanWarmLoad : 0);
   const dim3 grid(static_cast<unsigned>(ceil_div(rows_u, int64_t(RB))), static_cast<unsigned>(p.S),
                   static_cast<unsigned>(p.B));
   const int threads = RB * chunks;
@@ -369,7 +362,6 @@ void set_lean_max_bytes(int64_t n) { g_lean_max_bytes.store(n < 0 ? -1 : n); }
 void set_lean_bytes(int64_t w) { g_lean_bytes.store((w == 4 || w == 8 || w == 16) ? int(w) : -1); }
 void set_lean_share(bool on) { g_lean_share.store(on); }
 void set_lean_min_block(int n) { g_lean_min_block.store(n < 0 ? 0 : n); }  // 1: the old rule (down to RB = 1)
-void set_lean_warm_out(int mode) { g_lean_warm_out.store(mode == 0 || mode == 2 ? mode : 1); }
 void set_lean_rows_per_thread(int n) { g_lean_rows_per_thread.store((n == 1 || n == 2 || n == 4 || n == 8) ? n : 0); }
 void set_tile_rows_per_thread(int n) { g_tile_rows_per_thread.store(n < 0 ? 0 : n); }
 void set_flat_rows_per_thread(int n) { g_flat_rows_per_thread.store(n < 0 ? 0 : n); }

@@ -550,8 +550,6 @@ enum LeanFlags : uint16_t {
   kLeanSeq = 16,    // one packed sequence: cu_seqlens[0] is subtracted from s
   kLeanSeq64 = 32,
   kLeanCacheVec = 64,  // a table chunk's cos (and sin) by vector loads: unit columns, fp32 or x's dtype, aligned
-  kLeanWarmOut = 128,  // thread 0 touches its output row early (kLeanWarmLoad: by a load, else a prefetch)
-  kLeanWarmLoad = 256,
 };
 struct LeanParams {
   // bytes 0-47 (line 0x200): the x and frequency loads
@@ -644,15 +642,6 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   float f[kTable ? 1 : P];  // the table: pair threadIdx.x's; else the chunk's P
   if constexpr (kTable) f[0] = threadIdx.x < half ? p.inv_freq[threadIdx.x] : 0.f;
 
-  // Row u's output (its element 0).
-  const auto out_row = [&](int u) {
-    const int r = r0 + u * p.rows_per_block;
-    const bool k = r >= p.H0;
-    const int64_t h = k ? r - p.H0 : r;
-    return static_cast<T*>(k ? p.out[1] : p.out[0]) + b * (k ? p.out_s[1][0] : p.out_s[0][0]) +
-           s * (k ? p.out_s[1][1] : p.out_s[0][1]) + h * (k ? p.out_s[1][2] : p.out_s[0][2]);
-  };
-
   // 1. The x loads. Selects, not p.in[t]: a runtime index into the parameters would
   //    copy them to local memory.
   Word xa[U], xb[U];
@@ -719,20 +708,6 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
       } else {
         b_lo = static_cast<const uint32_t*>(p.seq_start)[z];
       }
-    }
-  }
-  // 3b. Under kLeanWarmOut (small out-of-place calls), thread 0 touches its first output
-  //    row now, so that the output page's address translation, cold after an L2 flush
-  //    (and in its own allocator segment), is walked while x and the frequencies are in
-  //    flight instead of after the sin/cos, in front of the stores (the A/B of issue 19,
-  //    bench/NOTES.md 2026-11-26 (second session)).
-  if ((fl & kLeanWarmOut) && threadIdx.x == 0 && r0 < p.rows) {
-    const T* o = out_row(0);
-    if (fl & kLeanWarmLoad) {
-      uint32_t dummy;
-      asm volatile("ld.global.relaxed.gpu.u32 %0, [%1];" : "=r"(dummy) : "l"(o));
-    } else {
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(o));
     }
   }
   const auto loaded = [&] {
@@ -828,8 +803,12 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   // 4. Rotate and store.
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    if (r0 + u * p.rows_per_block >= p.rows) break;
-    T* out = out_row(u);
+    const int r = r0 + u * p.rows_per_block;
+    if (r >= p.rows) break;
+    const bool k = r >= p.H0;
+    const int64_t h = k ? r - p.H0 : r;
+    T* out = static_cast<T*>(k ? p.out[1] : p.out[0]) + b * (k ? p.out_s[1][0] : p.out_s[0][0]) +
+             s * (k ? p.out_s[1][1] : p.out_s[0][1]) + h * (k ? p.out_s[1][2] : p.out_s[0][2]);
     VecT va, vb;
     *reinterpret_cast<Word*>(&va) = xa[u];
     if (!kInterleaved) *reinterpret_cast<Word*>(&vb) = xb[u];
