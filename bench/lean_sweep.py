@@ -17,6 +17,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import rope_ext  # noqa: E402
+from rope_ext import reference as ref  # noqa: E402
 from timing import graph_us  # noqa: E402
 from run import import_liger, hf_cos_sin  # noqa: E402
 
@@ -34,12 +35,19 @@ def main():
         liger = None
     C = rope_ext._C
     print(f"device: {torch.cuda.get_device_name()}; us, median of {args.reps} graph replays, cold L2")
-    print(f"{'S':>6} {'MB':>6} {'W':>3} {'U':>5} {'oop':>7} {'ip':>7} {'oop K1':>7} {'ip K1':>7} {'Liger ip':>9} {'copy':>7}")
+    print(f"{'S':>6} {'MB':>6} {'W':>3} {'U':>5} {'oop':>7} {'ip':>7} {'oop K1':>7} {'ip K1':>7} {'Liger ip':>9} {'compile':>8} {'copy':>7}")
     for S in (int(s) for s in args.sizes.split(",")):
         x = torch.randn(1, S, 32, 128, device="cuda").bfloat16()
         y = torch.empty_like(x)
         mb = x.numel() * 2 / 2**20
         copy = graph_us(lambda: y.copy_(x), args.reps)
+        # torch.compile of the cached formula, out of place (the latency suite's peer)
+        cos, sin = hf_cos_sin(S, 128, x.dtype)
+        c4, s4 = cos.view(1, S, 1, 128), sin.view(1, S, 1, 128)
+        torch._dynamo.reset()
+        comp = torch.compile(ref.apply_cos_sin, dynamic=False)
+        t_comp = graph_us(lambda: comp(x, c4, s4), args.reps)
+        graph_us(lambda: y.copy_(x), 20)  # discarded: the first replays after a compile
         lig = float("nan")
         if liger is not None and S >= 2:
             h = S // 2
@@ -60,7 +68,7 @@ def main():
                           graph_us(lambda: rope_ext.apply_rope(x, inplace=True), args.reps)]
                 C.set_lean_share(True)
                 print(f"{S:>6} {mb:>6.2f} {W:>3} {'rule' if U == 0 else U:>5} " + " ".join(f"{v:>7.1f}" for v in t) +
-                      f" {lig:>9.1f} {copy:>7.1f}")
+                      f" {lig:>9.1f} {t_comp:>8.1f} {copy:>7.1f}")
         C.set_lean_max_bytes(-1)
         C.set_lean_bytes(-1)
         C.set_lean_rows_per_thread(0)
