@@ -35,8 +35,8 @@ from rope_ext import reference as ref  # noqa: E402
 from rope_ext._ops import ops  # noqa: E402
 from rope_ext._args import op_options  # noqa: E402
 import timing  # noqa: E402
-from timing import (CUDA, DEV, Timer, copy_bandwidth, eager_us, graph_us, max_err, print_table,  # noqa: E402,F401
-                    same_size_copy, time_rows)
+from timing import (CUDA, DEV, Timer, copy_bandwidth, eager_us, graph_us, graph_us_interleaved, max_err,  # noqa: E402,F401
+                    print_table, same_size_copy, time_rows)
 GPU_SUITES = ("llm", "sweep", "variants")   # time CUDA kernels only: refused without a GPU
 CPU_SUITES = ("seed", "latency", "attn", "fp8")    # also run on the CPU (wall clock, small sizes)
 
@@ -412,7 +412,10 @@ def latency_suite(peers, reps, quick=False):
                      lambda: latency_sbhd_workload("W2b", (512, 32, 24, 128), peers)]
     builders += [lambda: latency_qk_workload(8192 if CUDA else 64, peers), lambda: latency_qk_workload(16, peers)]
     timeit = (lambda fn: graph_us(fn, reps)) if CUDA else Timer(reps)
-    how = (f"one call in a CUDA graph, L2 flushed before each replay, median of {reps} replays" if CUDA else
+    sequential = os.environ.get("ROPE_EXT_BENCH_SEQUENTIAL") == "1"
+    how = (f"one call in a CUDA graph, L2 flushed before each replay, median of {reps} replays" +
+           (", columns timed one after another (ROPE_EXT_BENCH_SEQUENTIAL=1)" if sequential else
+            ", the columns' replays taking turns (timing.graph_us_interleaved)") if CUDA else
            "CPU smoke run: wall clock of eager calls, small sizes only")
     print(f"\nlatency suite (us): {how}")
     head = (f"  {'workload':<36}{'MB':>7}" + "".join(f"{c:>9}" for _, c in LAT_COLS) +
@@ -422,12 +425,24 @@ def latency_suite(peers, reps, quick=False):
     for build in builders:
         title, nbytes, fns = build()
         cells, rows = {}, []
-        # torch.compile's column is timed last, and a discarded timing follows it: the
-        # timing taken right after a compiled call's ran ~2-4 us faster at 2-32 MB with the
-        # same dirty flush (Liger 8 MB 10.2 -> 8.0 us, like a clean flush's 8.4:
-        # bench/liger_order.py, bench/NOTES.md evening of 2026-11-25), so the column timed
-        # after it was measured in another state.
-        for col, _ in sorted(LAT_COLS, key=lambda c: c[0] == "torch.compile"):
+        # A column timed right after a torch.compile'd call's compile and timing ran ~2-4
+        # us faster at 2-32 MB with the same dirty flush (Liger 8 MB 10.2 -> 8.0 us, like a
+        # clean flush's 8.4: bench/liger_order.py, NOTES evening of 2026-11-25), and the
+        # compiled column's own time moved with what ran before it (8 MB 8.6-10.4 us): so
+        # on the GPU the columns' replays take turns (graph_us_interleaved) and all see
+        # the same states. ROPE_EXT_BENCH_SEQUENTIAL=1 times them one after another as
+        # before (torch.compile last, a discarded timing after it).
+        if CUDA and not sequential:
+            got, errs = graph_us_interleaved({c: fns[c] for c, _ in LAT_COLS if c in fns}, reps)
+            for col, _ in LAT_COLS:
+                if col in got:
+                    cells[col] = got[col]
+                    rows.append(dict(impl=col, graph_us=got[col]))
+                elif col in errs:
+                    if col in Peers.names:
+                        peers.note(col, errs[col])
+                    rows.append(dict(impl=col, error=first_line(errs[col])))
+        for col, _ in sorted(LAT_COLS, key=lambda c: c[0] == "torch.compile") if (sequential or not CUDA) else ():
             fn = fns.get(col)
             if fn is None:
                 continue
@@ -438,7 +453,7 @@ def latency_suite(peers, reps, quick=False):
                 if col in Peers.names:
                     peers.note(col, e)
                 rows.append(dict(impl=col, error=first_line(e)))
-        if "torch.compile" in cells and "same-size copy" in fns:
+        if (sequential or not CUDA) and "torch.compile" in cells and "same-size copy" in fns:
             timeit(fns["same-size copy"])  # discarded: the next workload's first column is not timed right after it
         line = f"  {title:<36}{nbytes / 2**20:>7.2f}" + "".join(
             f"{cells[c]:>9.1f}" if c in cells else f"{'n/a':>9}" for c, _ in LAT_COLS)

@@ -161,6 +161,53 @@ def graph_samples(fn, reps=200, flush=None, clean=None):
     return ts
 
 
+def graph_us_interleaved(fns, reps=200, flush=None, clean=None, captures=2):
+    """graph_us of several calls at once, {name: fn} -> ({name: µs}, {name: error}): every
+    fn is warmed (a torch.compile'd one compiled) and captured first, `captures` CUDA
+    graphs each (so each is timed at two output placements), then the replays take turns
+    (round i starts at column i mod n, each replay after its own L2 flush) and each
+    column's time is the median of its `reps` replays. So every column is timed over the
+    same stretch of time in the same states: timed one column after another (graph_us),
+    a column right after a torch.compile'd call's compile and timing ran up to ~2 us
+    faster at 2-32 MB, and which column that was decided the comparison (bench/NOTES.md,
+    evening of 2026-11-25 run 5 and 2026-11-26 (second) run 3). A fn that fails to run or
+    to be captured is reported in the errors and left out."""
+    flush = flush if flush is not None else _flush_buffer()
+    graphs, errors = {}, {}
+    for name, fn in fns.items():
+        try:
+            for _ in range(3):
+                fn()
+            torch.cuda.synchronize()
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                fn()
+            torch.cuda.current_stream().wait_stream(s)
+            gs = []
+            for _ in range(captures):
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    fn()
+                gs.append(g)
+            graphs[name] = gs
+        except Exception as e:  # noqa: BLE001 (an optional peer that cannot run here)
+            torch.cuda.synchronize()
+            errors[name] = e
+    names = list(graphs)
+    ts = {n: [] for n in names}
+    for i in range(reps):
+        for j in range(len(names)):
+            n = names[(i + j) % len(names)]
+            flush_l2(flush, clean)
+            torch.cuda._sleep(500_000)
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record(); graphs[n][i % captures].replay(); b.record(); b.synchronize()  # noqa: E702
+            ts[n].append(a.elapsed_time(b) * 1e3)
+    del graphs
+    return {n: statistics.median(v) for n, v in ts.items()}, errors
+
+
 _FLUSH = []
 
 
