@@ -41,6 +41,9 @@ void set_lean_rows_per_thread(int n);
 void set_lean_min_block(int n);
 // Tests/bench: whether two lanes of variant 6 may share a chunk's sin/cos (default on).
 void set_lean_share(bool on);
+// Tests/bench: whether variant 6 runs calls without position tensors in its instance without the position code
+// (default on).
+void set_lean_plain(bool on);
 #endif
 
 }  // namespace rope_ext

@@ -85,6 +85,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_lean_share", &rope_ext::set_lean_share,
         "tests/bench: whether a block of variant 6 computes its token's sin/cos once, into shared memory (default on; "
         "off: each lane its own)");
+  m.def("set_lean_plain", &rope_ext::set_lean_plain,
+        "tests/bench: whether variant 6 runs calls without position tensors in its instance without the "
+        "position code (default on; off: the general instance)");
   m.def("set_decode_cluster_merge", &rope_ext::set_decode_cluster_merge,
         "tests/bench: whether attention_decode's splits may merge in a thread-block cluster (default on; "
         "off: the combine kernel)");

@@ -356,18 +356,23 @@ def test_lean_token_strides(layout, B, S, positions):
         pairs = [(q, k)]
         if layout == "bshd":  # k [B, S, 8, D] over [B, 8, S, D] memory
             pairs.append((q, randn((B, 8, S, D), dtype, dev).transpose(1, 2)))
-        for rows_per_thread, share in ((0, True), (2, True), (0, False)):
+        # (plain: calls without position tensors in the instance without the position code;
+        # off, the general instance takes them)
+        for rows_per_thread, share, plain in ((0, True, True), (2, True, True), (0, False, True), (0, True, False),
+                                              (0, False, False)):
             C.set_lean_rows_per_thread(rows_per_thread)
             C.set_lean_share(share)
+            C.set_lean_plain(plain)
             for qq, kk in pairs:
                 outs = rope_ext.apply_rope_qk(qq, kk, pos, **kw)
                 for x, out in zip((qq, kk), outs):
                     tile = rope_ext.apply_rope(x, pos, impl="fp32x4_tile", **kw)
-                    what = f"({layout}, B {B}, S {S}, U {rows_per_thread}, share {share}, k {tuple(kk.stride())})"
+                    what = f"({layout}, B {B}, S {S}, U {rows_per_thread}, share {share}, plain {plain}, k {tuple(kk.stride())})"
                     assert torch.equal(out, tile), f"lean vs tiles {what}"
                     assert_close_f64(out, ref.rope_float64(x, pos, **kw), x.abs().max().item(), f"lean vs float64 {what}")
         C.set_lean_rows_per_thread(0)
         C.set_lean_share(True)
+        C.set_lean_plain(True)
         f = torch.empty(D, device=dev)[::2]
         f.copy_(rope_ext.inv_freq(D, device=dev))
         assert not any("rope_lean_kernel" in n for n in cuda_kernels_of(lambda: rope_ext.apply_rope(q, pos, inv_freq=f, **kw)))
@@ -377,6 +382,7 @@ def test_lean_token_strides(layout, B, S, positions):
         C.set_lean_max_bytes(-1)
         C.set_lean_rows_per_thread(0)
         C.set_lean_share(True)
+        C.set_lean_plain(True)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

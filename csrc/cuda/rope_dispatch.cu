@@ -156,6 +156,7 @@ std::atomic<int> g_lean_bytes{[] {
 }()};
 std::atomic<int> g_lean_rows_per_thread{0};  // 0: launch_lean's rule
 std::atomic<int> g_lean_min_block{0};         // fewest threads a block keeps when rows are halved (0: 128)
+std::atomic<bool> g_lean_plain{true};  // calls without position tensors take the kPlain instance
 std::atomic<bool> g_lean_share{[] {  // a block shares its token's sin/cos through shared memory
   const char* e = std::getenv("ROPE_EXT_LEAN_SHARE");
   return !(e && std::atoi(e) == 0);
@@ -286,6 +287,9 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
                   static_cast<unsigned>(p.B));
   const int threads = RB * chunks;
   const bool table = !cache && lean_share();  // the block's sin/cos table (kSource 1)
+  // No position tensor: the instance without the position code (kPlain).
+  const bool plain = !cache && !p.positions.ptr && !p.offsets.ptr && !p.cu_seqlens.ptr &&
+                     g_lean_plain.load(std::memory_order_relaxed);
   if constexpr (sizeof(T) <= 4) {  // (no fp64 instances: it returned above)
     // Access width W (16, 8 or 4 bytes), pairing, rows per thread U (1, 2, 4, 8). An fp32
     // 4-byte word holds one element: neox only (GPT-J took W = 8 above).
@@ -295,11 +299,15 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
         if constexpr (P >= 1) {
           // The frequency source is the kernel's last template argument (rope_variants.cuh).
           ROPE_POW2_UPTO8_SWITCH(U, kU, [&] {
+            const size_t smem = 2 * sizeof(float) * (p.R / 2);  // the table: sin, then cos, of R / 2 pairs
             if (cache)
               cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 2><<<grid, threads, 0, stream>>>(lp);
-            else if (table)  // sin, then cos, of the token's R / 2 pairs
-              cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 1>
-                  <<<grid, threads, 2 * sizeof(float) * (p.R / 2), stream>>>(lp);
+            else if (table && plain)
+              cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 1, true><<<grid, threads, smem, stream>>>(lp);
+            else if (table)
+              cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 1><<<grid, threads, smem, stream>>>(lp);
+            else if (plain)
+              cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 0, true><<<grid, threads, 0, stream>>>(lp);
             else
               cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 0><<<grid, threads, 0, stream>>>(lp);
           });
@@ -361,6 +369,7 @@ void launch(const RopeParams& p, Impl impl, int device, cudaStream_t stream) {
 void set_lean_max_bytes(int64_t n) { g_lean_max_bytes.store(n < 0 ? -1 : n); }
 void set_lean_bytes(int64_t w) { g_lean_bytes.store((w == 4 || w == 8 || w == 16) ? int(w) : -1); }
 void set_lean_share(bool on) { g_lean_share.store(on); }
+void set_lean_plain(bool on) { g_lean_plain.store(on); }
 void set_lean_min_block(int n) { g_lean_min_block.store(n < 0 ? 0 : n); }  // 1: the old rule (down to RB = 1)
 void set_lean_rows_per_thread(int n) { g_lean_rows_per_thread.store((n == 1 || n == 2 || n == 4 || n == 8) ? n : 0); }
 void set_tile_rows_per_thread(int n) { g_tile_rows_per_thread.store(n < 0 ? 0 : n); }

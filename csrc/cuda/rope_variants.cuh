@@ -615,13 +615,30 @@ __device__ __forceinline__ void load_row_chunk(const E* ptr, float* out) {
   }
 }
 
+// The table's pairs past the block's threads (blocks narrower than R / 2: few rows),
+// out of line: inline, this loop's ~1.1 KB of code sat in the middle of every call's
+// straight path, streamed (cold after an L2 flush) and jumped over.
+__device__ __noinline__ void lean_table_rest(float* table, int half, int64_t at, const float* inv_freq,
+                                             float sin_scale, float cos_scale) {
+  for (int i = threadIdx.x + blockDim.x; i < half; i += blockDim.x) {
+    float fi = inv_freq[i], si, ci;
+    angle_sincos_chunk<1>(at, &fi, &si, &ci);
+    table[i] = si * sin_scale;
+    table[half + i] = ci * cos_scale;
+  }
+}
+
 // kSource: 0 sin/cos computed by each lane, 1 the block's table in shared memory
 // (2 * R / 2 floats of dynamic shared memory), 2 read from p.cache. A template argument,
 // not a branch: with the table code in the same instance the compiler laid it out as the
 // fall-through and the sin/cos path behind a ~2.5 KB jump, whatever the branch's
 // expectation. Measured no faster without (run 5 of the night of 2026-11-25/26); kept
 // for the 200 fewer instructions per instance.
-template <typename T, bool kInterleaved, int U, int W, int kSource>
+// kPlain: a call without position tensors (positions, offsets, cu_seqlens), the
+// position s + offset: the position code (~850 bytes of SASS between the loads and the
+// sin/cos, jumped over by such calls but streamed with the code around it) is not in
+// the instance.
+template <typename T, bool kInterleaved, int U, int W, int kSource, bool kPlain = false>
 __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid_constant__ LeanParams p) {
   constexpr bool kTable = kSource == 1, kCache = kSource == 2;
   constexpr int V = W / sizeof(T);
@@ -679,7 +696,7 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   //    loads stay raw 32-bit words until the sin/cos below are done: a conversion next
   //    to a load (the compiler put load_index's int32 sign extension there) waits for
   //    it, and with in-order issue the sin/cos behind it.
-  const uint32_t fl = p.flags;
+  const uint32_t fl = kPlain ? 0u : p.flags;
   const bool has_pos = fl & kLeanPos, has_off = fl & kLeanOff, has_seq = fl & kLeanSeq;
   const bool a64 = has_pos ? (fl & kLeanPos64) : has_off ? (fl & kLeanOff64) : (fl & kLeanSeq64);
   const bool b64 = fl & kLeanSeq64;
@@ -740,7 +757,7 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
           return ci;
         };
         last = threadIdx.x < half ? put(threadIdx.x, f[0]) : 0.f;
-        for (int i = threadIdx.x + blockDim.x; i < half; i += blockDim.x) put(i, p.inv_freq[i]);
+        if (threadIdx.x + blockDim.x < half) lean_table_rest(lean_table, half, at, p.inv_freq, p.sin_scale, p.cos_scale);
       } else {
         angle_sincos_chunk<P>(at, f, sn, cs);
         last = cs[0];
