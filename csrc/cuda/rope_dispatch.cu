@@ -299,8 +299,7 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
         if constexpr (P >= 1) {
           // The frequency source is the kernel's last template argument (rope_variants.cuh).
           ROPE_POW2_UPTO8_SWITCH(U, kU, [&] {
-            // the table: sin, then cos, of R / 2 pairs, then 2 words (cu_seqlens[0], read once per block)
-            const size_t smem = sizeof(float) * (2 * (p.R / 2) + 2);
+            const size_t smem = 2 * sizeof(float) * (p.R / 2);  // the table: sin, then cos, of R / 2 pairs
             if (cache)
               cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 2><<<grid, threads, 0, stream>>>(lp);
             else if (table && plain)

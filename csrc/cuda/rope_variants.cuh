@@ -615,13 +615,12 @@ __device__ __forceinline__ void load_row_chunk(const E* ptr, float* out) {
   }
 }
 
-// The table's pairs from `first` on, a block's threads taking turns: the pairs past the
-// block's threads (blocks narrower than R / 2: few rows) and the rare second pass. Out
-// of line: inline, this loop's ~1.1 KB of code sat in the middle of every call's
+// The table's pairs past the block's threads (blocks narrower than R / 2: few rows),
+// out of line: inline, this loop's ~1.1 KB of code sat in the middle of every call's
 // straight path, streamed (cold after an L2 flush) and jumped over.
-__device__ __noinline__ void lean_table_fill(float* table, int half, int64_t at, const float* inv_freq,
-                                             float sin_scale, float cos_scale, int first) {
-  for (int i = first; i < half; i += blockDim.x) {
+__device__ __noinline__ void lean_table_rest(float* table, int half, int64_t at, const float* inv_freq,
+                                             float sin_scale, float cos_scale) {
+  for (int i = threadIdx.x + blockDim.x; i < half; i += blockDim.x) {
     float fi = inv_freq[i], si, ci;
     angle_sincos_chunk<1>(at, &fi, &si, &ci);
     table[i] = si * sin_scale;
@@ -703,13 +702,7 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   const bool b64 = fl & kLeanSeq64;
   const bool two = !has_pos && has_off && has_seq;  // load b: cu_seqlens[0] beside an offset
   uint32_t a_lo = 0, a_hi = 0, b_lo = 0, b_hi = 0;
-  // With the table and no positions or offsets tensor, the one word every block needs
-  // (cu_seqlens[0]) is loaded by thread 0 and handed to the block through the table's
-  // barrier: loaded by every warp of the grid, it was one L2 line taking ~2000 requests
-  // (thd + cu_seqlens at 2 / 8 MB 6.2 / 10.6 us against 5.5 / 8.0 without: run 5 of
-  // 2026-11-26 (second), bench/lean_ab.py).
-  const bool seq_shared = kTable && has_seq && !has_pos && !has_off;
-  if ((fl & (kLeanPos | kLeanOff | kLeanSeq)) && (!seq_shared || threadIdx.x == 0)) {
+  if (fl & (kLeanPos | kLeanOff | kLeanSeq)) {
     // Load a: the position, the offset, or cu_seqlens[0]. (+ threadIdx.x & lane_zero,
     // which is 0: the compiler moved a uniform load's value to a uniform register
     // (R2UR) right where it lands, which waits for it; a per-lane address keeps it in
@@ -745,60 +738,42 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   if constexpr (!kCache) {
     // Without a positions or offsets tensor, sin/cos start from the guess s + offset
     // while cu_seqlens[0] is in flight (it is 0 in every valid call) and are computed
-    // again where the loaded position differs: with the table, a second pass behind a
-    // second barrier (every lane of a block has the same token: the branch is the
-    // block's); each lane its own, one loop body (a second copy would be more cold code
-    // to fetch). With a tensor the position is waited for.
+    // again where the loaded position differs: one loop body (a second copy would be
+    // more cold code to fetch). With a tensor the position is waited for. Every lane
+    // of a block has the same token, so the trip count is the block's (the table's
+    // barrier below sees every thread).
     const bool guessed = !has_pos && !has_off;
     int64_t at = s + p.offset;
     if (!guessed) at = loaded();
-    // kTable: sin * sin_scale [half], then cos * cos_scale [half], then (seq_shared)
-    // thread 0's raw cu_seqlens[0] words [2].
-    extern __shared__ __align__(16) float lean_table[];
-    if constexpr (kTable) {
-      // One pass: the table at `at`, one barrier; then (the position loaded, block-
-      // uniform) a second pass only where the guess was wrong.
-      float fi = f[0], si = 0.f, ci = 0.f;
-      if (threadIdx.x < half) {
-        angle_sincos_chunk<1>(at, &fi, &si, &ci);
-        lean_table[threadIdx.x] = si * p.sin_scale;
-        lean_table[half + threadIdx.x] = ci * p.cos_scale;
+    extern __shared__ __align__(16) float lean_table[];  // kTable: sin * sin_scale [half], then cos * cos_scale [half]
+    for (;;) {
+      float last;
+      if constexpr (kTable) {
+        const auto put = [&](int i, float fi) {  // pair i's sin and cos, scaled, into the table
+          float si, ci;
+          angle_sincos_chunk<1>(at, &fi, &si, &ci);
+          lean_table[i] = si * p.sin_scale;
+          lean_table[half + i] = ci * p.cos_scale;
+          return ci;
+        };
+        last = threadIdx.x < half ? put(threadIdx.x, f[0]) : 0.f;
+        if (threadIdx.x + blockDim.x < half) lean_table_rest(lean_table, half, at, p.inv_freq, p.sin_scale, p.cos_scale);
+      } else {
+        angle_sincos_chunk<P>(at, f, sn, cs);
+        last = cs[0];
       }
-      if (threadIdx.x + blockDim.x < half)
-        lean_table_fill(lean_table, half, at, p.inv_freq, p.sin_scale, p.cos_scale, threadIdx.x + blockDim.x);
-      uint32_t* words = reinterpret_cast<uint32_t*>(lean_table + 2 * half);
-      if (seq_shared) {
-        // (An empty asm that rewrites the raw words after the sin/cos: the store of
-        // thread 0's words, which waits for its load, stays behind them.)
-        asm volatile("" : "+r"(a_lo), "+r"(a_hi) : "f"(ci));
-        if (threadIdx.x == 0) {
-          words[0] = a_lo;
-          words[1] = a_hi;
-        }
-      }
-      __syncthreads();
-      if (seq_shared) {
-        a_lo = words[0];
-        a_hi = words[1];
-      }
+      // (An empty asm that rewrites the raw words after the sin/cos: the compiler can
+      // neither hoist loaded() out of the loop nor place it before them.)
+      asm volatile("" : "+r"(a_lo), "+r"(a_hi), "+r"(b_lo), "+r"(b_hi) : "f"(last));
       const int64_t want = loaded();
-      if (want != at) {  // (rare: cu_seqlens[0] != 0)
-        __syncthreads();  // every thread has read the words
-        lean_table_fill(lean_table, half, want, p.inv_freq, p.sin_scale, p.cos_scale, threadIdx.x);
-        __syncthreads();
-      }
+      if (at == want) break;
+      at = want;
+    }
+    if constexpr (kTable) {
+      __syncthreads();
       load_row_chunk<float, P>(lean_table + c * P, sn);  // aligned: half is a multiple of P
       load_row_chunk<float, P>(lean_table + half + c * P, cs);
     } else {
-      for (;;) {
-        angle_sincos_chunk<P>(at, f, sn, cs);
-        // (An empty asm that rewrites the raw words after the sin/cos: the compiler can
-        // neither hoist loaded() out of the loop nor place it before them.)
-        asm volatile("" : "+r"(a_lo), "+r"(a_hi), "+r"(b_lo), "+r"(b_hi) : "f"(cs[0]));
-        const int64_t want = loaded();
-        if (at == want) break;
-        at = want;
-      }
 #pragma unroll
       for (int j = 0; j < P; ++j) {
         sn[j] *= p.sin_scale;
