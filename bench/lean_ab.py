@@ -38,6 +38,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--sizes", default="16,64,256,1024")
+    ap.add_argument("--thd-sizes", default="256,1024", help="S of the thd forms' rows ('' = none)")
     args = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}; us, median of {args.reps} graph replays per column, "
           "cold L2, columns in turns")
@@ -65,6 +66,21 @@ def main():
                                                            for c in cols), flush=True)
         for c, e in errs.items():
             print(f"   {c}: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
+    # thd + cu_seqlens ran 0.2-2.7 us slower than bshd (more at more rows per thread; runs
+    # 5-6 of 2026-11-26 (second)): the same tensor as bshd, as thd with cu_seqlens, with
+    # positions, and under the tiles, to tell the tensor, the layout and the flag apart.
+    for S in (int(s) for s in args.thd_sizes.split(",") if s):
+        xt = torch.randn(S, 32, 128, device="cuda").bfloat16()
+        cu = torch.tensor([0, S], dtype=torch.int32, device="cuda")
+        ar = torch.arange(S, device="cuda")
+        fns = {"bshd view": lambda: rope_ext.apply_rope(xt.view(1, S, 32, 128)),
+               "thd cu": lambda: rope_ext.apply_rope(xt, layout="thd", cu_seqlens=cu),
+               "thd pos": lambda: rope_ext.apply_rope(xt, ar, layout="thd"),
+               "thd cu tiles": lambda: rope_ext.apply_rope(xt, layout="thd", cu_seqlens=cu, impl="fp32x4_tile"),
+               "copy": same_size_copy(xt.numel(), xt.dtype)}
+        got, _ = graph_us_interleaved(fns, args.reps)
+        print(f"thd forms, S {S} ({xt.numel() * 2 / 2**20:.2f} MB): " + ", ".join(f"{k} {v:.2f}" for k, v in got.items()),
+              flush=True)
     q = torch.randn(16, 32, 128, device="cuda").bfloat16()
     k = torch.randn(16, 8, 128, device="cuda").bfloat16()
     pos = torch.randint(0, 131072, (16,), device="cuda")
