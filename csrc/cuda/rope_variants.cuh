@@ -71,6 +71,13 @@
 //              measured, none lost) and the token's sin/cos computed once per block
 //              into shared memory instead of two lanes sharing them (K = 2): ncu 0.5 MB
 //              3.7 -> 3.5 us, 2 MB 4.6 -> 4.3, 32 MB graph 21.8 -> 20.9; bench/NOTES.md.
+//              Then (second session of 2026-11-26, H100, columns timed in turns): an
+//              instance without the position code (kPlain) for calls with no position
+//              tensor, the table's rare loop out of line: a call's path 6.9 -> 3.8 KB of
+//              SASS, 0.12-8 MB 0.1-0.2 us faster than the general instance (0.12 MB 4.45
+//              vs 4.51-4.66, torch.compile 4.2-4.3). Tried and reverted: thread 0 touching
+//              its output row early (the out page's translation: no gain), one load of
+//              cu_seqlens[0] per block (not the cost).
 //
 // What was learned on the H100 (bench/NOTES.md has the numbers and the method):
 //   - Variant 3's x loads must be uint4: a struct copy of Vec<bf16, 8> compiled to
