@@ -52,14 +52,19 @@ DEV = "cuda" if CUDA else "cpu"
 def _rows(fns, nbytes, timer, bw, base, base_us=None):
     """Times each (name, fn): µs, GB/s of `nbytes`, % of copy, speedup over base_us (else
     the row named `base`). fn may be a string: the reason the row is n/a. A path that
-    fails (OOM, unsupported) gets a row saying why."""
+    fails (OOM, unsupported) gets a row saying why. A timer with `many` ({name: fn} ->
+    ({name: µs}, {name: error})) times the rows together (in turns)."""
     rows = []
+    many = getattr(timer, "many", None)
+    got, errs = many({n: f for n, f in fns if not isinstance(f, str)}) if many else ({}, {})
     for name, fn in fns:
         if isinstance(fn, str):
             rows.append(dict(impl=name, error=fn))
             continue
         try:
-            us = timer(fn)
+            if many and name in errs:
+                raise errs[name]
+            us = got[name] if many else timer(fn)
         except Exception as e:  # noqa: BLE001  (the sweep goes on)
             rows.append(dict(impl=name, error=str(e).splitlines()[0][:80]))
             if CUDA:

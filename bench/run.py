@@ -627,7 +627,16 @@ def main():
         # % copy against the copy bandwidth above: a 1 GiB y.copy_(x) captured in a graph
         # becomes a copy-engine memcpy node (2.43 TB/s on the H100, run 1 of issue 18),
         # not the SM copy kernel that eager timing measures (3.0 TB/s).
-        attn_timer = (lambda fn: graph_us(fn, args.attn_reps)) if CUDA else timer  # noqa: E731
+        # A workload's rows take turns (timing.graph_us_interleaved, as the latency suite's
+        # columns; ROPE_EXT_BENCH_SEQUENTIAL=1: one after another): the fused step was
+        # timed right after torch.compile(separate)'s column.
+        if CUDA:
+            def attn_timer(fn):
+                return graph_us(fn, args.attn_reps)
+            if os.environ.get("ROPE_EXT_BENCH_SEQUENTIAL") != "1":
+                attn_timer.many = lambda fns: graph_us_interleaved(fns, args.attn_reps)
+        else:
+            attn_timer = timer
         attn = attn_suite(attn_timer, bw, args.quick, fp8_only=args.suite == "fp8")
         results += attn
         if args.plot_attn:
