@@ -15,6 +15,7 @@ another buffer after the write: the dirty lines go back before the timed call, a
 holds clean lines the call never touches (still a cold L2 for the call's data).
 """
 import os
+import random
 import statistics
 import time
 
@@ -165,13 +166,16 @@ def graph_us_interleaved(fns, reps=200, flush=None, clean=None, captures=2):
     """graph_us of several calls at once, {name: fn} -> ({name: µs}, {name: error}): every
     fn is warmed (a torch.compile'd one compiled) and captured first, `captures` CUDA
     graphs each (so each is timed at two output placements), then the replays take turns
-    (round i starts at column i mod n, each replay after its own L2 flush) and each
+    in a new random order each round (seeded), each after its own L2 flush, and each
     column's time is the median of its `reps` replays. So every column is timed over the
-    same stretch of time in the same states: timed one column after another (graph_us),
-    a column right after a torch.compile'd call's compile and timing ran up to ~2 us
-    faster at 2-32 MB, and which column that was decided the comparison (bench/NOTES.md,
-    evening of 2026-11-25 run 5 and 2026-11-26 (second) run 3). A fn that fails to run or
-    to be captured is reported in the errors and left out."""
+    same stretch of time, after every other column as often: timed one column after
+    another (graph_us), a column right after a torch.compile'd call's compile and timing
+    ran up to ~2 us faster at 2-32 MB, and a kernel replayed back to back keeps its code
+    in the SM's instruction caches past the L2 flush (decode B = 1 ctx 512: 9.6 us back to
+    back, 14.9 after other kernels; bench/NOTES.md, evening of 2026-11-25 run 5 and
+    2026-11-26 (second) runs 3 and 9); in a fixed cyclic order each column would always
+    follow the same one. A fn that fails to run or to be captured is reported in the
+    errors and left out."""
     flush = flush if flush is not None else _flush_buffer()
     graphs, errors = {}, {}
     for name, fn in fns.items():
@@ -196,9 +200,11 @@ def graph_us_interleaved(fns, reps=200, flush=None, clean=None, captures=2):
             errors[name] = e
     names = list(graphs)
     ts = {n: [] for n in names}
+    rng = random.Random(0)
     for i in range(reps):
-        for j in range(len(names)):
-            n = names[(i + j) % len(names)]
+        order = names[:]
+        rng.shuffle(order)  # a new order each round: no column always follows the same one
+        for n in order:
             flush_l2(flush, clean)
             torch.cuda._sleep(500_000)
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
