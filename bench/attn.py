@@ -34,8 +34,10 @@ FP8 (issue 20; also alone: --suite fp8): decode over a float8_e4m3fn cache again
 cache at the same point (% copy of each cache's own bytes: fp8 moves half), the fp8
 append_kv and append_mla (DeepSeek-V3 shapes) against rope + quantize + index_put.
 Timing (CUDA): each call captured alone in a CUDA graph, the L2 flushed before every
-replay, the median (bench/timing.py's graph_us); % copy against a 1 GiB copy timed the same
-way in the same run. CPU: tiny shapes, wall clock.
+replay, the median; a workload's rows' replays take turns in a new random order each
+round (bench/timing.py's graph_us_interleaved, run.py's attn timer; ROPE_EXT_BENCH_SEQUENTIAL=1:
+one row after another, graph_us); % copy against a 1 GiB copy timed the same way in the
+same run. CPU: tiny shapes, wall clock.
 """
 import os
 import sys
@@ -61,12 +63,13 @@ def _rows(fns, nbytes, timer, bw, base, base_us=None):
         if isinstance(fn, str):
             rows.append(dict(impl=name, error=fn))
             continue
+        if many and name in errs:
+            rows.append(dict(impl=name, error=_first_line(errs[name])))
+            continue
         try:
-            if many and name in errs:
-                raise errs[name]
             us = got[name] if many else timer(fn)
         except Exception as e:  # noqa: BLE001  (the sweep goes on)
-            rows.append(dict(impl=name, error=str(e).splitlines()[0][:80]))
+            rows.append(dict(impl=name, error=_first_line(e)))
             if CUDA:
                 torch.cuda.empty_cache()
             continue
@@ -78,6 +81,10 @@ def _rows(fns, nbytes, timer, bw, base, base_us=None):
         if "us" in r:
             r["speedup"] = base_us / r["us"] if base_us else float("nan")
     return rows
+
+
+def _first_line(e):
+    return (str(e).splitlines() or [type(e).__name__])[0][:80]
 
 
 def _print(title, rows, ratio):

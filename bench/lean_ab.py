@@ -86,7 +86,8 @@ def main():
     pos = torch.randint(0, 131072, (16,), device="cuda")
     got, _ = graph_us_interleaved({"W5 ip": lambda: rope_ext.apply_rope_qk(q, k, pos, layout="thd", inplace=True),
                                    "copy": same_size_copy(q.numel() + k.numel(), q.dtype)}, args.reps)
-    print(f"W5 q[16,32,128]+k[16,8,128] in place at random positions: {got['W5 ip']:.2f} us (copy {got['copy']:.2f})")
+    print(f"W5 q[16,32,128]+k[16,8,128] in place at random positions: {got.get('W5 ip', float('nan')):.2f} us "
+          f"(copy {got.get('copy', float('nan')):.2f})")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@ row table. No suite imports another; all import this.
 Timer: CUDA events around each call, after warm-up, the L2 flushed (a 256 MB write)
 before every timed call and the GPU held busy while the host enqueues it; the median.
 graph_us: ONE call captured in a CUDA graph, replayed after an L2 flush each time; the
-median. eager_us: back-to-back eager calls, host included. Without a GPU, wall clock.
+median. graph_us_interleaved: the same for several calls at once, their replays taking
+turns in a new random order each round (the latency and attn suites' timer since the
+second session of 2026-11-26). eager_us: back-to-back eager calls, host included.
+Without a GPU, wall clock.
 
 The flush is a write, as triton's do_bench's (zero_): L2 is write-back, so the timed call
 starts with ~50 MB of the flush's dirty lines in L2, and its own reads and writes evict
@@ -18,6 +21,7 @@ import os
 import random
 import statistics
 import time
+import traceback
 
 import torch
 
@@ -165,7 +169,7 @@ def graph_samples(fn, reps=200, flush=None, clean=None):
 def graph_us_interleaved(fns, reps=200, flush=None, clean=None, captures=2):
     """graph_us of several calls at once, {name: fn} -> ({name: µs}, {name: error}): every
     fn is warmed (a torch.compile'd one compiled) and captured first, `captures` CUDA
-    graphs each (so each is timed at two output placements), then the replays take turns
+    graphs each (so each is timed at that many output placements), then the replays take turns
     in a new random order each round (seeded), each after its own L2 flush, and each
     column's time is the median of its `reps` replays. So every column is timed over the
     same stretch of time, after every other column as often: timed one column after
@@ -197,7 +201,11 @@ def graph_us_interleaved(fns, reps=200, flush=None, clean=None, captures=2):
             graphs[name] = gs
         except Exception as e:  # noqa: BLE001 (an optional peer that cannot run here)
             torch.cuda.synchronize()
-            errors[name] = e
+            # Kept without its traceback: its frames (and the failing fn's tensors, a KV
+            # cache in the attn suite) would stay alive in a reference cycle until the
+            # garbage collector ran.
+            traceback.clear_frames(e.__traceback__)
+            errors[name] = e.with_traceback(None)
     names = list(graphs)
     ts = {n: [] for n in names}
     rng = random.Random(0)

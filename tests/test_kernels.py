@@ -340,8 +340,9 @@ def test_lean_token_strides(layout, B, S, positions):
     the kernel that ran, bit-equal to the tiles, and within the float64 truth's bounds;
     also with 2 rows per thread, with each lane computing its own sin/cos (no shared
     table), and (bshd) with a k whose memory is head-major, so that only k needs the
-    correction. A strided inv_freq is outside lean's layout: the tiles take it, with the
-    same bits."""
+    correction; calls without positions in the position-free instance (plain, checked
+    to run) and in the general one. A strided inv_freq is outside lean's layout: the
+    tiles take it, with the same bits."""
     dev, D, dtype = "cuda", 128, torch.bfloat16
     def shape(H):
         return {"bshd": (B, S, H, D), "sbhd": (S, B, H, D), "bhsd": (B, H, S, D)}[layout]
@@ -351,8 +352,11 @@ def test_lean_token_strides(layout, B, S, positions):
     C = rope_ext._C
     try:
         C.set_lean_max_bytes(32 << 20)
-        assert any("rope_lean_kernel" in n for n in cuda_kernels_of(lambda: rope_ext.apply_rope_qk(q, k, pos, **kw))), \
-            "auto did not take lean here: the test would not test it"
+        names = cuda_kernels_of(lambda: rope_ext.apply_rope_qk(q, k, pos, **kw))
+        assert any("rope_lean_kernel" in n for n in names), "auto did not take lean here: the test would not test it"
+        # The instance's last template argument is kPlain: true exactly without positions.
+        assert any(("true>" in n) == (pos is None) for n in names if "rope_lean_kernel" in n), \
+            f"plain instance {'not ' if pos is None else ''}taken: {names}"
         pairs = [(q, k)]
         if layout == "bshd":  # k [B, S, 8, D] over [B, 8, S, D] memory
             pairs.append((q, randn((B, 8, S, D), dtype, dev).transpose(1, 2)))

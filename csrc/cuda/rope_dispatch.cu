@@ -142,9 +142,10 @@ void launch_flat(const RopeParams& p, int device, cudaStream_t stream) {
 // ROPE_EXT_LEAN_MAX_BYTES / ROPE_EXT_LEAN_BYTES at import, or set_lean_max_bytes /
 // set_lean_bytes (tests: every width and rows-per-thread choice), override them; a size
 // of 0 turns lean off (the bench's A/B), -1 restores the defaults.
-// Rows per thread (set_lean_rows_per_thread) and the block's shared sin/cos table
-// (set_lean_share, ROPE_EXT_LEAN_SHARE=0: each lane its own) are A/B knobs too
-// (bench/lean_sweep.py, bench/small_rope_study.py; bench/NOTES.md, 2026-11-26).
+// Rows per thread (set_lean_rows_per_thread), the block's shared sin/cos table
+// (set_lean_share, ROPE_EXT_LEAN_SHARE=0: each lane its own) and the position-free
+// instance (set_lean_plain) are A/B knobs too (bench/lean_sweep.py, bench/lean_ab.py,
+// bench/small_rope_study.py; bench/NOTES.md, 2026-11-26).
 std::atomic<int64_t> g_lean_max_bytes{[] {
   const char* e = std::getenv("ROPE_EXT_LEAN_MAX_BYTES");
   return e ? std::atoll(e) : int64_t(-1);
@@ -287,8 +288,9 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
                   static_cast<unsigned>(p.B));
   const int threads = RB * chunks;
   const bool table = !cache && lean_share();  // the block's sin/cos table (kSource 1)
-  // No position tensor: the instance without the position code (kPlain).
-  const bool plain = !cache && !p.positions.ptr && !p.offsets.ptr && !p.cu_seqlens.ptr &&
+  // No position tensor (none of the position flags): the instance without the position
+  // code (kPlain).
+  const bool plain = !cache && !(flags & (cuda::kLeanPos | cuda::kLeanOff | cuda::kLeanSeq)) &&
                      g_lean_plain.load(std::memory_order_relaxed);
   if constexpr (sizeof(T) <= 4) {  // (no fp64 instances: it returned above)
     // Access width W (16, 8 or 4 bytes), pairing, rows per thread U (1, 2, 4, 8). An fp32
@@ -297,7 +299,8 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
       ROPE_BOOL_SWITCH(p.interleaved, kInterleaved, [&] {
         constexpr int P = kInterleaved ? kW / int(sizeof(T)) / 2 : kW / int(sizeof(T));
         if constexpr (P >= 1) {
-          // The frequency source is the kernel's last template argument (rope_variants.cuh).
+          // The frequency source is the kernel's fifth template argument, kPlain its last
+          // (rope_variants.cuh).
           ROPE_POW2_UPTO8_SWITCH(U, kU, [&] {
             const size_t smem = 2 * sizeof(float) * (p.R / 2);  // the table: sin, then cos, of R / 2 pairs
             if (cache)

@@ -625,7 +625,7 @@ __device__ __forceinline__ void load_row_chunk(const E* ptr, float* out) {
 // The table's pairs past the block's threads (blocks narrower than R / 2: few rows),
 // out of line: inline, this loop's ~1.1 KB of code sat in the middle of every call's
 // straight path, streamed (cold after an L2 flush) and jumped over.
-__device__ __noinline__ void lean_table_rest(float* table, int half, int64_t at, const float* inv_freq,
+static __device__ __noinline__ void lean_table_rest(float* table, int half, int64_t at, const float* inv_freq,
                                              float sin_scale, float cos_scale) {
   for (int i = threadIdx.x + blockDim.x; i < half; i += blockDim.x) {
     float fi = inv_freq[i], si, ci;
@@ -648,6 +648,7 @@ __device__ __noinline__ void lean_table_rest(float* table, int half, int64_t at,
 template <typename T, bool kInterleaved, int U, int W, int kSource, bool kPlain = false>
 __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid_constant__ LeanParams p) {
   constexpr bool kTable = kSource == 1, kCache = kSource == 2;
+  static_assert(!(kPlain && kCache), "a cos_sin_cache call reads its rows by position: no plain instance");
   constexpr int V = W / sizeof(T);
   constexpr int P = kInterleaved ? V / 2 : V;
   static_assert(P >= 1, "a chunk holds at least one pair");
@@ -691,7 +692,7 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   //    frequencies before x's with the x loop predicated gained 0.1 us at 0.12 MB and
   //    lost 20-25% at 8-32 MB: run 6 of the night of 2026-11-24, reverted.)
   //    (The table's threads loaded the frequency of pair threadIdx.x above; more pairs
-  //    than threads, at most P per thread, load theirs in the loop below.)
+  //    than threads, at most P per thread, load theirs in lean_table_rest.)
   if constexpr (!kTable && !kCache) {
 #pragma unroll
     for (int j = 0; j < P; ++j) f[j] = p.inv_freq[c * P + j];
