@@ -67,12 +67,11 @@
 //                  ncu, which does not flush the TLBs, saw no difference.)
 //  20 lean_ld      as 19 by a load of the row's first word (a prefetch may be dropped on a
 //                  TLB miss).
-//  21 real_pf      real_k2 with lean's kLeanWarmOut flag (a prefetch; the flag was
-//                  reverted, so 21 now runs real_k2: kept for the table below).
-//                  Run 2 of 2026-11-26 (second), H100, graph medians, two passes, us:
-//                  0.12 MB lean_global 4.06 / 3.97, far 4.29 / 4.26; lean_pf 4.29 / 4.29,
-//                  far 4.30 / 4.29; lean_ld 4.29 / 4.27, far 4.51 / 4.29; real_k2 4.51 /
-//                  4.45, far 4.74 / 4.64; real_pf 4.74 / 4.67, far 4.96 / 4.80; the op with
+//  (21 real_pf, removed: real_k2 with lean's kLeanWarmOut flag, a prefetch; the flag
+//                  was reverted.) Run 2 of 2026-11-26 (second), H100, graph medians, two
+//                  passes, us: 0.12 MB lean_global 4.06 / 3.97, far 4.29 / 4.26; lean_pf 4.29
+//                  / 4.29, far 4.30 / 4.29; lean_ld 4.29 / 4.27, far 4.51 / 4.29; real_k2 4.51
+//                  / 4.45, far 4.74 / 4.64; real_pf 4.74 / 4.67, far 4.96 / 4.80; the op with
 //                  the flag 4.96 / 4.80, without 4.93 / 4.80. Touching the output early
 //                  costs what the far segment costs and does not take the far cost
 //                  away: not a latency on the chain that an early touch can hide.
@@ -290,12 +289,10 @@ rope_ext::cuda::LeanParams real_params(const StudyParams& sp) {
 }
 
 template <int kSource>
-void launch_real(const StudyParams& sp, uint16_t flags = 0) {
+void launch_real(const StudyParams& sp) {
   const size_t smem = kSource == 1 ? 2 * sizeof(float) * kHalf : 0;  // the block's sin/cos table
-  auto lp = real_params(sp);
-  lp.flags = flags;
   rope_ext::cuda::rope_lean_kernel<c10::BFloat16, false, 1, 8, kSource>
-      <<<dim3(kH / 8, sp.S, 1), 128, smem, c10::cuda::getCurrentCUDAStream()>>>(lp);
+      <<<dim3(kH / 8, sp.S, 1), 128, smem, c10::cuda::getCurrentCUDAStream()>>>(real_params(sp));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -345,8 +342,7 @@ void run(int64_t variant, torch::Tensor x, torch::Tensor out, torch::Tensor freq
     case 18: launch_smem<4>(p); break;
     case 19: launch<19>(p); break;
     case 20: launch<20>(p); break;
-    case 21: launch_real<1>(p, 128); break;  // (128 was kLeanWarmOut; unused since the revert)
-    default: TORCH_CHECK(false, "variant: 0..21");
+    default: TORCH_CHECK(false, "variant: 0..20");
   }
 }
 }  // namespace

@@ -141,9 +141,9 @@ def graph_us(fn, reps=200, flush=None, clean=None):
     return statistics.median(graph_samples(fn, reps, flush, clean))
 
 
-def graph_samples(fn, reps=200, flush=None, clean=None):
-    """graph_us's samples (µs), one per replay, in order."""
-    flush = flush if flush is not None else _flush_buffer()
+def _captured(fn, captures=1):
+    """fn warmed (3 calls, then one on a side stream, as capture needs; a torch.compile'd
+    one compiled), then captured in `captures` CUDA graphs."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -152,16 +152,30 @@ def graph_samples(fn, reps=200, flush=None, clean=None):
     with torch.cuda.stream(s):
         fn()
     torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    ts = []
-    for _ in range(reps):
-        flush_l2(flush, clean)
-        torch.cuda._sleep(500_000)  # ~250 us: longer than the host takes to enqueue the replay
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); g.replay(); b.record(); b.synchronize()  # noqa: E702
-        ts.append(a.elapsed_time(b) * 1e3)
+    gs = []
+    for _ in range(captures):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        gs.append(g)
+    return gs
+
+
+def _replay_us(g, flush, clean):
+    """µs of one replay of graph g after an L2 flush, the GPU held busy while the host
+    enqueues it."""
+    flush_l2(flush, clean)
+    torch.cuda._sleep(500_000)  # ~250 us: longer than the host takes to enqueue the replay
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record(); g.replay(); b.record(); b.synchronize()  # noqa: E702
+    return a.elapsed_time(b) * 1e3
+
+
+def graph_samples(fn, reps=200, flush=None, clean=None):
+    """graph_us's samples (µs), one per replay, in order."""
+    flush = flush if flush is not None else _flush_buffer()
+    g, = _captured(fn)
+    ts = [_replay_us(g, flush, clean) for _ in range(reps)]
     del g
     return ts
 
@@ -184,21 +198,7 @@ def graph_us_interleaved(fns, reps=200, flush=None, clean=None, captures=2):
     graphs, errors = {}, {}
     for name, fn in fns.items():
         try:
-            for _ in range(3):
-                fn()
-            torch.cuda.synchronize()
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                fn()
-            torch.cuda.current_stream().wait_stream(s)
-            gs = []
-            for _ in range(captures):
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    fn()
-                gs.append(g)
-            graphs[name] = gs
+            graphs[name] = _captured(fn, captures)
         except Exception as e:  # noqa: BLE001 (an optional peer that cannot run here)
             torch.cuda.synchronize()
             # Kept without its traceback: its frames (and the failing fn's tensors, a KV
@@ -213,11 +213,7 @@ def graph_us_interleaved(fns, reps=200, flush=None, clean=None, captures=2):
         order = names[:]
         rng.shuffle(order)  # a new order each round: no column always follows the same one
         for n in order:
-            flush_l2(flush, clean)
-            torch.cuda._sleep(500_000)
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record(); graphs[n][i % captures].replay(); b.record(); b.synchronize()  # noqa: E702
-            ts[n].append(a.elapsed_time(b) * 1e3)
+            ts[n].append(_replay_us(graphs[n][i % captures], flush, clean))
     del graphs
     return {n: statistics.median(v) for n, v in ts.items()}, errors
 
