@@ -1,0 +1,78 @@
+"""Decode at small batches with its code cold (issue 18): forced split counts, merged in a
+cluster or by the combine kernel, against rope + SDPA, all timed in turns.
+
+    python bench/decode_cold.py [--reps 200] [--points 1x512,1x2048,8x512]
+
+Why: the split rule (attention_dispatch.cu, decode_plan) was measured with the kernel
+replayed back to back, its code warm in the SM. Timed in turns (timing.graph_us_interleaved),
+after other kernels, variant 5's ~2,000 instructions on the B = 1 path are fetched cold
+(ncu, bench/NOTES.md, third session of 2026-11-26), and each split count runs a different
+amount of code (the cluster merge, the combine kernel). Hq 32, Hk 8, D 128, bf16,
+contiguous cache, every sequence at the full context.
+"""
+import argparse
+import os
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
+import rope_ext  # noqa: E402
+from rope_ext import _C  # noqa: E402
+from timing import graph_us_interleaved  # noqa: E402
+
+Hq, Hk, D = 32, 8, 128
+
+
+def sdpa(q, k, v):
+    o = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                         enable_gqa=True)
+    return o.transpose(1, 2)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--points", default="1x512,1x2048,8x512")
+    ap.add_argument("--splits", default="1,2,4,8,16")
+    args = ap.parse_args()
+    dev = "cuda"
+    for pt in args.points.split(","):
+        B, ctx = (int(x) for x in pt.split("x"))
+        torch.manual_seed(0)
+        kc = torch.randn(B, ctx, Hk, D, device=dev, dtype=torch.bfloat16)
+        vc = torch.randn_like(kc)
+        q = torch.randn(B, 1, Hq, D, device=dev, dtype=torch.bfloat16)
+        lens = torch.full((B,), ctx, dtype=torch.int32, device=dev)
+        pos = torch.full((B, 1), ctx - 1, dtype=torch.long, device=dev)
+
+        def call(s=None, cluster=True):
+            def f():
+                # The knob is read on the host when the call is captured (graph_us_interleaved
+                # captures every column before any replay).
+                _C.set_decode_cluster_merge(cluster)
+                try:
+                    return rope_ext.attention_decode(q, kc, vc, lens, max_seqlen=ctx, num_splits=s)
+                finally:
+                    _C.set_decode_cluster_merge(True)
+            return f
+
+        fns = {"separate (rope + SDPA)": lambda: sdpa(rope_ext.apply_rope(q, pos), kc, vc), "auto": call()}
+        for s in (int(x) for x in args.splits.split(",")):
+            fns[f"splits {s} combine"] = call(s, False)
+            if s > 1:
+                fns[f"splits {s} cluster"] = call(s, True)
+        got, errs = graph_us_interleaved(fns, args.reps, captures=1)
+        base = got.get("separate (rope + SDPA)")
+        print(f"\nB={B} ctx={ctx} (us, in turns; x = separate / this)")
+        for n in fns:
+            if n in errs:
+                print(f"  {n:<28} n/a: {str(errs[n]).splitlines()[0][:70]}")
+            else:
+                print(f"  {n:<28}{got[n]:8.2f}{base / got[n]:8.2f}x")
+
+
+if __name__ == "__main__":
+    main()
