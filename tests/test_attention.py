@@ -138,9 +138,10 @@ def decode_step(step, q, kd, vd, kc, vc, prefix, shared, *, rotate_k=True, **dec
 
 def fill_and_decode(device, dtype, *, paged, G, q_len, Hk=2, D=64, B=3, cap=80, cfg="default", pos_mode="default",
                     impl="auto", num_splits=None, max_seqlen=None, block_size=16, causal=True, step="two",
-                    head_major=False):
+                    head_major=False, q_layout="contiguous"):
     """Prefill (varlen append_kv), then the decode step (decode_step: append + decode, or
-    attention_decode with k, v); returns (o, lse, want_o, want_lse, v_scale)."""
+    attention_decode with k, v); returns (o, lse, want_o, want_lse, v_scale). q_layout:
+    how the decode's q is laid out in memory (q_view)."""
     Hq = G * Hk
     full = impl == "full_fusion"
     rkw = rope_kwargs(cfg, D, device)
@@ -164,10 +165,32 @@ def fill_and_decode(device, dtype, *, paged, G, q_len, Hk=2, D=64, B=3, cap=80, 
     vd = torch.stack([v_full[b, sel[b]] for b in range(B)])
     qpos = torch.gather(kpos, 1, sel)
     dkw = dict(pkw) if pkw is not None else dict(positions=qpos)
-    o, lse = decode_step(step, q, kd, vd, kc, vc, prefix, dict(block_table=bt, **dkw, **rkw), rotate_k=not full,
+    o, lse = decode_step(step, q_view(q, q_layout), kd, vd, kc, vc, prefix, dict(block_table=bt, **dkw, **rkw),
+                         rotate_k=not full,
                          impl=impl, num_splits=num_splits, max_seqlen=max_seqlen, causal=causal)
     want_o, want_lse = ref.rope_attention_float64(q, k_full, v_full, qpos, kpos, lens, causal=causal, **rkw)
     return o, lse, want_o, want_lse, v_full.abs().max().item()
+
+
+def q_view(q, layout):
+    """q's values in another memory layout: "contiguous"; "strided" (feature stride Hq);
+    "misaligned" (rows 2 bytes off a 16-byte boundary); "fused" (the q slice of a fused
+    [B, q_len, (Hq + 2) * D] projection: aligned rows, a longer token stride); "fused_odd"
+    (the same with one spare element per token: token rows not 16-byte aligned)."""
+    B, q_len, Hq, D = q.shape
+    if layout == "contiguous":
+        return q
+    if layout == "strided":
+        return q.transpose(-1, -2).contiguous().transpose(-1, -2)
+    if layout == "misaligned":
+        buf = torch.empty(q.numel() + 1, dtype=q.dtype, device=q.device)
+        out = buf[1:].view(q.shape)
+    else:
+        width = (Hq + 2) * D + (1 if layout == "fused_odd" else 0)
+        buf = torch.full((B, q_len, width), NAN, dtype=q.dtype, device=q.device)
+        out = buf[..., : Hq * D].view(B, q_len, Hq, D)
+    out.copy_(q)
+    return out
 
 
 # ---------------------------------------------------------------------------- append_kv then decode
@@ -1050,6 +1073,27 @@ def test_decode_kernel_matrix_cuda(impl, D, G, q_len, Hk, step):
         o, lse, wo, wl, vs = fill_and_decode("cuda", dtype, paged=paged, G=G, q_len=q_len, Hk=Hk, D=D, cap=150,
                                              block_size=bs, impl=impl, step=step)
         assert_attn_close(o, lse, wo, wl, vs, f"{impl} D={D} G={G} q_len={q_len} paged={paged} block={bs}")
+
+
+@cuda
+@pytest.mark.parametrize("step", ["two", "one"], ids=["append+decode", "one_call"])
+@pytest.mark.parametrize("D,G,q_len,cfg", [(128, 4, 1, "default"), (64, 1, 5, "interleaved"), (128, 8, 2, "partial"),
+                                           (256, 3, 3, "partial_interleaved"), (128, 16, 1, "cos_sin_cache")])
+def test_decode_q_layouts_cuda(D, G, q_len, cfg, step):
+    """Variant 5 copies q's rows into shared memory 16 bytes at a time where they allow it
+    (features contiguous, rows 16-byte aligned) and loads q element by element otherwise:
+    every layout of q_view gives the contiguous q's output and lse bit for bit (the same
+    values reach the rotation and the MMAs), and that is the float64 truth's. Several
+    tokens per query (rows of a kv head spanning tokens), group sizes 1..16."""
+    got = {}
+    for layout in ("contiguous", "strided", "misaligned", "fused", "fused_odd"):
+        torch.manual_seed(1234)
+        o, lse, wo, wl, vs = fill_and_decode("cuda", torch.bfloat16, paged=True, G=G, q_len=q_len, Hk=2, D=D, cap=150,
+                                             cfg=cfg, impl="hybrid", step=step, q_layout=layout)
+        assert_attn_close(o, lse, wo, wl, vs, f"q {layout} D={D} G={G} q_len={q_len} {cfg}")
+        got[layout] = (o, lse)
+    for layout, (o, lse) in got.items():
+        assert torch.equal(o, got["contiguous"][0]) and torch.equal(lse, got["contiguous"][1]), f"q {layout}"
 
 
 @cuda

@@ -92,13 +92,15 @@ template <int D, bool kFp8>
 constexpr int stages() { return kFp8 ? (D >= 128 ? 3 : 4) : (D >= 256 ? 2 : 3); }
 
 // Shared memory: the warps' tile rings (cache elements: 2 bytes, or 1 for fp8) | Q
-// [16][D] in the MMA type | the Q sin/cos table [16 tokens][D/2] x 2 floats | the warps'
-// tile-validity masks. The end-of-loop merge reuses the rings ([kWarps][16][D] floats + m, l).
+// [16][D] in the MMA type | the Q sin/cos table [16 tokens][D/2] x 2 floats | the raw Q
+// rows [16][D] as loaded (2-byte q) | the warps' tile-validity masks. The end-of-loop
+// merge reuses the rings ([kWarps][16][D] floats + m, l).
 template <int D, bool kFp8>
 constexpr size_t ring_bytes() { return size_t(kWarps) * stages<D, kFp8>() * 2 * kTileKeys * D * (kFp8 ? 1 : 2); }
 template <int D, bool kFp8>
 constexpr size_t smem_bytes() {
-  return ring_bytes<D, kFp8>() + size_t(kRows) * D * 2 + size_t(kRows) * D * 4 + kWarps * stages<D, kFp8>() * 4;
+  return ring_bytes<D, kFp8>() + size_t(kRows) * D * 2 + size_t(kRows) * D * 4 + size_t(kRows) * D * 2 +
+         kWarps * stages<D, kFp8>() * 4;
 }
 template <int D, bool kFp8>
 constexpr bool merge_fits() {
@@ -251,7 +253,8 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   C* ring = reinterpret_cast<C*>(smem_raw);
   M* q_s = reinterpret_cast<M*>(smem_raw + ring_bytes<D, kFp8>());
   float* tab_s = reinterpret_cast<float*>(q_s + kRows * D);  // [16][D/2] cos, then [16][D/2] sin
-  uint32_t* mask_s = reinterpret_cast<uint32_t*>(tab_s + kRows * D);
+  T* qraw_s = reinterpret_cast<T*>(tab_s + kRows * D);  // [16][D] raw Q rows (the cp.async staging)
+  uint32_t* mask_s = reinterpret_cast<uint32_t*>(qraw_s + kRows * D);
 
   const int split = blockIdx.x % p.num_splits, rg = blockIdx.x / p.num_splits;
   const int hk = blockIdx.y;
@@ -295,56 +298,41 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   const bool new_tile = fused_append && split == p.num_splits - 1 && warp == kWarps - 1;
 
   // Q first: its loads depend on nothing, so they overlap the seqlen -> key range ->
-  // K/V chain below (they were a DRAM round trip of their own after the sin/cos phase).
-  // Where q's rows allow it (features contiguous, rows 16-byte aligned: the usual
-  // [B, q_len, Hq, D] tensor) each thread loads whole 16-byte chunks, staged raw through
-  // q_s below; else one element per (row, pair unit). Why: ncu (bench/NOTES.md, night of
-  // 2026-11-24) counted ~2,700 instructions per warp at B = 1, ctx 512, one tile per warp,
-  // ~720 of them this per-element index math; the kernel was issue-bound, not DRAM-bound.
-  // Unit u of a row: pair u (u < R/2), else the two tail features R + 2 (u - R/2) + {0, 1}.
+  // K/V chain below. Where q's rows allow it (features contiguous, rows 16-byte aligned:
+  // the usual [B, q_len, Hq, D] tensor) they are copied raw into qraw_s by cp.async (a
+  // commit group of their own, ahead of the tiles'); q_phase below reads them per pair
+  // unit, or loads q itself element by element for other strides. Row r of the CTA is
+  // query head hk * G + g of token j, r = j * G + g: j from a float reciprocal (exact: the
+  // host keeps G * q_len < 2^22). Why (third session of 2026-11-26, ncu): at B = 1 the
+  // kernel's time is its code fetched cold, and the earlier Q prologue (a vector path,
+  // a scalar path unrolled 8 times, their staging barrier) was ~700 instructions of it;
+  // Q held in registers from the top through the key loop cost fp8's occupancy.
   const RopeParams& r = p.rope;
   const int half = r.R / 2;
   auto q_unit_dims = [&](int u, int* d0, int* d1) {
     if (u < half) pair_dims(r, u, d0, d1);
     else *d1 = (*d0 = r.R + 2 * (u - half)) + 1;
   };
-  const bool one_tok = p.q_len == 1;  // row r is query head hk * G + r of token 0: no division by G
+  const float inv_g = __frcp_rn(static_cast<float>(G));
+  auto tok_of = [&](int row) { return __float2int_rz((static_cast<float>(row) + 0.5f) * inv_g); };
+  const T* q_b = static_cast<const T*>(p.q) + b * p.q_stride[0] + static_cast<int64_t>(hk) * G * p.q_stride[2];
   auto q_row = [&](int rr) {
-    const int row = row0 + rr, j = one_tok ? 0 : row / G, hq = hk * G + (row - j * G);
-    return static_cast<const T*>(p.q) + b * p.q_stride[0] + j * p.q_stride[1] + hq * p.q_stride[2];
+    const int row = row0 + rr, j = tok_of(row);
+    return q_b + j * p.q_stride[1] + (row - j * G) * p.q_stride[2];
   };
   const bool q_vec = p.q_stride[3] == 1 &&
                      ((reinterpret_cast<uintptr_t>(p.q) |
                        static_cast<uintptr_t>((p.q_stride[0] | p.q_stride[1] | p.q_stride[2]) * int64_t(sizeof(T)))) &
                       15) == 0;
-  // A thread keeps one pair unit qu of every row it takes (rows qr0, qr0 + kRowStep, ...).
-  static_assert(kThreads % (D / 2) == 0, "one pair unit per thread");
-  constexpr int kQUnits = kRows * (D / 2) / kThreads, kRowStep = kThreads / (D / 2);
-  constexpr int kQChunks = kRows * D / 8 / kThreads;  // 16-byte chunks of the rows per thread
-  const int qu = tid % (D / 2), qr0 = tid / (D / 2);
-  int qd0, qd1;
-  q_unit_dims(qu, &qd0, &qd1);
-  float qx[kQUnits][2];
-  uint4 qv[kQChunks];
   if (q_vec) {
+    constexpr int RC = D / 8;  // 16-byte chunks per row
 #pragma unroll
-    for (int it = 0; it < kQChunks; ++it) {
-      const int e = tid + it * kThreads, rr = e / (D / 8), c = e - rr * (D / 8);
-      qv[it] = rr < nrows ? *reinterpret_cast<const uint4*>(q_row(rr) + c * 8) : make_uint4(0u, 0u, 0u, 0u);
-    }
-  } else {
-#pragma unroll
-    for (int it = 0; it < kQUnits; ++it) {
-      const int rr = qr0 + it * kRowStep;
-      qx[it][0] = qx[it][1] = 0.f;
-      if (rr < nrows) {
-        const T* qr = q_row(rr);
-        qx[it][0] = static_cast<float>(qr[qd0 * p.q_stride[3]]);
-        qx[it][1] = static_cast<float>(qr[qd1 * p.q_stride[3]]);
-      }
+    for (int it = 0; it < kRows * RC / kThreads; ++it) {
+      const int e = tid + it * kThreads, rr = e / RC, c = e - rr * RC;
+      if (rr < nrows) cp_async16(qraw_s + rr * D + c * 8, q_row(rr) + c * 8, true);
     }
   }
-
+  cp_async_commit();  // group 0: Q (empty without q_vec); the tiles' groups follow
   // Keys: rows see [0, lim(row)), nondecreasing in the row's token; this split takes
   // [kbeg, kend) of [0, n_keys), in whole tiles (so tiles align with 16-slot pages).
   // Tried and reverted (run 4 of 2026-11-25): tiles dealt round-robin to the splits (a
@@ -352,7 +340,7 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   // cache_seqlens at any split count): paged B = 1 ctx 512 / 2048 10.3 / 13.4 -> 10.7 / 13.8
   // us, contiguous 9.6 / 12.5 -> 9.8 / 12.7, B = 8 ctx 32768 366.5 -> 368.8: a split's
   // keys in one range read faster than strided 4 KB tiles, more than the early ids saved.
-  const int n_keys = static_cast<int>(min(old, max(int64_t(0), decode_key_limit(p, seqlen, (row0 + nrows - 1) / G))));
+  const int n_keys = static_cast<int>(min(old, max(int64_t(0), decode_key_limit(p, seqlen, tok_of(row0 + nrows - 1)))));
   const int per_split = ((n_keys + p.num_splits - 1) / p.num_splits + kTileKeys - 1) / kTileKeys * kTileKeys;
   const int kbeg = min(n_keys, split * per_split);
   const int kend = min(n_keys, kbeg + per_split);
@@ -477,69 +465,63 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
     }
   }
   Slot next = slot_of(0);
-#pragma unroll
-  for (int t = 0; t < NS - 1; ++t) {
-    if (t < my_tiles) issue(t, t, next);
-    cp_async_commit();
-    next = slot_of(t + 1);
-  }
 
-  // ---- Q: sin/cos per (token, pair) once, rotate in fp32, round to T, into q_s.
-  const int j0 = one_tok ? 0 : row0 / G, ntok = one_tok ? 1 : (row0 + nrows - 1) / G - j0 + 1;
-  for (int e = tid; e < ntok * half; e += kThreads) {
-    const int jj = e / half, i = e - jj * half, j = j0 + jj;
-    float sn, cs;
-    pair_sincos(r, attn_position(r, b, j, b, seqlen - p.q_len + j), i, inv_freq_of(r, i), &sn, &cs);
-    tab_s[jj * (D / 2) + i] = cs;
-    tab_s[(kRows + jj) * (D / 2) + i] = sn;
-  }
-  if (q_vec) {  // the raw rows into q_s, row-major (read back per pair unit below)
-    T* raw = reinterpret_cast<T*>(q_s);
-#pragma unroll
-    for (int it = 0; it < kQChunks; ++it) {
-      const int e = tid + it * kThreads;
-      *reinterpret_cast<uint4*>(raw + e * 8) = qv[it];  // e * 8 = rr * D + c * 8
+  // ---- Q: sin/cos per (token, pair) once, rotate in fp32, round to M, into q_s. Run by
+  // the key loop below once the first NS - 1 tiles are in flight (one issue site: the
+  // prologue's own unrolled copies of `issue` were ~280 instructions fetched cold). A
+  // thread takes one pair unit qu of the rows qr0, qr0 + kRowStep, ... Unit u of a row:
+  // pair u (u < R/2), else the two tail features R + 2 (u - R/2) + {0, 1}.
+  static_assert(kThreads % (D / 2) == 0, "one pair unit per thread");
+  constexpr int kQUnits = kRows * (D / 2) / kThreads, kRowStep = kThreads / (D / 2);
+  const int qu = tid % (D / 2), qr0 = tid / (D / 2);
+  const int j0 = tok_of(row0), ntok = tok_of(row0 + nrows - 1) - j0 + 1;
+  auto q_phase = [&]() {
+#pragma unroll 1
+    for (int e = tid; e < ntok * half; e += kThreads) {
+      const int jj = e / half, i = e - jj * half, j = j0 + jj;
+      float sn, cs;
+      pair_sincos(r, attn_position(r, b, j, b, seqlen - p.q_len + j), i, inv_freq_of(r, i), &sn, &cs);
+      tab_s[jj * (D / 2) + i] = cs;
+      tab_s[(kRows + jj) * (D / 2) + i] = sn;
     }
-  }
-  __syncthreads();
-  if (q_vec) {
-    const T* raw = reinterpret_cast<const T*>(q_s);
+    cp_async_wait<NS - 1>();  // group 0, this thread's Q chunks
+    __syncthreads();          // every thread's chunks and table entries
+    int qd0, qd1;
+    q_unit_dims(qu, &qd0, &qd1);
+    const bool q_rot = qu < half;
+    const int cq0 = kFp8 ? fp8_qcol(qd0) : qd0, cq1 = kFp8 ? fp8_qcol(qd1) : qd1;
+    const int64_t qo0 = qd0 * p.q_stride[3], qo1 = qd1 * p.q_stride[3];
 #pragma unroll
     for (int it = 0; it < kQUnits; ++it) {
       const int rr = qr0 + it * kRowStep;
-      qx[it][0] = static_cast<float>(raw[rr * D + qd0]);
-      qx[it][1] = static_cast<float>(raw[rr * D + qd1]);
-    }
-    __syncthreads();  // every raw value is read before q_s is overwritten
-  }
-  // Rotate the Q values (qx), round to T, store swizzled (fp8: in the K fragments' order).
-  const bool q_rot = qu < half;
-  const int cq0 = kFp8 ? fp8_qcol(qd0) : qd0, cq1 = kFp8 ? fp8_qcol(qd1) : qd1;
-  const float cs_tok0 = q_rot ? tab_s[qu] : 1.f, sn_tok0 = q_rot ? tab_s[kRows * (D / 2) + qu] : 0.f;
-#pragma unroll
-  for (int it = 0; it < kQUnits; ++it) {
-    const int rr = qr0 + it * kRowStep;
-    float x0 = qx[it][0], x1 = qx[it][1];
-    if (rr < nrows && q_rot) {
-      float cs = cs_tok0, sn = sn_tok0;
-      if (!one_tok) {
-        const int jj = (row0 + rr) / G - j0;
-        cs = tab_s[jj * (D / 2) + qu];
-        sn = tab_s[(kRows + jj) * (D / 2) + qu];
+      float x0 = 0.f, x1 = 0.f;
+      if (rr < nrows) {
+        if (q_vec) {
+          x0 = static_cast<float>(qraw_s[rr * D + qd0]);
+          x1 = static_cast<float>(qraw_s[rr * D + qd1]);
+        } else {
+          const T* qr = q_row(rr);
+          x0 = static_cast<float>(qr[qo0]);
+          x1 = static_cast<float>(qr[qo1]);
+        }
+        if (q_rot) {
+          const int jj = tok_of(row0 + rr) - j0;
+          const float cs = tab_s[jj * (D / 2) + qu], sn = tab_s[(kRows + jj) * (D / 2) + qu];
+          const float y0 = rot_y0(x0, x1, cs, sn), y1 = rot_y1(x0, x1, cs, sn);
+          x0 = y0;
+          x1 = y1;
+        }
       }
-      const float y0 = rot_y0(x0, x1, cs, sn), y1 = rot_y1(x0, x1, cs, sn);
-      x0 = y0;
-      x1 = y1;
+      q_s[swz<D>(rr, cq0 >> 3) + (cq0 & 7)] = static_cast<M>(x0);
+      q_s[swz<D>(rr, cq1 >> 3) + (cq1 & 7)] = static_cast<M>(x1);
     }
-    q_s[swz<D>(rr, cq0 >> 3) + (cq0 & 7)] = static_cast<M>(x0);
-    q_s[swz<D>(rr, cq1 >> 3) + (cq1 & 7)] = static_cast<M>(x1);
-  }
-  __syncthreads();
+    __syncthreads();
+  };
   // ---- this lane's rows (MMA accumulator layout): r_lo = lane / 4, r_hi = r_lo + 8.
   const int r_lo = lane >> 2, r_hi = r_lo + 8;
   auto row_limit = [&](int rr) {
     if (rr >= nrows) return 0;
-    return static_cast<int>(max(int64_t(0), decode_key_limit(p, seqlen, (row0 + rr) / G)));
+    return static_cast<int>(max(int64_t(0), decode_key_limit(p, seqlen, tok_of(row0 + rr))));
   };
   const int lim_lo = row_limit(r_lo), lim_hi = kUpper ? row_limit(r_hi) : 0;
   // Scores in log2 units (exp2 below); an fp8 cache's k_scale folds in here.
@@ -622,11 +604,7 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   // instance at 2 CTAs per SM anyway; at D = 64 (4 CTAs) and for fp8 (3 CTAs at 168
   // registers) the extra registers would cost a CTA per SM.
   constexpr bool kQReg = D == 128 && !kFp8;
-  uint32_t qf[kQReg ? D / 16 : 1][4];
-  if constexpr (kQReg) {
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[kk], q_s + a_row + (a_x ^ (kk << 4)));
-  }
+  uint32_t qf[kQReg ? D / 16 : 1][4];  // loaded by the key loop after q_phase
   auto q_frag = [&](int kk, uint32_t(&tmp)[4]) -> const uint32_t* {
     if constexpr (kQReg) return qf[kk];
     ldmatrix_x4(tmp, q_s + a_row + (a_x ^ (kk << 4)));  // rows 0-7/8-15 x k lo/hi
@@ -749,18 +727,32 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
     }
   };
 
-  // The key loop: each step refills the ring slot the previous one consumed. One call
-  // of `step` (it is inlined: a call per branch doubled the loop's code, ~250 SASS
-  // instructions more to fetch cold at small batches).
+  // The key loop, software-pipelined: iteration it issues tile it (ring slot it % NS) and,
+  // NS - 1 iterations later, steps over it; q_phase runs once, after the first NS - 1
+  // tiles are issued. So `issue`, `q_phase` and `step` each appear once in the code, in
+  // the order a B = 1 call first runs them (a call of `step` per branch doubled the
+  // loop's code, ~250 SASS instructions more to fetch cold at small batches).
   const int n_steps = my_tiles + (new_tile ? 1 : 0);
-  int cslot = 0;  // the ring slot of tile t (t % NS, without the division)
-  for (int t = 0; t < n_steps; ++t) {
+  int islot = 0, cslot = 0;  // ring slots of the tile issued / stepped (mod NS, without a division)
+  for (int it = 0; it < n_steps + NS - 1; ++it) {
+    if (it < my_tiles) {
+      issue(it, islot, next);
+      next = slot_of(it + 1);
+    }
+    cp_async_commit();
+    islot = islot == NS - 1 ? 0 : islot + 1;
+    if (it == NS - 2) {  // every warp gets here (the loop runs >= NS - 1 times): the barriers hold
+      q_phase();
+      if constexpr (kQReg) {
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[kk], q_s + a_row + (a_x ^ (kk << 4)));
+      }
+    }
+    if (it < NS - 1) continue;
+    const int t = it - (NS - 1);
     uint32_t vmask;
     int key0;
     if (t < my_tiles) {
-      if (t + NS - 1 < my_tiles) issue(t + NS - 1, cslot == 0 ? NS - 1 : cslot - 1, next);
-      cp_async_commit();
-      next = slot_of(t + NS);
       cp_async_wait<NS - 1>();
       __syncwarp();
       vmask = mask_s[warp * NS + cslot];
