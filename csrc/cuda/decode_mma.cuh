@@ -300,8 +300,8 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   // Q first: its loads depend on nothing, so they overlap the seqlen -> key range ->
   // K/V chain below. Where q's rows allow it (features contiguous, rows 16-byte aligned:
   // the usual [B, q_len, Hq, D] tensor) they are copied raw into qraw_s by cp.async (a
-  // commit group of their own, ahead of the tiles'); q_phase below reads them per pair
-  // unit, or loads q itself element by element for other strides. Row r of the CTA is
+  // commit group of their own, ahead of the tiles'); for other strides q_phase below
+  // copies them element by element; then it reads them per pair unit. Row r of the CTA is
   // query head hk * G + g of token j, r = j * G + g: j from a float reciprocal (exact: the
   // host keeps G * q_len < 2^22). Why (third session of 2026-11-26, ncu): at B = 1 the
   // kernel's time is its code fetched cold, and the earlier Q prologue (a vector path,
@@ -454,14 +454,13 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   const T* vn_s = reinterpret_cast<const T*>(tab_s + (kRows + 8) * (D / 2));
   if (new_tile) {
     constexpr int RC = D / 8;  // 16-byte chunks per row of T
-    const int nq = static_cast<int>(p.q_len);
-    for (int e = lane; e < 2 * nq * RC; e += 32) {
-      const bool is_v = e >= nq * RC;
-      const int f = is_v ? e - nq * RC : e, j = f / RC, c = f - j * RC;
-      const T* src = static_cast<const T*>(is_v ? p.v_new : p.k_new) +
-                     b * (is_v ? p.vn_stride[0] : p.kn_stride[0]) + j * (is_v ? p.vn_stride[1] : p.kn_stride[1]) +
-                     hk * (is_v ? p.vn_stride[2] : p.kn_stride[2]) + c * 8;
-      cp_async16(const_cast<T*>((is_v ? vn_s : kn_s) + j * D + c * 8), src, true);
+    const T* ksrc = static_cast<const T*>(p.k_new) + b * p.kn_stride[0] + hk * p.kn_stride[2];
+    const T* vsrc = static_cast<const T*>(p.v_new) + b * p.vn_stride[0] + hk * p.vn_stride[2];
+#pragma unroll 1
+    for (int e = lane; e < static_cast<int>(p.q_len) * RC; e += 32) {
+      const int j = e / RC, c8 = (e % RC) * 8;
+      cp_async16(const_cast<T*>(kn_s + j * D + c8), ksrc + j * p.kn_stride[1] + c8, true);
+      cp_async16(const_cast<T*>(vn_s + j * D + c8), vsrc + j * p.vn_stride[1] + c8, true);
     }
   }
   Slot next = slot_of(0);
@@ -484,26 +483,26 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
       tab_s[jj * (D / 2) + i] = cs;
       tab_s[(kRows + jj) * (D / 2) + i] = sn;
     }
+    if (!q_vec) {  // other strides: element by element into the same staging rows (one loop, not unrolled)
+#pragma unroll 1
+      for (int e = tid; e < nrows * D; e += kThreads) {
+        const int rr = e / D, d = e - rr * D;
+        qraw_s[e] = q_row(rr)[d * p.q_stride[3]];
+      }
+    }
     cp_async_wait<NS - 1>();  // group 0, this thread's Q chunks
     __syncthreads();          // every thread's chunks and table entries
     int qd0, qd1;
     q_unit_dims(qu, &qd0, &qd1);
     const bool q_rot = qu < half;
     const int cq0 = kFp8 ? fp8_qcol(qd0) : qd0, cq1 = kFp8 ? fp8_qcol(qd1) : qd1;
-    const int64_t qo0 = qd0 * p.q_stride[3], qo1 = qd1 * p.q_stride[3];
 #pragma unroll
     for (int it = 0; it < kQUnits; ++it) {
       const int rr = qr0 + it * kRowStep;
       float x0 = 0.f, x1 = 0.f;
       if (rr < nrows) {
-        if (q_vec) {
-          x0 = static_cast<float>(qraw_s[rr * D + qd0]);
-          x1 = static_cast<float>(qraw_s[rr * D + qd1]);
-        } else {
-          const T* qr = q_row(rr);
-          x0 = static_cast<float>(qr[qo0]);
-          x1 = static_cast<float>(qr[qo1]);
-        }
+        x0 = static_cast<float>(qraw_s[rr * D + qd0]);
+        x1 = static_cast<float>(qraw_s[rr * D + qd1]);
         if (q_rot) {
           const int jj = tok_of(row0 + rr) - j0;
           const float cs = tab_s[jj * (D / 2) + qu], sn = tab_s[(kRows + jj) * (D / 2) + qu];
