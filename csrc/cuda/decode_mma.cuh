@@ -234,9 +234,10 @@ __device__ __forceinline__ int swz(int row, int c) { return row * D + ((c ^ (row
 // up to 16 query rows (row r = j * G + g) of one kv head and one split of the keys, cut
 // into 16-key tiles dealt round-robin to its 4 warps. kUpper: rows 8..15 exist (more
 // than 8 rows per kv head); without them the upper half of each MMA is padding, whose
-// softmax and rescale are skipped.
-template <typename T, int D, bool kUpper, bool kFp8>
-__global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_constant__ DecodeParams p) {
+// softmax and rescale are skipped. kPaged: the body for paged caches (block-table
+// lookups), else for contiguous ones; decode_mma_kernel below picks one per launch.
+template <typename T, int D, bool kUpper, bool kFp8, bool kPaged>
+__device__ __forceinline__ void decode_mma_body(const DecodeParams& p) {
   using C = std::conditional_t<kFp8, uint8_t, T>;  // a cache element
   using M = std::conditional_t<kFp8, c10::Half, T>;  // the MMAs' input type
   constexpr int NS = stages<D, kFp8>();
@@ -281,7 +282,7 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   struct Slot { int64_t ko, vo; bool ok; };
   int bt_t0 = -32;
   Slot bt{0, 0, false};
-  if (p.cache.paged && p.cache.block_size % kTileKeys == 0 && p.num_splits == 1) {
+  if (kPaged && p.cache.block_size % kTileKeys == 0 && p.num_splits == 1) {
     const KVCacheView& c = p.cache;
     bt_t0 = 0;
     const int key0 = (warp + lane * kWarps) * kTileKeys;
@@ -360,7 +361,7 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   const C* kc = static_cast<const C*>(p.cache.k) + hk * p.cache.k_stride[2];
   const C* vc = static_cast<const C*>(p.cache.v) + hk * p.cache.v_stride[2];
   const KVCacheView& cv = p.cache;
-  const int mode = !cv.paged ? 0 : (cv.block_size % kTileKeys == 0 ? 1 : 2);
+  const int mode = !kPaged ? 0 : (cv.block_size % kTileKeys == 0 ? 1 : 2);
   const int lc = lane % LPR, lr = lane / LPR;  // this lane's chunk, and row within an instruction
   // Slot of tile t. Modes 0 and 1: ko / vo = the element offset of the tile's first key
   // row, ok = its block exists (rows follow at the slot stride); mode 2: lane k < 16's
@@ -463,7 +464,7 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
       cp_async16(const_cast<T*>(vn_s + j * D + c8), vsrc + j * p.vn_stride[1] + c8, true);
     }
   }
-  Slot next = slot_of(0);
+  Slot next{0, 0, false};  // the slot of the next tile to issue (the key loop's first trip looks up tile 0's)
 
   // ---- Q: sin/cos per (token, pair) once, rotate in fp32, round to M, into q_s. Run by
   // the key loop below once the first NS - 1 tiles are in flight (one issue site: the
@@ -733,11 +734,14 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   // loop's code, ~250 SASS instructions more to fetch cold at small batches).
   const int n_steps = my_tiles + (new_tile ? 1 : 0);
   int islot = 0, cslot = 0;  // ring slots of the tile issued / stepped (mod NS, without a division)
-  for (int it = 0; it < n_steps + NS - 1; ++it) {
+  // (Trip -1 only looks up tile 0's slot: one slot_of site, the paged lookups' code once.)
+  for (int it = -1; it < n_steps + NS - 1; ++it) {
     if (it < my_tiles) {
-      issue(it, islot, next);
+      const Slot s = next;
       next = slot_of(it + 1);
+      if (it >= 0) issue(it, islot, s);
     }
+    if (it < 0) continue;
     cp_async_commit();
     islot = islot == NS - 1 ? 0 : islot + 1;
     if (it == NS - 2) {  // every warp gets here (the loop runs >= NS - 1 times): the barriers hold
@@ -825,6 +829,16 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   } else {
     merge_and_write_rows<T, kWarps, kRows>(p, ms, ls, os, D, nrows, row0, hk, b, split, tid, kThreads);
   }
+}
+
+// One body per cache kind, each laid out without the other's code: at B = 1 the time is
+// the code fetched cold, and a jump over code a call does not run costs ~0.1-0.2 us
+// (bench/NOTES.md, third session of 2026-11-26: the paged lookups sat in the contiguous
+// path's prologue and key loop).
+template <typename T, int D, bool kUpper, bool kFp8>
+__global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_constant__ DecodeParams p) {
+  if (p.cache.paged) decode_mma_body<T, D, kUpper, kFp8, true>(p);
+  else decode_mma_body<T, D, kUpper, kFp8, false>(p);
 }
 
 }  // namespace mma_decode
