@@ -37,11 +37,25 @@
 //     copies by a running pointer per row group; a warp's block ids 32 tiles at a time;
 //     the ring slot as a counter; ldmatrix addresses as one XOR; ex2.approx weights;
 //     merges with per-row weights (decode_merge.cuh): 1,567 and ~500.
-// Measured (H100, CUDA graph, cold L2, Hq 32 / Hk 8 / D 128 bf16; docs/attention.md):
-// B = 1 1.59x / 1.42x / 1.10x / 1.05x rope + SDPA at ctx 512 / 2048 / 8192 / 32768 (70% of
-// copy there); B = 8 1.32x at ctx 512, 1.01x at 32768 (98%); B = 64 1.00-1.07x (103% at
-// ctx 32768), paged within 1-3% from B = 8 ctx 2048 up. Variant 2 takes 1.1-1.9x this
-// kernel's time. The split rule (attention_dispatch.cu) came from forced-split rows.
+// Measured (H100, CUDA graph, cold L2, the rows timed in turns, Hq 32 / Hk 8 / D 128 bf16;
+// docs/attention.md, run 4 of the third session of 2026-11-26): B = 1 1.56x / 1.43x /
+// 1.10x / 1.00x rope + SDPA at ctx 512 / 2048 / 8192 / 32768 (~68% of copy there); B = 8
+// 1.24x at ctx 512, 1.00x at 32768 (97%); B = 64 1.00-1.07x (timed one row after another,
+// 103% at ctx 32768); paged within 1-3% from B = 8 ctx 2048 up. Variant 2 takes 1.1-1.9x
+// this kernel's time. The split rule (attention_dispatch.cu) came from forced-split rows.
+//   - Timed in turns with other kernels between replays (bench/timing.py
+//     graph_us_interleaved, as between the layers of a model), the B <= 8 calls pay for
+//     their code fetched cold: B = 1 ctx 512 took 13.9-14.0 us in turns against 9.6 back
+//     to back. What that costs is the layout of the path more than its length (ncu and
+//     A/B runs, third session of 2026-11-26, bench/NOTES.md): the same ~2,100 distinct
+//     instructions executed cost ~3 us less once the path ran in the order it is laid
+//     out: one `issue` site (the key loop is software-pipelined, q_phase inside it), Q
+//     staged by cp.async with one element-wise fallback outside the rotation loop, no
+//     unrolled copies of rare code between the executed blocks (each jump over such a
+//     block cost ~0.15-0.2 us). B = 1 ctx 512 14.0 -> 9.85 us, ctx 2048 17.35 -> 12.4 (1.56x /
+//     1.43x rope + SDPA). A paged and a contiguous body behind one kernel (each without
+//     the other's code, the instance twice the size) made the contiguous one 6-12 us
+//     slower (run 5): reverted, not understood.
 //   - Shared-memory tiles are XOR-swizzled by 16-byte chunk (chunk ^ key % 8), so the
 //     8 rows an ldmatrix reads fall in 8 different bank groups.
 //   - FP8 caches (kFp8, issue 20): the rings hold e4m3 tiles and the MMA fragments
@@ -234,10 +248,9 @@ __device__ __forceinline__ int swz(int row, int c) { return row * D + ((c ^ (row
 // up to 16 query rows (row r = j * G + g) of one kv head and one split of the keys, cut
 // into 16-key tiles dealt round-robin to its 4 warps. kUpper: rows 8..15 exist (more
 // than 8 rows per kv head); without them the upper half of each MMA is padding, whose
-// softmax and rescale are skipped. kPaged: the body for paged caches (block-table
-// lookups), else for contiguous ones; decode_mma_kernel below picks one per launch.
-template <typename T, int D, bool kUpper, bool kFp8, bool kPaged>
-__device__ __forceinline__ void decode_mma_body(const DecodeParams& p) {
+// softmax and rescale are skipped.
+template <typename T, int D, bool kUpper, bool kFp8>
+__global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_constant__ DecodeParams p) {
   using C = std::conditional_t<kFp8, uint8_t, T>;  // a cache element
   using M = std::conditional_t<kFp8, c10::Half, T>;  // the MMAs' input type
   constexpr int NS = stages<D, kFp8>();
@@ -282,7 +295,7 @@ __device__ __forceinline__ void decode_mma_body(const DecodeParams& p) {
   struct Slot { int64_t ko, vo; bool ok; };
   int bt_t0 = -32;
   Slot bt{0, 0, false};
-  if (kPaged && p.cache.block_size % kTileKeys == 0 && p.num_splits == 1) {
+  if (p.cache.paged && p.cache.block_size % kTileKeys == 0 && p.num_splits == 1) {
     const KVCacheView& c = p.cache;
     bt_t0 = 0;
     const int key0 = (warp + lane * kWarps) * kTileKeys;
@@ -361,7 +374,7 @@ __device__ __forceinline__ void decode_mma_body(const DecodeParams& p) {
   const C* kc = static_cast<const C*>(p.cache.k) + hk * p.cache.k_stride[2];
   const C* vc = static_cast<const C*>(p.cache.v) + hk * p.cache.v_stride[2];
   const KVCacheView& cv = p.cache;
-  const int mode = !kPaged ? 0 : (cv.block_size % kTileKeys == 0 ? 1 : 2);
+  const int mode = !cv.paged ? 0 : (cv.block_size % kTileKeys == 0 ? 1 : 2);
   const int lc = lane % LPR, lr = lane / LPR;  // this lane's chunk, and row within an instruction
   // Slot of tile t. Modes 0 and 1: ko / vo = the element offset of the tile's first key
   // row, ok = its block exists (rows follow at the slot stride); mode 2: lane k < 16's
@@ -464,7 +477,7 @@ __device__ __forceinline__ void decode_mma_body(const DecodeParams& p) {
       cp_async16(const_cast<T*>(vn_s + j * D + c8), vsrc + j * p.vn_stride[1] + c8, true);
     }
   }
-  Slot next{0, 0, false};  // the slot of the next tile to issue (the key loop's first trip looks up tile 0's)
+  Slot next = slot_of(0);
 
   // ---- Q: sin/cos per (token, pair) once, rotate in fp32, round to M, into q_s. Run by
   // the key loop below once the first NS - 1 tiles are in flight (one issue site: the
@@ -734,14 +747,11 @@ __device__ __forceinline__ void decode_mma_body(const DecodeParams& p) {
   // loop's code, ~250 SASS instructions more to fetch cold at small batches).
   const int n_steps = my_tiles + (new_tile ? 1 : 0);
   int islot = 0, cslot = 0;  // ring slots of the tile issued / stepped (mod NS, without a division)
-  // (Trip -1 only looks up tile 0's slot: one slot_of site, the paged lookups' code once.)
-  for (int it = -1; it < n_steps + NS - 1; ++it) {
+  for (int it = 0; it < n_steps + NS - 1; ++it) {
     if (it < my_tiles) {
-      const Slot s = next;
+      issue(it, islot, next);
       next = slot_of(it + 1);
-      if (it >= 0) issue(it, islot, s);
     }
-    if (it < 0) continue;
     cp_async_commit();
     islot = islot == NS - 1 ? 0 : islot + 1;
     if (it == NS - 2) {  // every warp gets here (the loop runs >= NS - 1 times): the barriers hold
@@ -829,16 +839,6 @@ __device__ __forceinline__ void decode_mma_body(const DecodeParams& p) {
   } else {
     merge_and_write_rows<T, kWarps, kRows>(p, ms, ls, os, D, nrows, row0, hk, b, split, tid, kThreads);
   }
-}
-
-// One body per cache kind, each laid out without the other's code: at B = 1 the time is
-// the code fetched cold, and a jump over code a call does not run costs ~0.1-0.2 us
-// (bench/NOTES.md, third session of 2026-11-26: the paged lookups sat in the contiguous
-// path's prologue and key loop).
-template <typename T, int D, bool kUpper, bool kFp8>
-__global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_constant__ DecodeParams p) {
-  if (p.cache.paged) decode_mma_body<T, D, kUpper, kFp8, true>(p);
-  else decode_mma_body<T, D, kUpper, kFp8, false>(p);
 }
 
 }  // namespace mma_decode
