@@ -55,7 +55,10 @@
 //     block cost ~0.15-0.2 us). B = 1 ctx 512 14.0 -> 9.85 us, ctx 2048 17.35 -> 12.4 (1.56x /
 //     1.43x rope + SDPA). A paged and a contiguous body behind one kernel (each without
 //     the other's code, the instance twice the size) made the contiguous one 6-12 us
-//     slower (run 5): reverted, not understood.
+//     slower (run 5), reverted: the same kernel timed warm ran both in ~9.5 us, cold the
+//     second body (56-111 KB from the entry) took 21 us against 10.7 for the first (run
+//     8, ncu: instruction-fetch stalls 445 vs 51). Code past ~56-64 KB of an instance
+//     fetches far slower cold: keep the B = 1 path in the first ~3,500 instructions.
 //   - Shared-memory tiles are XOR-swizzled by 16-byte chunk (chunk ^ key % 8), so the
 //     8 rows an ldmatrix reads fall in 8 different bank groups.
 //   - FP8 caches (kFp8, issue 20): the rings hold e4m3 tiles and the MMA fragments
