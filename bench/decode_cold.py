@@ -1,14 +1,18 @@
 """Decode at small batches with its code cold (issue 18): forced split counts, merged in a
 cluster or by the combine kernel, against rope + SDPA, all timed in turns.
 
-    python bench/decode_cold.py [--reps 200] [--points 1x512,1x2048,8x512]
+    python bench/decode_cold.py [--reps 200] [--points 1x512,1x2048,8x512] [--splits 1,2,4,8,16]
+                                [--D 128] [--Hq 32] [--Hk 8] [--simt]
+
+--splits "": no forced splits (separate and auto only); --simt adds variant 2
+(impl="hybrid_simt"), another large kernel between the replays, as the attn suite has.
 
 Why: the split rule (attention_dispatch.cu, decode_plan) was measured with the kernel
 replayed back to back, its code warm in the SM. Timed in turns (timing.graph_us_interleaved),
 after other kernels, variant 5's ~2,000 instructions on the B = 1 path are fetched cold
 (ncu, bench/NOTES.md, third session of 2026-11-26), and each split count runs a different
-amount of code (the cluster merge, the combine kernel). Hq 32, Hk 8, D 128, bf16,
-contiguous cache, every sequence at the full context.
+amount of code (the cluster merge, the combine kernel). bf16 (default Hq 32, Hk 8,
+D 128), contiguous cache, every sequence at the full context.
 """
 import argparse
 import os
@@ -23,12 +27,11 @@ import rope_ext  # noqa: E402
 from rope_ext import _C  # noqa: E402
 from timing import graph_us_interleaved  # noqa: E402
 
-Hq, Hk, D = 32, 8, 128
-
 
 def sdpa(q, k, v):
+    enable_gqa = q.shape[2] != k.shape[2]
     o = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                         enable_gqa=True)
+                                                         enable_gqa=enable_gqa)
     return o.transpose(1, 2)
 
 
@@ -37,7 +40,12 @@ def main():
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--points", default="1x512,1x2048,8x512")
     ap.add_argument("--splits", default="1,2,4,8,16")
+    ap.add_argument("--D", type=int, default=128)
+    ap.add_argument("--Hq", type=int, default=32)
+    ap.add_argument("--Hk", type=int, default=8)
+    ap.add_argument("--simt", action="store_true")
     args = ap.parse_args()
+    Hq, Hk, D = args.Hq, args.Hk, args.D
     dev = "cuda"
     for pt in args.points.split(","):
         B, ctx = (int(x) for x in pt.split("x"))
@@ -60,13 +68,15 @@ def main():
             return f
 
         fns = {"separate (rope + SDPA)": lambda: sdpa(rope_ext.apply_rope(q, pos), kc, vc), "auto": call()}
-        for s in (int(x) for x in args.splits.split(",")):
+        if args.simt:
+            fns["hybrid_simt"] = lambda: rope_ext.attention_decode(q, kc, vc, lens, max_seqlen=ctx, impl="hybrid_simt")
+        for s in (int(x) for x in args.splits.split(",") if x):
             fns[f"splits {s} combine"] = call(s, False)
             if s > 1:
                 fns[f"splits {s} cluster"] = call(s, True)
         got, errs = graph_us_interleaved(fns, args.reps, captures=1)
         base = got.get("separate (rope + SDPA)")
-        print(f"\nB={B} ctx={ctx} (us, in turns; x = separate / this)")
+        print(f"\nB={B} ctx={ctx} Hq={Hq} Hk={Hk} D={D} (us, in turns; x = separate / this)")
         for n in fns:
             if n in errs:
                 print(f"  {n:<28} n/a: {str(errs[n]).splitlines()[0][:70]}")
