@@ -399,10 +399,12 @@ DecodeParams decode_setup(const at::Tensor& q, const at::Tensor& k_cache, const 
                     "(and 'auto') only, got impl='", impl, "'"));
   TORCH_CHECK_VALUE(cache.Hk > 0 && Hq % cache.Hk == 0, msg("rope_ext: the query heads Hq = ", Hq,
                     " must be a multiple of the cache's kv heads Hk = ", cache.Hk, " (GQA)"));
-  // Variant 5 maps a query row (token j, head g of the group) to j by a float reciprocal
-  // of the group size, exact below 2^22 rows per kv head.
-  TORCH_CHECK_VALUE(q_len * (Hq / cache.Hk) < (int64_t(1) << 22), msg("rope_ext: q_len * (Hq / Hk) must be below 2^22 "
-                    "query rows per kv head, got q_len = ", q_len, ", Hq / Hk = ", Hq / cache.Hk));
+  // Variant 5 (CUDA, impl hybrid / auto) maps a query row (token j, head g of the group) to
+  // j by a float reciprocal of the group size, exact below 2^22 rows per kv head.
+  TORCH_CHECK_VALUE(!q.is_cuda() || which != DecodeImpl::kHybrid || q_len * (Hq / cache.Hk) < (int64_t(1) << 22),
+                    msg("rope_ext: attention_decode(impl='hybrid' or 'auto') on CUDA takes q_len * (Hq / Hk) below "
+                        "2^22 query rows per kv head, got q_len = ", q_len, ", Hq / Hk = ", Hq / cache.Hk,
+                        " (impl='hybrid_simt' has no such limit)"));
   DecodeParams p;
   fill_rotary(p.rope, q, D, rotary_dim, interleaved, inv_freq, cos_sin_cache, base, attention_factor);
   p.cache = cache;

@@ -1078,13 +1078,16 @@ def test_decode_kernel_matrix_cuda(impl, D, G, q_len, Hk, step):
 @cuda
 @pytest.mark.parametrize("step", ["two", "one"], ids=["append+decode", "one_call"])
 @pytest.mark.parametrize("D,G,q_len,cfg", [(128, 4, 1, "default"), (64, 1, 5, "interleaved"), (128, 8, 2, "partial"),
-                                           (256, 3, 3, "partial_interleaved"), (128, 16, 1, "cos_sin_cache")])
+                                           (256, 3, 3, "partial_interleaved"), (128, 16, 1, "cos_sin_cache"),
+                                           (128, 3, 7, "default"), (64, 6, 5, "interleaved")])
 def test_decode_q_layouts_cuda(D, G, q_len, cfg, step):
     """Variant 5 copies q's rows into shared memory 16 bytes at a time where they allow it
     (features contiguous, rows 16-byte aligned) and loads q element by element otherwise:
     every layout of q_view gives the contiguous q's output and lse bit for bit (the same
     values reach the rotation and the MMAs), and that is the float64 truth's. Several
-    tokens per query (rows of a kv head spanning tokens), group sizes 1..16."""
+    tokens per query (rows of a kv head spanning tokens), group sizes 1..16, and row
+    groups of 16 rows that start inside a token (G 3 x q_len 7, G 6 x q_len 5: the second
+    group's first row is head 1 of token 5, head 4 of token 2)."""
     got = {}
     for layout in ("contiguous", "strided", "misaligned", "fused", "fused_odd"):
         torch.manual_seed(1234)

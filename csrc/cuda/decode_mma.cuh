@@ -109,15 +109,16 @@ template <int D, bool kFp8>
 constexpr int stages() { return kFp8 ? (D >= 128 ? 3 : 4) : (D >= 256 ? 2 : 3); }
 
 // Shared memory: the warps' tile rings (cache elements: 2 bytes, or 1 for fp8) | Q
-// [16][D] in the MMA type | the Q sin/cos table [16 tokens][D/2] x 2 floats | the raw Q
-// rows [16][D] as loaded (2-byte q) | the warps' tile-validity masks. The end-of-loop
-// merge reuses the rings ([kWarps][16][D] floats + m, l).
+// [16][D] in the MMA type | the Q sin/cos table [16 tokens][D/2] x 2 floats | the warps'
+// tile-validity masks. The raw Q rows [16][D] (2-byte q, as loaded) are staged in warp 0's
+// ring slot NS - 1, which no tile fills before the key loop's trip NS - 1, after q_phase
+// (a region of their own cost the 16-bit D = 64 instance its 4th CTA per SM). The
+// end-of-loop merge reuses the rings ([kWarps][16][D] floats + m, l).
 template <int D, bool kFp8>
 constexpr size_t ring_bytes() { return size_t(kWarps) * stages<D, kFp8>() * 2 * kTileKeys * D * (kFp8 ? 1 : 2); }
 template <int D, bool kFp8>
 constexpr size_t smem_bytes() {
-  return ring_bytes<D, kFp8>() + size_t(kRows) * D * 2 + size_t(kRows) * D * 4 + size_t(kRows) * D * 2 +
-         kWarps * stages<D, kFp8>() * 4;
+  return ring_bytes<D, kFp8>() + size_t(kRows) * D * 2 + size_t(kRows) * D * 4 + kWarps * stages<D, kFp8>() * 4;
 }
 template <int D, bool kFp8>
 constexpr bool merge_fits() {
@@ -270,8 +271,10 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   C* ring = reinterpret_cast<C*>(smem_raw);
   M* q_s = reinterpret_cast<M*>(smem_raw + ring_bytes<D, kFp8>());
   float* tab_s = reinterpret_cast<float*>(q_s + kRows * D);  // [16][D/2] cos, then [16][D/2] sin
-  T* qraw_s = reinterpret_cast<T*>(tab_s + kRows * D);  // [16][D] raw Q rows (the cp.async staging)
-  uint32_t* mask_s = reinterpret_cast<uint32_t*>(qraw_s + kRows * D);
+  uint32_t* mask_s = reinterpret_cast<uint32_t*>(tab_s + kRows * D);
+  // [16][D] raw Q rows (the cp.async staging): warp 0's ring slot NS - 1 (see smem_bytes).
+  static_assert(size_t(kRows) * D * 2 <= size_t(2) * kTileKeys * D * sizeof(C), "raw Q rows fit in one ring slot");
+  T* qraw_s = reinterpret_cast<T*>(ring + (NS - 1) * 2 * kTileKeys * D);
 
   const int split = blockIdx.x % p.num_splits, rg = blockIdx.x / p.num_splits;
   const int hk = blockIdx.y;
