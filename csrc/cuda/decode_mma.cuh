@@ -16,8 +16,9 @@
 //     ctx-512 call took ~38 us (ncu: one split, 8 busy SMs, one DRAM round trip per
 //     few keys). Here each warp owns a private kStages-deep ring of 16-key K and V tiles
 //     in shared memory filled by cp.async (zero-fill past the end): 2 tiles in flight per
-//     warp, 8 per CTA (64 KB at D = 128), no CTA barrier in the key loop, and the first
-//     tiles are issued before Q is even loaded.
+//     warp, 8 per CTA (64 KB at D = 128), no CTA barrier in the key loop but q_phase's
+//     (once, before the first step), and the first tiles in flight while Q's rows land
+//     and rotate.
 //   - Each cp.async instruction of a warp copies whole key rows (2 rows of 256 B at
 //     D = 128). The first version had lanes 2k, 2k+1 copy alternate 32-byte pieces of
 //     key k: 16 rows per instruction, 4x the L2 requests; ncu at B = 64 showed the L2 as
