@@ -25,14 +25,8 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 import rope_ext  # noqa: E402
 from rope_ext import _C  # noqa: E402
+from attn import _separate_attn  # noqa: E402  (the attn suite's rope + SDPA)
 from timing import graph_us_interleaved  # noqa: E402
-
-
-def sdpa(q, k, v):
-    enable_gqa = q.shape[2] != k.shape[2]
-    o = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                         enable_gqa=enable_gqa)
-    return o.transpose(1, 2)
 
 
 def main():
@@ -54,7 +48,6 @@ def main():
         vc = torch.randn_like(kc)
         q = torch.randn(B, 1, Hq, D, device=dev, dtype=torch.bfloat16)
         lens = torch.full((B,), ctx, dtype=torch.int32, device=dev)
-        pos = torch.full((B, 1), ctx - 1, dtype=torch.long, device=dev)
 
         def call(s=None, cluster=True):
             def f():
@@ -67,7 +60,7 @@ def main():
                     _C.set_decode_cluster_merge(True)
             return f
 
-        fns = {"separate (rope + SDPA)": lambda: sdpa(rope_ext.apply_rope(q, pos), kc, vc), "auto": call()}
+        fns = {"separate (rope + SDPA)": lambda: _separate_attn(q, kc, vc, ctx), "auto": call()}
         if args.simt:
             fns["hybrid_simt"] = lambda: rope_ext.attention_decode(q, kc, vc, lens, max_seqlen=ctx, impl="hybrid_simt")
         for s in (int(x) for x in args.splits.split(",") if x):

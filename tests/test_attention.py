@@ -839,6 +839,22 @@ def test_bad_input_raises_clearly(device, what):
 
 
 @cuda
+def test_decode_rows_per_kv_head_limit_cuda():
+    """Variant 5 maps a query row to its token through a float reciprocal of the group
+    size, exact below 2^22 rows per kv head: more raise a ValueError naming the limit
+    (impl hybrid and auto), before anything runs."""
+    D = 64
+    q = torch.empty(1, 1 << 22, 1, D, dtype=torch.bfloat16, device="cuda")  # 512 MB, never read
+    kc, vc, _ = new_cache(1, 16, 1, D, torch.bfloat16, "cuda", paged=False)
+    sl = torch.tensor([16], dtype=torch.int32, device="cuda")
+    for impl in ("hybrid", "auto"):
+        with pytest.raises(ValueError, match=r"q_len \* \(Hq / Hk\) below 2\^22"):
+            rope_ext.attention_decode(q, kc, vc, sl, impl=impl)
+    del q
+    torch.cuda.synchronize()
+
+
+@cuda
 def test_cuda_kernel_drops_slots_out_of_range():
     """Without value checks (CUDA default) a token whose slot does not exist (past the
     capacity, or a block id out of range) is dropped: nothing outside the cache changes,
