@@ -2,10 +2,13 @@
 cluster or by the combine kernel, against rope + SDPA, all timed in turns.
 
     python bench/decode_cold.py [--reps 200] [--points 1x512,1x2048,8x512] [--splits 1,2,4,8,16]
-                                [--D 128] [--Hq 32] [--Hk 8] [--simt]
+                                [--D 128] [--Hq 32] [--Hk 8] [--simt] [--fp8]
 
 --splits "": no forced splits (separate and auto only); --simt adds variant 2
-(impl="hybrid_simt"), another large kernel between the replays, as the attn suite has.
+(impl="hybrid_simt"), another large kernel between the replays, as the attn suite has;
+--fp8: the forced splits over an fp8 (e4m3) copy of the cache (per-head k_scale), beside
+auto over the bf16 cache. Every point also times a plain read of the cache's bytes
+(torch.sum of one fp32 buffer of that size: the read this harness allows).
 
 Why: the split rule (attention_dispatch.cu, decode_plan) was measured with the kernel
 replayed back to back, its code warm in the SM. Timed in turns (timing.graph_us_interleaved),
@@ -26,7 +29,7 @@ sys.path.insert(0, HERE)
 import rope_ext  # noqa: E402
 from rope_ext import _C  # noqa: E402
 from attn import _separate_attn  # noqa: E402  (the attn suite's rope + SDPA)
-from timing import graph_us_interleaved  # noqa: E402
+from timing import Timer, copy_bandwidth, graph_us_interleaved  # noqa: E402
 
 
 def main():
@@ -38,9 +41,11 @@ def main():
     ap.add_argument("--Hq", type=int, default=32)
     ap.add_argument("--Hk", type=int, default=8)
     ap.add_argument("--simt", action="store_true")
+    ap.add_argument("--fp8", action="store_true")
     args = ap.parse_args()
     Hq, Hk, D = args.Hq, args.Hk, args.D
     dev = "cuda"
+    bw = copy_bandwidth(Timer(20))  # GB/s, read + write: the reference of "% copy"
     for pt in args.points.split(","):
         B, ctx = (int(x) for x in pt.split("x"))
         torch.manual_seed(0)
@@ -48,6 +53,14 @@ def main():
         vc = torch.randn_like(kc)
         q = torch.randn(B, 1, Hq, D, device=dev, dtype=torch.bfloat16)
         lens = torch.full((B,), ctx, dtype=torch.int32, device=dev)
+        kw = {}
+        kd, vd = kc, vc  # the cache the forced splits read
+        if args.fp8:
+            kw = dict(k_scale=torch.full((Hk,), 0.02, device=dev), v_scale=torch.full((1,), 0.02, device=dev))
+            kd, vd = ((x / 0.02).to(torch.float8_e4m3fn) for x in (kc, vc))
+        nbytes = 2 * kd.numel() * kd.element_size()
+        ref = torch.empty(nbytes // 4, device=dev)
+        ref_out = torch.empty((), device=dev)
 
         def call(s=None, cluster=True):
             def f():
@@ -55,12 +68,15 @@ def main():
                 # captures every column before any replay).
                 _C.set_decode_cluster_merge(cluster)
                 try:
-                    return rope_ext.attention_decode(q, kc, vc, lens, max_seqlen=ctx, num_splits=s)
+                    return rope_ext.attention_decode(q, kd, vd, lens, max_seqlen=ctx, num_splits=s, **kw)
                 finally:
                     _C.set_decode_cluster_merge(True)
             return f
 
-        fns = {"separate (rope + SDPA)": lambda: _separate_attn(q, kc, vc, ctx), "auto": call()}
+        fns = {"separate (rope + SDPA)": lambda: _separate_attn(q, kc, vc, ctx), "auto": call(),
+               "same-size read (torch.sum)": lambda: torch.sum(ref, dim=0, out=ref_out)}
+        if args.fp8:
+            fns["auto, bf16 cache"] = lambda: rope_ext.attention_decode(q, kc, vc, lens, max_seqlen=ctx)
         if args.simt:
             fns["hybrid_simt"] = lambda: rope_ext.attention_decode(q, kc, vc, lens, max_seqlen=ctx, impl="hybrid_simt")
         for s in (int(x) for x in args.splits.split(",") if x):
@@ -69,12 +85,14 @@ def main():
                 fns[f"splits {s} cluster"] = call(s, True)
         got, errs = graph_us_interleaved(fns, args.reps, captures=1)
         base = got.get("separate (rope + SDPA)")
-        print(f"\nB={B} ctx={ctx} Hq={Hq} Hk={Hk} D={D} (us, in turns; x = separate / this)")
+        cache = "fp8" if args.fp8 else "bf16"
+        print(f"\nB={B} ctx={ctx} Hq={Hq} Hk={Hk} D={D}, {cache} cache of {nbytes / 1e6:.1f} MB "
+              f"(us, in turns; x = separate / this; % copy at {bw:.0f} GB/s)")
         for n in fns:
             if n in errs:
                 print(f"  {n:<28} n/a: {str(errs[n]).splitlines()[0][:70]}")
             else:
-                print(f"  {n:<28}{got[n]:8.2f}{base / got[n]:8.2f}x")
+                print(f"  {n:<28}{got[n]:8.2f}{base / got[n]:8.2f}x{100 * nbytes / (got[n] * 1e3) / bw:7.1f}%")
 
 
 if __name__ == "__main__":
