@@ -6,7 +6,8 @@
 Profiles one call of each case after warm-up (the profiler range covers only those
 calls), Hq 32, Hk 8, D 128, bf16 q, contiguous cache. Cases (default: all):
   bf16_b1_512, paged_b1_512 (block size 16), bf16_b1_2048, paged_b1_2048, bf16_b1_8192,
-  bf16_b1_32768, bf16_b8_8192, fp8_b1_8192, fp8_b1_32768, fp8_b8_8192, fp8_b8_32768, fp8_b64_8192, step_b1_512, step_b1_8192 (the decode step in one call: attention_decode with k, v),
+  bf16_b1_32768, bf16_b8_8192, fp8_b1_8192, fp8_b1_32768, fp8_b8_8192, fp8_b8_32768, fp8_b64_8192,
+  step_b1_512, step_b1_8192 (the decode step in one call: attention_decode with k, v),
   append_8192 (append_kv without q, T = 8192 tokens of one sequence), append_16 (16
   sequences of one token), both varlen as in the attn suite."""
 import os
