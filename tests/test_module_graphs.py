@@ -106,6 +106,134 @@ def test_second_gpu():
         rope_ext.apply_rope(x, torch.arange(16, device="cuda:0"))
 
 
+def _every_op_cases():
+    """(name, build): build(dev, gen) makes the inputs on `dev` from the CPU generator `gen`
+    and returns a call that runs one op and returns what it wrote (outputs, and the
+    tensors it updates in place: q, caches). One case per kernel family and merge road."""
+    fp8 = torch.float8_e4m3fn
+
+    def r(gen, shape, dev, dtype=torch.bfloat16):
+        return (torch.randn(shape, generator=gen) * 2).to(dtype).to(dev)
+
+    def pos(gen, hi, shape, dev):
+        return torch.randint(0, hi, shape, generator=gen).to(dev)
+
+    def rope(dev, gen):
+        x, p = r(gen, (2, 33, 8, 128), dev), pos(gen, 1 << 20, (2, 33), dev)
+        return lambda: [rope_ext.apply_rope(x, p)]
+
+    def rope_thd_inplace(dev, gen):
+        x, cu = r(gen, (40, 4, 64), dev, torch.float32), torch.tensor([0, 7, 40], dtype=torch.int32).to(dev)
+        return lambda: [rope_ext.apply_rope(x, layout="thd", cu_seqlens=cu, inplace=True), x]
+
+    def rope_qk_inplace(dev, gen):
+        q, k, p = r(gen, (3, 17, 8, 64), dev), r(gen, (3, 17, 2, 64), dev), pos(gen, 5000, (3, 17), dev)
+        return lambda: [*rope_ext.apply_rope_qk(q, k, p, inplace=True), q, k]
+
+    def norm_rope(dev, gen):
+        x, w = r(gen, (2, 9, 4, 128), dev), r(gen, (128,), dev)
+        return lambda: [rope_ext.rms_norm_rope(x, w)]
+
+    def mrope(dev, gen):
+        q, k, p = r(gen, (2, 11, 4, 64), dev), r(gen, (2, 11, 2, 64), dev), pos(gen, 40000, (3, 2, 11), dev)
+        return lambda: list(rope_ext.apply_mrope(q, k, p, [4, 14, 14]))
+
+    def axial(dev, gen):
+        x, p = r(gen, (35, 3, 64), dev, torch.float32), pos(gen, 9, (35, 2), dev)
+        return lambda: [rope_ext.apply_rope_axial(x, p, layout="thd", base=100.0)]
+
+    def append(dev, gen, paged=False, fp8_cache=False):
+        T, Hq, Hk, D, cap = 6, 8, 2, 128, 32
+        k, v, q = r(gen, (T, Hk, D), dev), r(gen, (T, Hk, D), dev), r(gen, (T, Hq, D), dev)
+        cu = torch.tensor([0, 2, 6], dtype=torch.int32).to(dev)
+        sl = torch.tensor([3, 17], dtype=torch.int32).to(dev)
+        kw = {}
+        if paged:
+            bt = torch.randperm(2 * cap // 16, generator=gen).view(2, cap // 16).to(torch.int32).to(dev)
+            shape, kw["block_table"] = (2 * cap // 16, 16, Hk, D), bt
+        else:
+            shape = (2, cap, Hk, D)
+        cdt = fp8 if fp8_cache else torch.bfloat16
+        kc, vc = torch.zeros(shape, device=dev).to(cdt), torch.zeros(shape, device=dev).to(cdt)
+        if fp8_cache:
+            kw.update(k_scale=torch.tensor([0.05, 0.04]).to(dev), v_scale=torch.tensor([0.03]).to(dev))
+        return lambda: [kc, vc, q] if rope_ext.append_kv(k, v, kc, vc, sl, q=q, cu_seqlens=cu, **kw) is None else []
+
+    def decode(dev, gen, B=1, ctx=2048, paged=False, fp8_cache=False, step=False, cluster=None, **kw):
+        Hq, Hk, D = 32, 8, 128
+        q = r(gen, (B, 1, Hq, D), dev)
+        kc, vc = r(gen, (B, ctx, Hk, D), dev), r(gen, (B, ctx, Hk, D), dev)
+        sl = torch.randint(ctx // 2, ctx - 1, (B,), generator=gen).to(torch.int32).to(dev)
+        if paged:
+            kc, vc = kc.view(B * ctx // 16, 16, Hk, D), vc.view(B * ctx // 16, 16, Hk, D)
+            kw["block_table"] = torch.randperm(B * ctx // 16, generator=gen).view(B, ctx // 16).to(torch.int32).to(dev)
+        if fp8_cache:
+            kc, vc = (kc * 10).to(fp8), (vc * 10).to(fp8)
+            kw.update(k_scale=torch.tensor([0.1]).to(dev), v_scale=torch.tensor([0.1]).to(dev))
+        if step:
+            kw.update(k=r(gen, (B, 1, Hk, D), dev), v=r(gen, (B, 1, Hk, D), dev))
+        def call():
+            o = rope_ext.attention_decode(q, kc, vc, sl, return_lse=True, max_seqlen=ctx, **kw)
+            if cluster is not None and dev != "cpu":  # the merge road this case is for
+                assert rope_ext._C.last_decode_plan()[1] == cluster, rope_ext._C.last_decode_plan()
+            return [*o, kc, vc]
+        return call
+
+    def prefill(dev, gen):
+        q, k, v = r(gen, (2, 40, 8, 64), dev), r(gen, (2, 40, 2, 64), dev), r(gen, (2, 40, 2, 64), dev)
+        return lambda: [rope_ext.rope_attention(q, k, v, impl=i) for i in ("fused", "separate")]
+
+    def mla(dev, gen):
+        kv_c, k_pe, q = r(gen, (5, 128), dev), r(gen, (5, 64), dev), r(gen, (5, 4, 96), dev)
+        cache = torch.zeros(4, 4, 192, device=dev).to(fp8)
+        bt = torch.tensor([[2, 0], [3, 1]], dtype=torch.int32).to(dev)
+        sl, cu = torch.tensor([1, 6], dtype=torch.int32).to(dev), torch.tensor([0, 3, 5], dtype=torch.int32).to(dev)
+        scale = torch.tensor([0.02]).to(dev)
+        return lambda: [cache, q] if rope_ext.append_mla(kv_c, k_pe, cache, sl, block_table=bt, q_pe=q[..., 32:],
+                                                         cu_seqlens=cu, scale=scale) is None else []
+
+    return [("apply_rope", rope), ("apply_rope thd in place", rope_thd_inplace),
+            ("apply_rope_qk in place", rope_qk_inplace), ("rms_norm_rope", norm_rope), ("apply_mrope", mrope),
+            ("apply_rope_axial", axial), ("append_kv", append),
+            ("append_kv paged fp8", lambda d, g: append(d, g, paged=True, fp8_cache=True)),
+            ("decode B=1 (cluster merge)", lambda d, g: decode(d, g, cluster=True)),
+            ("decode 32 splits (combine)", lambda d, g: decode(d, g, num_splits=32, cluster=False)),
+            ("decode B=4 paged", lambda d, g: decode(d, g, B=4, ctx=512, paged=True)),
+            ("decode fp8", lambda d, g: decode(d, g, fp8_cache=True)),
+            ("decode one-call step", lambda d, g: decode(d, g, ctx=512, step=True)),
+            ("decode hybrid_simt", lambda d, g: decode(d, g, ctx=512, impl="hybrid_simt")),
+            ("rope_attention", prefill), ("append_mla fp8", mla)]
+
+
+def _bits(t):
+    """A tensor's bytes on the CPU (NaN == NaN, -0 != +0: bit equality)."""
+    t = t.detach().contiguous().cpu()
+    return t.view(torch.uint8) if t.element_size() == 1 else t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+@cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("name, build", _every_op_cases(), ids=[c[0] for c in _every_op_cases()])
+def test_second_gpu_every_op(name, build):
+    """Every kernel family on a tensor of one GPU while the other is current: the launches
+    must go to the tensors' device and stream (device guard), and give what the same call
+    gives on the current device, bit for bit; the current device stays as it was."""
+    got, out = {}, []
+    for dev, current in (("cuda:1", 0), ("cuda:0", 1)):
+        with torch.cuda.device(current):
+            call = build(dev, torch.Generator().manual_seed(7))
+            out = call()
+            assert out, f"{name}: nothing to compare (an op returned a value where None was expected)"
+            assert torch.cuda.current_device() == current, f"{name}: the current device changed"
+            torch.cuda.synchronize(dev)
+            assert all(t.device == torch.device(dev) for t in out), f"{name}: an output is not on {dev}"
+            got[dev] = [_bits(t) for t in out]
+    for i, (a, b) in enumerate(zip(got["cuda:1"], got["cuda:0"])):
+        assert torch.equal(a, b), f"{name}: tensor {i} differs between cuda:1 and cuda:0"
+    for t in out:  # NaN never passes (the caches start at zero, the inputs are finite)
+        assert torch.isfinite(t.float()).all(), f"{name}: a non-finite value"
+
+
 @cuda
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_properties(0).total_memory < 24 * 2**30,
                     reason="needs ~10 GB of GPU memory")
