@@ -86,8 +86,14 @@ def main():
         got, errs = graph_us_interleaved(fns, args.reps, captures=1)
         base = got.get("separate (rope + SDPA)")
         cache = "fp8" if args.fp8 else "bf16"
+        rope_ext.attention_decode(q, kd, vd, lens, max_seqlen=ctx, **kw)
+        plan = _C.last_decode_plan()
+        fits = "/".join(str(_C.decode_max_clusters("bfloat16", D, args.fp8, Hq // Hk, s, q.device.index))
+                        for s in (4, 8, 16))
         print(f"\nB={B} ctx={ctx} Hq={Hq} Hk={Hk} D={D}, {cache} cache of {nbytes / 1e6:.1f} MB "
-              f"(us, in turns; x = separate / this; % copy at {bw:.0f} GB/s)")
+              f"(us, in turns; x = separate / this; % copy at {bw:.0f} GB/s); auto's plan: {plan[0]} splits, "
+              f"{'cluster' if plan[1] else 'combine' if plan[0] > 1 else 'no merge'}; resident clusters of "
+              f"4/8/16: {fits}")
         for n in fns:
             if n in errs:
                 print(f"  {n:<28} n/a: {str(errs[n]).splitlines()[0][:70]}")

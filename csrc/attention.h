@@ -44,6 +44,9 @@ int decode_rows_per_cta(int64_t rows, DecodeImpl impl);
 DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_splits, c10::Device device,
                        at::ScalarType dtype, DecodeImpl impl);
 void set_decode_cluster_merge(bool on);
+// tests/bench: how many clusters of `splits` CTAs of variant 5's instance for (q dtype,
+// head dim, fp8 cache, query rows per kv head) can be resident on `device` at once.
+int decode_max_clusters(at::ScalarType dtype, int64_t D, bool fp8, int64_t rows, int64_t splits, int device);
 // tests/bench: append_kv's kernel and shape (0-2: kernel 1's items per thread and blocks
 // per SM; 3, 4: the bulk kernel's bytes per block where it applies; 5: the lean kernel
 // where it applies; the list is beside

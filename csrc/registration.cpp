@@ -91,6 +91,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_decode_cluster_merge", &rope_ext::set_decode_cluster_merge,
         "tests/bench: whether attention_decode's splits may merge in a thread-block cluster (default on; "
         "off: the combine kernel)");
+  m.def("decode_max_clusters",
+        [](const std::string& dtype, int64_t D, bool fp8, int64_t rows, int64_t splits, int device) {
+          TORCH_CHECK_VALUE(dtype == "bfloat16" || dtype == "float16",
+                            "rope_ext: decode_max_clusters: dtype must be 'bfloat16' or 'float16', got '", dtype, "'");
+          return rope_ext::decode_max_clusters(dtype == "float16" ? at::kHalf : at::kBFloat16, D, fp8, rows, splits,
+                                               device);
+        },
+        "tests/bench: how many clusters of `splits` CTAs of attention_decode's tensor-core kernel (q dtype "
+        "'bfloat16' or 'float16', head dim, fp8 cache, query rows per kv head) can be resident on the device at "
+        "once (0: none)");
   m.def("set_append_lean_min_block", &rope_ext::set_append_lean_min_block,
         "tests/bench: the fewest threads a block of append_kv's lean kernel keeps when its rows are halved to "
         "cover the SMs (0 = the default: down to one row; packed sequences keep a warp)");

@@ -1159,6 +1159,29 @@ def test_cluster_merge_and_combine_kernel_cuda(D, G, q_len, step):
 
 
 @cuda
+@pytest.mark.parametrize("step", ["two", "one"], ids=["append+decode", "one_call"])
+def test_decode_plan_rules_cuda(step):
+    """Variant 5's automatic split plan beyond Hq 32 / Hk 8 / D 128 (decode_plan): every
+    cluster of the grid resident at once (D 256 at B = 1: clusters of 16 did not all fit
+    and ran in two waves), and few kv heads at long contexts (Hk 2, ctx 8192) split 32
+    ways through the combine kernel; each result against the float64 truth."""
+    dev = torch.cuda.current_device()
+    for D, G, Hk, want in ((256, 2, 8, None), (128, 16, 2, (32, False))):
+        o, lse, wo, wl, vs = fill_and_decode("cuda", torch.bfloat16, paged=False, G=G, q_len=1, Hk=Hk, D=D, B=1,
+                                             cap=8192, impl="hybrid", step=step)
+        splits, cluster = rope_ext._C.last_decode_plan()
+        if want is not None:
+            assert (splits, cluster) == want, (D, G, Hk, splits, cluster)
+        if cluster:  # B = 1: Hk clusters, all resident
+            assert rope_ext._C.decode_max_clusters("bfloat16", D, False, G, splits, dev) >= Hk, (D, splits)
+        assert_attn_close(o, lse, wo, wl, vs, f"D={D} G={G} Hk={Hk} plan=({splits}, {cluster})")
+    assert rope_ext._C.decode_max_clusters("bfloat16", 128, False, 4, 8, dev) > 0
+    assert rope_ext._C.decode_max_clusters("float16", 64, True, 4, 17, dev) == 0  # past the cluster limit
+    with pytest.raises(ValueError, match="D must be 64, 128 or 256"):
+        rope_ext._C.decode_max_clusters("bfloat16", 96, False, 4, 8, dev)
+
+
+@cuda
 def test_tensor_core_short_and_empty_cuda():
     """Variant 5 with sequence lengths 0 and 1 in one batch (zeros and lse -inf for the
     empty one), against the float64 truth."""

@@ -309,6 +309,11 @@ constexpr int64_t kClusterSplitKeys = 512;
 // (ctx 2048: 8 splits 13.5-13.7 us vs 16 splits 14.3-14.6; ctx 512: 8 vs 16 10.8 vs 11.8).
 constexpr int64_t kNoSplitKeys = 2048;
 constexpr int64_t kClusterShortKeys = 256;
+// Few CTAs per split (decode_plan): at most kFewCtas of them and at least kFewCtasKeys keys
+// take ~kFewCtasSplitKeys keys per split, 32-64 splits, merged by the combine kernel.
+constexpr int64_t kFewCtas = 4;
+constexpr int64_t kFewCtasKeys = 8192;
+constexpr int64_t kFewCtasSplitKeys = 256;
 
 template <typename T, int D, int kRows, bool kFull>
 void launch_decode_kernel(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
@@ -468,27 +473,49 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
   return choose_splits(ctas, slots, max_keys, kMinKeysPerSplit);
 }
 
+// How many clusters of `s` CTAs of this call's variant 5 instance can be resident at once.
+int max_clusters(const DecodeParams& p, int s, int dev, at::ScalarType dtype) {
+  int n = 0;
+  visit_decode_mma(dtype, p.rope.D, p.cache.fp8, [&]<typename T, int D, bool kFp8>() {
+    n = decode_mma_max_clusters<T, D, kFp8>(p.G * p.q_len, s, dev);
+  });
+  return n;
+}
+
 // Whether `s` splits may merge in a thread-block cluster. Measured (H100, runs 1 and 3 of
 // the session of 2026-11-24 evening, Hq 32 / Hk 8 / D 128): at B = 1 (64-128 CTAs, one per
 // SM) it beat the combine kernel by 1.6-3.2 us at ctx 512-8192; with two CTAs per SM (B =
 // 8, 4 splits, 256 CTAs) it lost 25-35% (27.3 vs 20.2 us at ctx 512, 533 vs 393 paged at ctx
 // 32768: ncu allows 30 active clusters of 8 for this kernel, fewer CTAs than a plain
 // launch keeps resident), and with 2048 keys per split at B = 1 ctx 32768 it lost too
-// (80.7 vs 68.8 for 32 splits + combine).
-bool cluster_merge_pays(const DecodeParams& p, int s, int64_t max_keys, int dev, at::ScalarType dtype) {
+// (80.7 vs 68.8 for 32 splits + combine). one_wave (the automatic choices): every cluster
+// of the grid resident at once. A cluster lives in one GPC; at D = 256 (one CTA per SM)
+// fewer GPCs hold 16 free SMs than B = 1's 8 kv heads need, so clusters of 16 ran in two
+// waves: 51.5 us at ctx 8192 against 39.5 for clusters of 8 (run 4 of the fourth session
+// of 2026-11-26). A forced split count keeps its cluster wherever one fits.
+bool cluster_merge_pays(const DecodeParams& p, int s, int64_t max_keys, int dev, at::ScalarType dtype,
+                        bool one_wave) {
   const int64_t ctas = grid_ctas(p);
   if (!g_cluster_merge.load(std::memory_order_relaxed) || s < 2 || s > cuda::kMaxClusterSplits ||
       ctas * s > sm_count(dev) || ceil_div(max_keys, s) > kClusterSplitKeys)
     return false;
-  bool ok = false;  // and one cluster of s CTAs fits on the device
-  visit_decode_mma(dtype, p.rope.D, p.cache.fp8, [&]<typename T, int D, bool kFp8>() {
-    ok = decode_mma_cluster_ok<T, D, kFp8>(p.G * p.q_len, s, dev);
-  });
-  return ok;
+  const int n = max_clusters(p, s, dev, dtype);
+  return n > 0 && (!one_wave || n >= ctas);
 }
 }  // namespace
 
 void set_decode_cluster_merge(bool on) { g_cluster_merge.store(on); }
+int decode_max_clusters(at::ScalarType dtype, int64_t D, bool fp8, int64_t rows, int64_t splits, int device) {
+  TORCH_CHECK_VALUE(D == 64 || D == 128 || D == 256, "rope_ext: decode_max_clusters: D must be 64, 128 or 256");
+  TORCH_CHECK_VALUE(device >= 0 && device < c10::cuda::device_count(), "rope_ext: decode_max_clusters: no device ",
+                    device);
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  int n = 0;
+  visit_decode_mma(dtype, static_cast<int>(D), fp8, [&]<typename T, int kD, bool kFp8>() {
+    n = decode_mma_max_clusters<T, kD, kFp8>(rows, static_cast<int>(std::clamp<int64_t>(splits, 0, 1024)), device);
+  });
+  return n;
+}
 void set_append_shape(int shape) { g_append_shape.store(shape); }
 void set_append_lean_min_block(int n) { g_append_lean_min_block.store(n < 0 ? 0 : n); }
 int& last_append_kernel() {
@@ -503,26 +530,41 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
   const bool hybrid = impl == DecodeImpl::kHybrid;
   if (forced_splits > 0) {
     const int s = static_cast<int>(std::min<int64_t>(forced_splits, 1024));
-    return {s, hybrid && cluster_merge_pays(p, s, max_keys, dev, dtype)};
+    return {s, hybrid && cluster_merge_pays(p, s, max_keys, dev, dtype, false)};
   }
   if (hybrid) {
     // Few kv heads in the grid (B = 1): as many splits as one CTA per SM allows (<= 16, >=
-    // 64 keys each; <= 8 up to 8 x kClusterShortKeys keys), merged in their cluster, where
-    // that measured fastest (ctx 512: 8 splits 10.8 us vs 16 splits 11.8; ctx 2048: 8
-    // splits 13.7 vs 16 14.3; ctx 8192: 16 splits 26.4 vs 32 + combine 27.3). Paged caches
-    // need >= 4 of them: at B = 8 ctx 512 paged, 2 splits in a cluster took 21.1-21.2 us
-    // against the rule's 4 splits + combine 20.2-20.4 (first kernel, runs 2 and 3 of the
-    // evening). A grid of >= 45% of the SMs takes no split at short contexts (kNoSplitKeys;
-    // run 4 had "half", which 64 CTAs on 132 SMs missed).
+    // 64 keys each), merged in their cluster, where that measured fastest (ctx 512: 8
+    // splits 10.8 us vs 16 splits 11.8; ctx 2048: 8 splits 13.7 vs 16 14.3; ctx 8192: 16
+    // splits 26.4 vs 32 + combine 27.3). Paged caches need >= 4 of them: at B = 8 ctx 512
+    // paged, 2 splits in a cluster took 21.1-21.2 us against the rule's 4 splits + combine
+    // 20.2-20.4 (first kernel, runs 2 and 3 of the evening). A grid of >= 45% of the SMs
+    // takes no split at short contexts (kNoSplitKeys; run 4 had "half", which 64 CTAs on
+    // 132 SMs missed).
     const int64_t ctas = grid_ctas(p);
     if (!p.cache.fp8 && 20 * ctas >= 9 * sm_count(dev) && max_keys <= kNoSplitKeys) return {1, false};
+    // Few CTAs per split at long contexts (B = 1 with 1-4 kv heads, as GQA 16): a cluster's
+    // 16 splits are <= 64 CTAs, so more splits through the combine kernel, ~256 keys each
+    // (Hq 32, Hk 2, ctx 8192: 32 + combine 15.9 us, 16 in a cluster 18.0, 64 + combine
+    // 21.4; run 4 of the fourth session of 2026-11-26).
+    if (!p.cache.fp8 && ctas <= kFewCtas && max_keys >= kFewCtasKeys) {
+      const int64_t s = std::clamp<int64_t>(max_keys / kFewCtasSplitKeys, 32, std::max<int64_t>(32, sm_count(dev) / ctas));
+      return {static_cast<int>(std::min<int64_t>(s, 64)), false};
+    }
     int sc = static_cast<int>(std::min<int64_t>({cuda::kMaxClusterSplits, sm_count(dev) / ctas,
                                                   ceil_div(max_keys, kMinKeysPerSplitMma)}));
-    if (!p.cache.fp8 && max_keys <= 8 * kClusterShortKeys) sc = std::min(sc, 8);
-    if ((!p.cache.paged || sc >= 4) && cluster_merge_pays(p, sc, max_keys, dev, dtype)) return {sc, true};
+    // Short contexts: ~kShortCtas CTAs in all, at least 4 splits (up to 8 x
+    // kClusterShortKeys keys). Hk 8 at B = 1: 8 splits (64 CTAs); Hk 2 at B = 8 ctx 2048: 4
+    // splits (64 CTAs) 17.5 us against 8's 19.3; Hk 2 at B = 1 ctx 2048: 16 (32 CTAs) 13.2
+    // against 8's 14.1 (run 4 of the fourth session of 2026-11-26).
+    if (!p.cache.fp8 && max_keys <= 8 * kClusterShortKeys)
+      sc = std::min<int64_t>(sc, std::max<int64_t>(4, kShortCtas / ctas));
+    // Clusters that cannot all be resident run in waves: halve them (cluster_merge_pays).
+    while (sc > 4 && max_clusters(p, sc, dev, dtype) < ctas) sc /= 2;
+    if ((!p.cache.paged || sc >= 4) && cluster_merge_pays(p, sc, max_keys, dev, dtype, true)) return {sc, true};
   }
   const int s = rule_splits(p, max_keys, dev, dtype, impl);
-  return {s, hybrid && cluster_merge_pays(p, s, max_keys, dev, dtype)};
+  return {s, hybrid && cluster_merge_pays(p, s, max_keys, dev, dtype, true)};
 }
 
 bool decode_cache_aligned(const KVCacheView& c, int64_t elem_size, std::string* why) {

@@ -25,9 +25,10 @@ template <typename T, int D, bool kFp8>
 void launch_decode_mma(const DecodeParams& p, dim3 grid, cudaStream_t stream, int device);
 template <typename T, int D, bool kFp8>
 int decode_mma_ctas_per_sm(int64_t rows, int device);
-// Whether `splits` splits can merge in one thread-block cluster (DecodeParams::cluster_merge):
-// sm_90+, 2..kMaxClusterSplits splits, and such a cluster fits on the device.
+// How many thread-block clusters of `splits` CTAs (DecodeParams::cluster_merge) can be
+// resident on the device at once (cudaOccupancyMaxActiveClusters: a cluster must fit in
+// one GPC); 0 where none can: before sm_90, outside 2..kMaxClusterSplits, or too large.
 template <typename T, int D, bool kFp8>
-bool decode_mma_cluster_ok(int64_t rows, int splits, int device);
+int decode_mma_max_clusters(int64_t rows, int splits, int device);
 
 }  // namespace rope_ext

@@ -3,6 +3,7 @@
 #pragma once
 #include <c10/cuda/CUDAException.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include "decode_mma.cuh"
@@ -76,13 +77,12 @@ int decode_mma_ctas_per_sm(int64_t rows, int device) {
 }
 
 template <typename T, int D, bool kFp8>
-bool decode_mma_cluster_ok(int64_t rows, int splits, int device) {
+int decode_mma_max_clusters(int64_t rows, int splits, int device) {
   if (splits < 2 || splits > cuda::kMaxClusterSplits ||
       cuda_launch::device_attribute<cudaDevAttrComputeCapabilityMajor>(device) < 9)
-    return false;
-  // Whether one cluster of `splits` CTAs fits on the device at all (a GPC's SMs, shared
-  // memory): asked once per (instance, device, size); 1 yes, -1 no.
-  static std::atomic<int8_t> known[2][64][cuda::kMaxClusterSplits + 1] = {};
+    return 0;
+  // Asked once per (instance, device, size), cached as count + 1 (0: not asked yet).
+  static std::atomic<int16_t> known[2][64][cuda::kMaxClusterSplits + 1] = {};
   const bool upper = rows > 8;
   auto ask = [&]<bool kUpper>() {
     mma_detail::allow_smem<T, D, kUpper, kFp8>(device);
@@ -91,18 +91,18 @@ bool decode_mma_cluster_ok(int64_t rows, int splits, int device) {
     const cudaError_t err = cudaOccupancyMaxActiveClusters(&n, mma_detail::kernel<T, D, kUpper, kFp8>(), &c.cfg);
     if (err != cudaSuccess) {
       (void)cudaGetLastError();  // not an error of the caller's: take the combine kernel
-      return false;
+      return 0;
     }
-    return n > 0;
+    return std::min(n, 32000);
   };
   if (device < 0 || device >= 64) return upper ? ask.template operator()<true>() : ask.template operator()<false>();
-  std::atomic<int8_t>& k = known[upper][device][splits];
-  int8_t v = k.load(std::memory_order_relaxed);
+  std::atomic<int16_t>& k = known[upper][device][splits];
+  int v = k.load(std::memory_order_relaxed);
   if (!v) {
-    v = (upper ? ask.template operator()<true>() : ask.template operator()<false>()) ? 1 : -1;
-    k.store(v, std::memory_order_relaxed);
+    v = (upper ? ask.template operator()<true>() : ask.template operator()<false>()) + 1;
+    k.store(static_cast<int16_t>(v), std::memory_order_relaxed);
   }
-  return v > 0;
+  return v - 1;
 }
 
 }  // namespace rope_ext
