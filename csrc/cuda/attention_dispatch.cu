@@ -310,10 +310,10 @@ constexpr int64_t kClusterSplitKeys = 512;
 constexpr int64_t kNoSplitKeys = 2048;
 constexpr int64_t kClusterShortKeys = 256;
 // Few CTAs per split (decode_plan): at most kFewCtas of them and at least kFewCtasKeys keys
-// take ~kFewCtasSplitKeys keys per split, 32-64 splits, merged by the combine kernel.
+// take kFewCtasSplits splits, merged by the combine kernel.
 constexpr int64_t kFewCtas = 4;
 constexpr int64_t kFewCtasKeys = 8192;
-constexpr int64_t kFewCtasSplitKeys = 256;
+constexpr int kFewCtasSplits = 32;
 
 template <typename T, int D, int kRows, bool kFull>
 void launch_decode_kernel(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
@@ -528,6 +528,8 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
   const c10::cuda::CUDAGuard guard(device);  // the occupancy queries read the current device
   const int dev = device.index();
   const bool hybrid = impl == DecodeImpl::kHybrid;
+  // D = 256 (one CTA per SM): automatic plans merge through the combine kernel (below).
+  const bool combine_only = !p.cache.fp8 && p.rope.D >= 256;
   if (forced_splits > 0) {
     const int s = static_cast<int>(std::min<int64_t>(forced_splits, 1024));
     return {s, hybrid && cluster_merge_pays(p, s, max_keys, dev, dtype, false)};
@@ -544,13 +546,11 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
     const int64_t ctas = grid_ctas(p);
     if (!p.cache.fp8 && 20 * ctas >= 9 * sm_count(dev) && max_keys <= kNoSplitKeys) return {1, false};
     // Few CTAs per split at long contexts (B = 1 with 1-4 kv heads, as GQA 16): a cluster's
-    // 16 splits are <= 64 CTAs, so more splits through the combine kernel, ~256 keys each
-    // (Hq 32, Hk 2, ctx 8192: 32 + combine 15.9 us, 16 in a cluster 18.0, 64 + combine
-    // 21.4; run 4 of the fourth session of 2026-11-26).
-    if (!p.cache.fp8 && ctas <= kFewCtas && max_keys >= kFewCtasKeys) {
-      const int64_t s = std::clamp<int64_t>(max_keys / kFewCtasSplitKeys, 32, std::max<int64_t>(32, sm_count(dev) / ctas));
-      return {static_cast<int>(std::min<int64_t>(s, 64)), false};
-    }
+    // 16 splits are <= 64 CTAs, so kFewCtasSplits splits through the combine kernel (Hq 32,
+    // Hk 2: ctx 8192 32 + combine 16.1 us, 16 in a cluster 17.7, 64 + combine 21.9; ctx
+    // 32768 27.5, 36.8, 32.0; Hk 1 ctx 32768 32 and 64 level; runs 4-5 of the fourth
+    // session of 2026-11-26).
+    if (!p.cache.fp8 && ctas <= kFewCtas && max_keys >= kFewCtasKeys) return {kFewCtasSplits, false};
     int sc = static_cast<int>(std::min<int64_t>({cuda::kMaxClusterSplits, sm_count(dev) / ctas,
                                                   ceil_div(max_keys, kMinKeysPerSplitMma)}));
     // Short contexts: ~kShortCtas CTAs in all, at least 4 splits (up to 8 x
@@ -561,10 +561,15 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
       sc = std::min<int64_t>(sc, std::max<int64_t>(4, kShortCtas / ctas));
     // Clusters that cannot all be resident run in waves: halve them (cluster_merge_pays).
     while (sc > 4 && max_clusters(p, sc, dev, dtype) < ctas) sc /= 2;
-    if ((!p.cache.paged || sc >= 4) && cluster_merge_pays(p, sc, max_keys, dev, dtype, true)) return {sc, true};
+    // D = 256 (one CTA per SM) takes the same splits through the combine kernel: it was
+    // level with the cluster or ahead at every count measured (Hq 16, Hk 8, B = 1, 8
+    // splits: ctx 512 12.5-12.8 us vs 13.1-13.5, ctx 2048 17.6-18.2 vs 18.6-19.0, ctx 8192
+    // 39.5-39.6 either way; runs 4-5 of the fourth session of 2026-11-26).
+    if ((!p.cache.paged || sc >= 4) && cluster_merge_pays(p, sc, max_keys, dev, dtype, true))
+      return {sc, !combine_only};
   }
   const int s = rule_splits(p, max_keys, dev, dtype, impl);
-  return {s, hybrid && cluster_merge_pays(p, s, max_keys, dev, dtype, true)};
+  return {s, hybrid && !combine_only && cluster_merge_pays(p, s, max_keys, dev, dtype, true)};
 }
 
 bool decode_cache_aligned(const KVCacheView& c, int64_t elem_size, std::string* why) {
