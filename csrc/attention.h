@@ -37,9 +37,10 @@ void append_kv_cuda(const AppendParams& p, at::ScalarType dtype, c10::Device dev
 // split plan for `max_keys` keys per sequence (capacity or the max_seqlen hint): the
 // number of key splits (forced_splits > 0: that many, at most 1024) and whether variant
 // 5's splits merge inside their thread-block cluster (no workspace, no combine kernel:
-// sm_90+, 2..16 splits, at most one CTA per SM, at most 512 keys per split, measured in
-// attention_dispatch.cu; never after set_decode_cluster_merge(false), the tests' and the
-// bench's road to the combine kernel).
+// sm_90+, 2..16 splits, at most one CTA per SM, at most 512 keys per split; automatic
+// plans also keep every cluster resident at once and take the combine kernel at D = 256;
+// measured in attention_dispatch.cu; never after set_decode_cluster_merge(false), the
+// tests' and the bench's road to the combine kernel).
 int decode_rows_per_cta(int64_t rows, DecodeImpl impl);
 DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_splits, c10::Device device,
                        at::ScalarType dtype, DecodeImpl impl);
