@@ -38,7 +38,8 @@ void append_kv_cuda(const AppendParams& p, at::ScalarType dtype, c10::Device dev
 // number of key splits (forced_splits > 0: that many, at most 1024) and whether variant
 // 5's splits merge inside their thread-block cluster (no workspace, no combine kernel:
 // sm_90+, 2..16 splits, at most one CTA per SM, at most 512 keys per split; automatic
-// plans also keep every cluster resident at once and take the combine kernel at D = 256;
+// plans also keep every cluster resident at once and, at D = 256 over 16-bit caches, take
+// the combine kernel;
 // measured in attention_dispatch.cu; never after set_decode_cluster_merge(false), the
 // tests' and the bench's road to the combine kernel).
 int decode_rows_per_cta(int64_t rows, DecodeImpl impl);

@@ -1161,21 +1161,26 @@ def test_cluster_merge_and_combine_kernel_cuda(D, G, q_len, step):
 @cuda
 @pytest.mark.parametrize("step", ["two", "one"], ids=["append+decode", "one_call"])
 def test_decode_plan_rules_cuda(step):
-    """Variant 5's automatic split plan beyond Hq 32 / Hk 8 / D 128 (decode_plan): D 256 at
-    B = 1 through the combine kernel (its clusters of 16 did not all fit and ran in two
-    waves; smaller ones were no faster than the combine kernel), few kv heads at long
-    contexts (Hk 2, ctx 8192) split 32 ways through the combine kernel, and any cluster an
-    automatic plan takes all resident at once; each result against the float64 truth."""
+    """Variant 5's automatic split plan (decode_plan) beyond Hq 32 / Hk 8 / D 128: D 256
+    (16-bit cache) at B = 1 through the combine kernel (its clusters of 16 did not all fit
+    and ran in two waves; smaller ones were no faster than the combine kernel); few kv
+    heads at long contexts (Hk 2, ctx 8192) split 32 ways through the combine kernel; and
+    a plan that takes a cluster (Hk 8, ctx 2048: 8 splits) has all its clusters resident at
+    once. Each result against the float64 truth."""
     dev = torch.cuda.current_device()
-    for D, G, Hk, want in ((256, 2, 8, (16, False)), (128, 16, 2, (32, False))):
+    for D, G, Hk, cap in ((256, 2, 8, 8192), (128, 16, 2, 8192), (128, 4, 8, 2048)):
         o, lse, wo, wl, vs = fill_and_decode("cuda", torch.bfloat16, paged=False, G=G, q_len=1, Hk=Hk, D=D, B=1,
-                                             cap=8192, impl="hybrid", step=step)
+                                             cap=cap, impl="hybrid", step=step)
         splits, cluster = rope_ext._C.last_decode_plan()
-        if want is not None:
-            assert (splits, cluster) == want, (D, G, Hk, splits, cluster)
-        if cluster:  # B = 1: Hk clusters, all resident
-            assert rope_ext._C.decode_max_clusters("bfloat16", D, False, G, splits, dev) >= Hk, (D, splits)
-        assert_attn_close(o, lse, wo, wl, vs, f"D={D} G={G} Hk={Hk} plan=({splits}, {cluster})")
+        what = f"D={D} G={G} Hk={Hk} ctx={cap}: plan ({splits}, {cluster})"
+        if D == 256:  # the split count follows the SM count (the efficiency rule)
+            assert splits > 1 and not cluster, what
+        elif Hk == 2:
+            assert (splits, cluster) == (32, False), what
+        else:
+            assert (splits, cluster) == (8, True), what
+            assert rope_ext._C.decode_max_clusters("bfloat16", D, False, G, splits, dev) >= Hk, what  # B = 1: Hk clusters
+        assert_attn_close(o, lse, wo, wl, vs, what)
     assert rope_ext._C.decode_max_clusters("bfloat16", 128, False, 4, 8, dev) > 0
     assert rope_ext._C.decode_max_clusters("float16", 64, True, 4, 17, dev) == 0  # past the cluster limit
     with pytest.raises(ValueError, match="D must be 64, 128 or 256"):

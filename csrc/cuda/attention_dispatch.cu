@@ -305,14 +305,17 @@ constexpr int64_t kClusterSplitKeys = 512;
 // most kNoSplitKeys keys, one split beat the efficiency rule's 4 + combine (ctx 512:
 // 15.8 vs 17.3-19.6 us; ctx 2048: 37.9 vs 40.8; at ctx 8192 4 splits won, 107.9 vs 109.0):
 // a split's fixed cost (its own Q prologue and merge, the combine) outweighs the SMs it
-// adds. And at B = 1 the cluster takes at most 8 splits up to 8 x kClusterShortKeys keys
-// (ctx 2048: 8 splits 13.5-13.7 us vs 16 splits 14.3-14.6; ctx 512: 8 vs 16 10.8 vs 11.8).
+// adds. And up to 8 x kClusterShortKeys keys the cluster aims at ~kShortCtas CTAs, at
+// least 4 splits (decode_plan; Hk 8 at B = 1: 8 splits, ctx 2048 13.5-13.7 us vs 16 splits
+// 14.3-14.6, ctx 512 10.8 vs 11.8).
 constexpr int64_t kNoSplitKeys = 2048;
 constexpr int64_t kClusterShortKeys = 256;
-// Few CTAs per split (decode_plan): at most kFewCtas of them and at least kFewCtasKeys keys
+// Few CTAs per split (decode_plan): at most kFewCtas of them (a cluster's 16 splits then
+// fill at most kShortCtas SMs) and kFewCtasKeys..kFewCtasMaxKeys keys (the measured range)
 // take kFewCtasSplits splits, merged by the combine kernel.
-constexpr int64_t kFewCtas = 4;
+constexpr int64_t kFewCtas = kShortCtas / cuda::kMaxClusterSplits;
 constexpr int64_t kFewCtasKeys = 8192;
+constexpr int64_t kFewCtasMaxKeys = 32768;
 constexpr int kFewCtasSplits = 32;
 
 template <typename T, int D, int kRows, bool kFull>
@@ -528,7 +531,7 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
   const c10::cuda::CUDAGuard guard(device);  // the occupancy queries read the current device
   const int dev = device.index();
   const bool hybrid = impl == DecodeImpl::kHybrid;
-  // D = 256 (one CTA per SM): automatic plans merge through the combine kernel (below).
+  // D = 256 over 16-bit caches: automatic plans merge through the combine kernel (below).
   const bool combine_only = !p.cache.fp8 && p.rope.D >= 256;
   if (forced_splits > 0) {
     const int s = static_cast<int>(std::min<int64_t>(forced_splits, 1024));
@@ -545,26 +548,32 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
     // 132 SMs missed).
     const int64_t ctas = grid_ctas(p);
     if (!p.cache.fp8 && 20 * ctas >= 9 * sm_count(dev) && max_keys <= kNoSplitKeys) return {1, false};
-    // Few CTAs per split at long contexts (B = 1 with 1-4 kv heads, as GQA 16): a cluster's
-    // 16 splits are <= 64 CTAs, so kFewCtasSplits splits through the combine kernel (Hq 32,
-    // Hk 2: ctx 8192 32 + combine 16.1 us, 16 in a cluster 17.7, 64 + combine 21.9; ctx
-    // 32768 27.5, 36.8, 32.0; Hk 1 ctx 32768 32 and 64 level; runs 4-5 of the fourth
-    // session of 2026-11-26).
-    if (!p.cache.fp8 && ctas <= kFewCtas && max_keys >= kFewCtasKeys) return {kFewCtasSplits, false};
+    // Few CTAs per split at long contexts (16-bit caches; B * Hk * row groups <= 4, as B = 1
+    // with GQA 16 or MQA): a cluster's 16 splits are <= 64 CTAs, so kFewCtasSplits splits
+    // through the combine kernel, within one wave (Hq 32, Hk 2: ctx 8192 32 + combine
+    // 15.8-16.1 us, 16 in a cluster 17.7-18.1, 64 + combine 21.9; ctx 32768 26.8-27.6,
+    // 36.8, 32.0; Hk 1 ctx 32768 32 and 64 level; runs 4-6 of the fourth session of
+    // 2026-11-26). Longer contexts were not measured: they keep the rules below.
+    if (!p.cache.fp8 && ctas <= kFewCtas && max_keys >= kFewCtasKeys && max_keys <= kFewCtasMaxKeys &&
+        ctas * kFewCtasSplits <= sm_count(dev))
+      return {kFewCtasSplits, false};
     int sc = static_cast<int>(std::min<int64_t>({cuda::kMaxClusterSplits, sm_count(dev) / ctas,
                                                   ceil_div(max_keys, kMinKeysPerSplitMma)}));
     // Short contexts: ~kShortCtas CTAs in all, at least 4 splits (up to 8 x
     // kClusterShortKeys keys). Hk 8 at B = 1: 8 splits (64 CTAs); Hk 2 at B = 8 ctx 2048: 4
-    // splits (64 CTAs) 17.5 us against 8's 19.3; Hk 2 at B = 1 ctx 2048: 16 (32 CTAs) 13.2
-    // against 8's 14.1 (run 4 of the fourth session of 2026-11-26).
+    // splits (64 CTAs) 17.2-17.5 us against 8's 18.9-19.3; Hk 2 at B = 1 ctx 2048: 16 (32
+    // CTAs) 13.1-13.2 against 8's 13.9-14.1 (runs 4-5 of the fourth session of 2026-11-26).
     if (!p.cache.fp8 && max_keys <= 8 * kClusterShortKeys)
       sc = std::min<int64_t>(sc, std::max<int64_t>(4, kShortCtas / ctas));
-    // Clusters that cannot all be resident run in waves: halve them (cluster_merge_pays).
-    while (sc > 4 && max_clusters(p, sc, dev, dtype) < ctas) sc /= 2;
-    // D = 256 (one CTA per SM) takes the same splits through the combine kernel: it was
-    // level with the cluster or ahead at every count measured (Hq 16, Hk 8, B = 1, 8
-    // splits: ctx 512 12.5-12.8 us vs 13.1-13.5, ctx 2048 17.6-18.2 vs 18.6-19.0, ctx 8192
-    // 39.5-39.6 either way; runs 4-5 of the fourth session of 2026-11-26).
+    // Clusters that cannot all be resident run in waves: halve them, to 4 at least
+    // (cluster_merge_pays).
+    while (sc > 4 && max_clusters(p, sc, dev, dtype) < ctas) sc = std::max(4, sc / 2);
+    // D = 256, 16-bit caches (one CTA per SM): the split count the cluster would take,
+    // through the combine kernel, which was level with the cluster or ahead at every count
+    // measured (Hq 16, Hk 8, B = 1, 8 splits: ctx 512 12.5-12.8 us vs 13.1-13.6, ctx 2048
+    // 17.6-18.2 vs 18.6-19.1, ctx 8192 39.4-39.6 vs 39.1-39.5; runs 4-6 of the fourth session
+    // of 2026-11-26). Where the cluster would not be taken (too long splits, not one wave,
+    // no sm_90, set_decode_cluster_merge(false)) it falls to the efficiency rule, as before.
     if ((!p.cache.paged || sc >= 4) && cluster_merge_pays(p, sc, max_keys, dev, dtype, true))
       return {sc, !combine_only};
   }
