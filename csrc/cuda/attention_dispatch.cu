@@ -477,12 +477,15 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
 }
 
 // How many clusters of `s` CTAs of this call's variant 5 instance can be resident at once.
-int max_clusters(const DecodeParams& p, int s, int dev, at::ScalarType dtype) {
+int mma_max_clusters(at::ScalarType dtype, int D, bool fp8, int64_t rows, int s, int dev) {
   int n = 0;
-  visit_decode_mma(dtype, p.rope.D, p.cache.fp8, [&]<typename T, int D, bool kFp8>() {
-    n = decode_mma_max_clusters<T, D, kFp8>(p.G * p.q_len, s, dev);
+  visit_decode_mma(dtype, D, fp8, [&]<typename T, int kD, bool kFp8>() {
+    n = decode_mma_max_clusters<T, kD, kFp8>(rows, s, dev);
   });
   return n;
+}
+int max_clusters(const DecodeParams& p, int s, int dev, at::ScalarType dtype) {
+  return mma_max_clusters(dtype, p.rope.D, p.cache.fp8, p.G * p.q_len, s, dev);
 }
 
 // Whether `s` splits may merge in a thread-block cluster. Measured (H100, runs 1 and 3 of
@@ -513,11 +516,8 @@ int decode_max_clusters(at::ScalarType dtype, int64_t D, bool fp8, int64_t rows,
   TORCH_CHECK_VALUE(device >= 0 && device < c10::cuda::device_count(), "rope_ext: decode_max_clusters: no device ",
                     device);
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-  int n = 0;
-  visit_decode_mma(dtype, static_cast<int>(D), fp8, [&]<typename T, int kD, bool kFp8>() {
-    n = decode_mma_max_clusters<T, kD, kFp8>(rows, static_cast<int>(std::clamp<int64_t>(splits, 0, 1024)), device);
-  });
-  return n;
+  return mma_max_clusters(dtype, static_cast<int>(D), fp8, rows, static_cast<int>(std::clamp<int64_t>(splits, 0, 1024)),
+                          device);
 }
 void set_append_shape(int shape) { g_append_shape.store(shape); }
 void set_append_lean_min_block(int n) { g_append_lean_min_block.store(n < 0 ? 0 : n); }
