@@ -8,14 +8,18 @@ cluster or by the combine kernel, against rope + SDPA, all timed in turns.
 (impl="hybrid_simt"), another large kernel between the replays, as the attn suite has;
 --fp8: the forced splits over an fp8 (e4m3) copy of the cache (per-head k_scale), beside
 auto over the bf16 cache. Every point also times a plain read of the cache's bytes
-(torch.sum of one fp32 buffer of that size: the read this harness allows).
+(torch.sum of one fp32 buffer of that size: the read this harness allows), and its title
+line names auto's plan (splits, merge) and how many clusters of 4 / 8 / 16 CTAs can be
+resident at once (rope_ext._C.decode_max_clusters).
 
 Why: the split rule (attention_dispatch.cu, decode_plan) was measured with the kernel
 replayed back to back, its code warm in the SM. Timed in turns (timing.graph_us_interleaved),
 after other kernels, variant 5's ~2,000 instructions on the B = 1 path are fetched cold
 (ncu, bench/NOTES.md, third session of 2026-11-26), and each split count runs a different
-amount of code (the cluster merge, the combine kernel). bf16 (default Hq 32, Hk 8,
-D 128), contiguous cache, every sequence at the full context.
+amount of code (the cluster merge, the combine kernel). The rule was also tuned at Hq 32,
+Hk 8, D 128 only: the plans for other head dims and group sizes came from these rows
+(NOTES, fourth session of 2026-11-26). bf16 (default Hq 32, Hk 8, D 128), contiguous
+cache, every sequence at the full context.
 """
 import argparse
 import os
