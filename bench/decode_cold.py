@@ -85,7 +85,7 @@ def main():
             fns["hybrid_simt"] = lambda: rope_ext.attention_decode(q, kc, vc, lens, max_seqlen=ctx, impl="hybrid_simt")
         for s in (int(x) for x in args.splits.split(",") if x):
             fns[f"splits {s} combine"] = call(s, False)
-            if s > 1:
+            if 1 < s <= 16:  # past the cluster limit (kMaxClusterSplits) it would be the combine row again
                 fns[f"splits {s} cluster"] = call(s, True)
         got, errs = graph_us_interleaved(fns, args.reps, captures=1)
         base = got.get("separate (rope + SDPA)")

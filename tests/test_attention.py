@@ -1185,6 +1185,10 @@ def test_decode_plan_rules_cuda(step):
     assert rope_ext._C.decode_max_clusters("float16", 64, True, 4, 17, dev) == 0  # past the cluster limit
     with pytest.raises(ValueError, match="D must be 64, 128 or 256"):
         rope_ext._C.decode_max_clusters("bfloat16", 96, False, 4, 8, dev)
+    with pytest.raises(ValueError, match="dtype must be 'bfloat16' or 'float16'"):
+        rope_ext._C.decode_max_clusters("float32", 128, False, 4, 8, dev)
+    with pytest.raises(ValueError, match="no device"):
+        rope_ext._C.decode_max_clusters("bfloat16", 128, False, 4, 8, torch.cuda.device_count())
 
 
 @cuda
