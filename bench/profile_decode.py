@@ -8,6 +8,7 @@ calls), Hq 32, Hk 8, D 128, bf16 q, contiguous cache. Cases (default: all):
   bf16_b1_512, paged_b1_512 (block size 16), bf16_b1_2048, paged_b1_2048, bf16_b1_8192,
   bf16_b1_32768, bf16_b8_8192, fp8_b1_8192, fp8_b1_32768, fp8_b8_8192, fp8_b8_32768, fp8_b64_8192,
   step_b1_512, step_b1_8192 (the decode step in one call: attention_decode with k, v),
+  mqa_b1_32768, mqa_b1_32768_s64, mqa_b1_32768_s128 (Hq 8, Hk 1; auto, 64 and 128 splits),
   append_8192 (append_kv without q, T = 8192 tokens of one sequence), append_16 (16
   sequences of one token), both varlen as in the attn suite."""
 import os
@@ -23,8 +24,8 @@ dev = "cuda"
 FP8 = torch.float8_e4m3fn
 
 
-def decode_case(cache, B, ctx, step=False, paged=False):
-    kw = {}
+def decode_case(cache, B, ctx, step=False, paged=False, Hq=Hq, Hk=Hk, splits=None):
+    kw = {} if splits is None else {"num_splits": splits}
     if paged:  # block size 16, shuffled blocks (the attn suite's paged rows)
         kw["block_table"] = torch.randperm(B * ctx // 16, device=dev).view(B, ctx // 16).to(torch.int32)
         kc = torch.randn(B * ctx // 16, 16, Hk, D, device=dev, dtype=torch.bfloat16)
@@ -70,6 +71,10 @@ CASES = {
     "fp8_b8_8192": lambda: decode_case("fp8", 8, 8192),
     "fp8_b8_32768": lambda: decode_case("fp8", 8, 32768),
     "fp8_b64_8192": lambda: decode_case("fp8", 64, 8192),
+    # MQA (Hq 8, Hk 1: Llama-3-70B's heads on each of 8 tensor-parallel GPUs), auto and forced splits
+    "mqa_b1_32768": lambda: decode_case("bf16", 1, 32768, Hq=8, Hk=1),
+    "mqa_b1_32768_s64": lambda: decode_case("bf16", 1, 32768, Hq=8, Hk=1, splits=64),
+    "mqa_b1_32768_s128": lambda: decode_case("bf16", 1, 32768, Hq=8, Hk=1, splits=128),
     "append_8192": lambda: append_case(8192),
     "append_16": lambda: append_case(16),
 }
