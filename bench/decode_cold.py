@@ -2,12 +2,13 @@
 cluster or by the combine kernel, against rope + SDPA, all timed in turns.
 
     python bench/decode_cold.py [--reps 200] [--points 1x512,1x2048,8x512] [--splits 1,2,4,8,16]
-                                [--D 128] [--Hq 32] [--Hk 8] [--simt] [--fp8]
+                                [--D 128] [--Hq 32] [--Hk 8] [--simt] [--fp8] [--pair]
 
 --splits "": no forced splits (separate and auto only); --simt adds variant 2
 (impl="hybrid_simt"), another large kernel between the replays, as the attn suite has;
 --fp8: the forced splits over an fp8 (e4m3) copy of the cache (per-head k_scale), beside
-auto over the bf16 cache. Every point also times a plain read of the cache's bytes
+auto over the bf16 cache; --pair (with --fp8): the same forced splits and auto again
+with two kv heads per CTA (rope_ext._C.set_decode_kv_pair(2)). Every point also times a plain read of the cache's bytes
 (torch.sum of one fp32 buffer of that size: the read this harness allows), and its title
 line names auto's plan (splits, merge) and how many clusters of 4 / 8 / 16 CTAs can be
 resident at once (rope_ext._C.decode_max_clusters).
@@ -46,6 +47,7 @@ def main():
     ap.add_argument("--Hk", type=int, default=8)
     ap.add_argument("--simt", action="store_true")
     ap.add_argument("--fp8", action="store_true")
+    ap.add_argument("--pair", action="store_true")
     args = ap.parse_args()
     Hq, Hk, D = args.Hq, args.Hk, args.D
     dev = "cuda"
@@ -66,15 +68,17 @@ def main():
         ref = torch.empty(nbytes // 4, device=dev)
         ref_out = torch.empty((), device=dev)
 
-        def call(s=None, cluster=True):
+        def call(s=None, cluster=True, pair=0):
             def f():
-                # The knob is read on the host when the call is captured (graph_us_interleaved
+                # The knobs are read on the host when the call is captured (graph_us_interleaved
                 # captures every column before any replay).
                 _C.set_decode_cluster_merge(cluster)
+                _C.set_decode_kv_pair(pair)
                 try:
                     return rope_ext.attention_decode(q, kd, vd, lens, max_seqlen=ctx, num_splits=s, **kw)
                 finally:
                     _C.set_decode_cluster_merge(True)
+                    _C.set_decode_kv_pair(0)
             return f
 
         fns = {"separate (rope + SDPA)": lambda: _separate_attn(q, kc, vc, ctx), "auto": call(),
@@ -83,10 +87,15 @@ def main():
             fns["auto, bf16 cache"] = lambda: rope_ext.attention_decode(q, kc, vc, lens, max_seqlen=ctx)
         if args.simt:
             fns["hybrid_simt"] = lambda: rope_ext.attention_decode(q, kc, vc, lens, max_seqlen=ctx, impl="hybrid_simt")
-        for s in (int(x) for x in args.splits.split(",") if x):
-            fns[f"splits {s} combine"] = call(s, False)
-            if 1 < s <= 16:  # past the cluster limit (kMaxClusterSplits) it would be the combine row again
-                fns[f"splits {s} cluster"] = call(s, True)
+        pairs = (0, 2) if args.pair else (0,)
+        if args.pair:
+            fns["pair auto"] = call(pair=2)
+        for pr in pairs:
+            tag = "pair " if pr else ""
+            for s in (int(x) for x in args.splits.split(",") if x):
+                fns[f"{tag}splits {s} combine"] = call(s, False, pr)
+                if 1 < s <= 16:  # past the cluster limit (kMaxClusterSplits) it would be the combine row again
+                    fns[f"{tag}splits {s} cluster"] = call(s, True, pr)
         got, errs = graph_us_interleaved(fns, args.reps, captures=1)
         base = got.get("separate (rope + SDPA)")
         cache = "fp8" if args.fp8 else "bf16"

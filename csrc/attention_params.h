@@ -107,9 +107,9 @@ struct AppendParams {
 // (position: rope.positions[b, j] if given, else its cache index + offsets); keys in
 // the cache are already rotated (hybrid), or rotated on every read at position
 // index + offsets (full fusion).
-// Work: grid (num_splits * row_groups, Hk, B). The G = Hq / Hk query heads of one kv
-// head times q_len form G * q_len rows (row r = j * G + g), cut into row groups; each
-// CTA runs one row group over one split of the keys.
+// Work: grid (num_splits * row_groups, Hk / kv_per_cta, B). The G = Hq / Hk query heads
+// of one kv head (kv_per_cta * G of the CTA's kv heads) times q_len form the rows (row r =
+// j * G + g), cut into row groups; each CTA runs one row group over one split of the keys.
 struct DecodeParams {
   KVCacheView cache;
   const void* q = nullptr;
@@ -122,6 +122,10 @@ struct DecodeParams {
   int32_t rows_per_group = 0;          // rows of one CTA (<= the kernel's kRows)
   int32_t row_groups = 1;
   int32_t num_splits = 1;
+  // Variant 5 over fp8 caches: kv heads per CTA (1, or 2: neighbouring heads whose rows
+  // lie side by side in the cache; grid y is then Hk / 2 and a CTA's query rows are both
+  // heads' G query heads; decode_kv_per_cta in attention_dispatch.cu).
+  int32_t kv_per_cta = 1;
   // Variant 5, num_splits > 1 on sm_90+: the splits of one row group form a thread-block
   // cluster and merge through distributed shared memory at the end of the kernel (no
   // workspace, no combine launch; decode_merge.cuh). Otherwise the combine kernel does it.

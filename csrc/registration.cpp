@@ -66,6 +66,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           const auto& d = rope_ext::last_decode_plan();
           return std::make_tuple(d.num_splits, d.cluster_merge);
         }, "tests: (num_splits, cluster_merge) of this thread's last CUDA attention_decode");
+  m.def("last_decode_kv_per_cta", [] { return rope_ext::last_decode_plan().kv_per_cta; },
+        "tests: kv heads per CTA of this thread's last CUDA attention_decode (variant 5)");
   m.def("set_value_checks", [](bool on) { rope_ext::device_value_checks() = on; },
         "check positions/offsets/cu_seqlens values of CUDA tensors too (synchronizes)");
 #ifdef ROPE_EXT_WITH_CUDA
@@ -91,6 +93,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_decode_cluster_merge", &rope_ext::set_decode_cluster_merge,
         "tests/bench: whether attention_decode's splits may merge in a thread-block cluster (default on; "
         "off: the combine kernel)");
+  m.def("set_decode_kv_pair", &rope_ext::set_decode_kv_pair,
+        "tests/bench: attention_decode over fp8 caches (D 128, interleaved heads): 0 = auto, 1 = one kv head per "
+        "CTA, 2 = two neighbouring kv heads per CTA wherever allowed");
   m.def("decode_max_clusters",
         [](const std::string& dtype, int64_t D, bool fp8, int64_t rows, int64_t splits, int device) {
           TORCH_CHECK_VALUE(dtype == "bfloat16" || dtype == "float16",

@@ -253,6 +253,45 @@ def test_fp8_decode_cluster_merge(cluster, step):
         rope_ext._C.set_decode_cluster_merge(True)
 
 
+@cuda
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("G,q_len,Hk", [(1, 1, 2), (1, 8, 4), (4, 1, 8), (4, 2, 2), (8, 1, 2), (2, 3, 4)])
+@pytest.mark.parametrize("splits", [1, 3, 16, 17, None])
+def test_fp8_decode_kv_pair(paged, G, q_len, Hk, splits):
+    """Two neighbouring kv heads per CTA (rope_ext._C.set_decode_kv_pair(2): the fp8 D = 128
+    instances that read both heads' rows of the interleaved cache as one row): within the
+    float64 truth's tolerance, and bit-equal to one kv head per CTA under the same split
+    plan (the other head's rows add exact zeros). Per-head scales, so a row that read the
+    wrong head's keys or scales fails. The one-call step and head-major caches never pair."""
+    got = {}
+    for mode in (2, 1):
+        rope_ext._C.set_decode_kv_pair(mode)
+        try:
+            torch.manual_seed(2026)
+            o, lse, want_o, want_lse, _, vmax, _ = fp8_fill_and_decode(
+                "cuda", torch.bfloat16, paged=paged, G=G, q_len=q_len, per_head=True, D=128, Hk=Hk, B=3, cap=288,
+                num_splits=splits)
+            got[mode] = (o, lse, rope_ext._C.last_decode_kv_per_cta(), rope_ext._C.last_decode_plan())
+        finally:
+            rope_ext._C.set_decode_kv_pair(0)
+        assert_attn_close(o, lse, want_o, want_lse, vmax, f"fp8 decode kv_pair mode {mode} splits={splits}")
+    assert got[2][2] == 2 and got[1][2] == 1, (got[2][2], got[1][2])
+    if splits in (1, 17):  # no merge, or the combine kernel either way (others may differ: half the CTAs)
+        assert got[2][3] == got[1][3], (got[2][3], got[1][3])
+    if got[2][3] == got[1][3]:
+        assert torch.equal(got[2][0], got[1][0]) and torch.equal(got[2][1], got[1][1]), "pair vs single: not bit-equal"
+    rope_ext._C.set_decode_kv_pair(2)
+    try:
+        fp8_fill_and_decode("cuda", torch.bfloat16, paged=paged, G=G, q_len=q_len, per_head=True, D=128, Hk=Hk,
+                            num_splits=splits, step="one")
+        assert rope_ext._C.last_decode_kv_per_cta() == 1, "the one-call step builds its new tile per kv head"
+        fp8_fill_and_decode("cuda", torch.bfloat16, paged=paged, G=G, q_len=q_len, per_head=True, D=128, Hk=Hk,
+                            num_splits=splits, head_major=True)
+        assert rope_ext._C.last_decode_kv_per_cta() == 1, "head-major caches: the heads' rows are not side by side"
+    finally:
+        rope_ext._C.set_decode_kv_pair(0)
+
+
 # ---------------------------------------------------------------------------- MLA
 YARN_DS = {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "beta_fast": 32,
            "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.707}

@@ -434,9 +434,12 @@ int decode_rows_per_cta(int64_t rows, DecodeImpl impl) {
 
 namespace {
 std::atomic<bool> g_cluster_merge{true};
+std::atomic<int> g_kv_pair{0};  // set_decode_kv_pair: 0 auto, 1 never, 2 wherever allowed
 
-// CTAs per split: (b, kv head, row group).
-int64_t grid_ctas(const DecodeParams& p) { return std::max<int64_t>(1, p.B * p.cache.Hk * p.row_groups); }
+// CTAs per split: (b, kv head or pair of them, row group).
+int64_t grid_ctas(const DecodeParams& p) {
+  return std::max<int64_t>(1, p.B * (p.cache.Hk / p.kv_per_cta) * p.row_groups);
+}
 
 // The number of key splits, from shapes only (variant 5: the cluster merge's choice
 // and the no-split case come first in decode_plan below).
@@ -445,7 +448,7 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
   const int64_t ctas = grid_ctas(p);
   if (impl == DecodeImpl::kHybrid) {
     visit_decode_mma(dtype, p.rope.D, p.cache.fp8, [&]<typename T, int D, bool kFp8>() {
-      occ = decode_mma_ctas_per_sm<T, D, kFp8>(p.G * p.q_len, dev);
+      occ = decode_mma_ctas_per_sm<T, D, kFp8>(p.G * p.kv_per_cta * p.q_len, p.kv_per_cta, dev);
     });
     const double slots = static_cast<double>(sm_count(dev)) * occ;
     const int64_t short_s = ceil_div(kShortCtas, ctas);
@@ -477,15 +480,15 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
 }
 
 // How many clusters of `s` CTAs of this call's variant 5 instance can be resident at once.
-int mma_max_clusters(at::ScalarType dtype, int D, bool fp8, int64_t rows, int s, int dev) {
+int mma_max_clusters(at::ScalarType dtype, int D, bool fp8, int64_t rows, int kv_per_cta, int s, int dev) {
   int n = 0;
   visit_decode_mma(dtype, D, fp8, [&]<typename T, int kD, bool kFp8>() {
-    n = decode_mma_max_clusters<T, kD, kFp8>(rows, s, dev);
+    n = decode_mma_max_clusters<T, kD, kFp8>(rows, kv_per_cta, s, dev);
   });
   return n;
 }
 int max_clusters(const DecodeParams& p, int s, int dev, at::ScalarType dtype) {
-  return mma_max_clusters(dtype, p.rope.D, p.cache.fp8, p.G * p.q_len, s, dev);
+  return mma_max_clusters(dtype, p.rope.D, p.cache.fp8, p.G * p.kv_per_cta * p.q_len, p.kv_per_cta, s, dev);
 }
 
 // Whether `s` splits may merge in a thread-block cluster. Measured (H100, runs 1 and 3 of
@@ -516,8 +519,22 @@ int decode_max_clusters(at::ScalarType dtype, int64_t D, bool fp8, int64_t rows,
   TORCH_CHECK_VALUE(device >= 0 && device < c10::cuda::device_count(), "rope_ext: decode_max_clusters: no device ",
                     device);
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-  return mma_max_clusters(dtype, static_cast<int>(D), fp8, rows, static_cast<int>(std::clamp<int64_t>(splits, 0, 1024)),
-                          device);
+  return mma_max_clusters(dtype, static_cast<int>(D), fp8, rows, 1,
+                          static_cast<int>(std::clamp<int64_t>(splits, 0, 1024)), device);
+}
+void set_decode_kv_pair(int mode) { g_kv_pair.store(mode == 1 || mode == 2 ? mode : 0); }
+
+int decode_kv_per_cta(const DecodeParams& p, DecodeImpl impl) {
+  const KVCacheView& c = p.cache;
+  const int64_t D = p.rope.D;
+  // The pair instances (decode_mma_launch.cuh, has_pair): fp8 at D = 128, the two heads'
+  // rows side by side (the interleaved [.., slot, Hk, D] layout), one row group, and not
+  // the decode step in one launch (its new tile is built per kv head).
+  const bool allowed = impl == DecodeImpl::kHybrid && c.fp8 && D == 128 && c.Hk % 2 == 0 && c.k_stride[2] == D &&
+                       c.v_stride[2] == D && p.k_new == nullptr && 2 * p.G * p.q_len <= cuda::mma_decode::kRows;
+  const int mode = g_kv_pair.load(std::memory_order_relaxed);
+  if (!allowed || mode == 1) return 1;
+  return mode == 2 ? 2 : 1;
 }
 void set_append_shape(int shape) { g_append_shape.store(shape); }
 void set_append_lean_min_block(int n) { g_append_lean_min_block.store(n < 0 ? 0 : n); }
@@ -606,7 +623,8 @@ void attention_decode_cuda(const DecodeParams& p, at::ScalarType dtype, c10::Dev
                     "rope_ext: attention_decode: too many splits x row groups");
   const c10::cuda::CUDAGuard guard(device);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
-  const dim3 grid(static_cast<unsigned>(p.num_splits * p.row_groups), static_cast<unsigned>(p.cache.Hk),
+  TORCH_CHECK(p.kv_per_cta >= 1 && p.cache.Hk % p.kv_per_cta == 0, "rope_ext: internal: kv_per_cta");
+  const dim3 grid(static_cast<unsigned>(p.num_splits * p.row_groups), static_cast<unsigned>(p.cache.Hk / p.kv_per_cta),
                   static_cast<unsigned>(p.B));
   if (impl == DecodeImpl::kHybrid) {
     visit_decode_mma(dtype, p.rope.D, p.cache.fp8, [&]<typename T, int D, bool kFp8>() {

@@ -52,7 +52,7 @@ __device__ __forceinline__ void merge_and_write_rows(const DecodeParams& p, floa
                                                      float* part_lse = nullptr) {
   constexpr float kLn2 = 0.6931471805599453f;
   const float ninf = -INFINITY;
-  const int G = static_cast<int>(p.G);
+  const int G = static_cast<int>(p.G * p.kv_per_cta);  // query heads per CTA (hk: the CTA's index)
   if (tid < nrows) {
     const int rr = tid;
     float M = ninf;
@@ -125,7 +125,7 @@ __device__ __forceinline__ void cluster_merge_and_write(const DecodeParams& p, f
   const float ninf = -INFINITY;
   cg::cluster_group cl = cg::this_cluster();
   cl.sync();
-  const int ns = p.num_splits, G = static_cast<int>(p.G);
+  const int ns = p.num_splits, G = static_cast<int>(p.G * p.kv_per_cta);
   const int me = static_cast<int>(cl.block_rank());
   const int D4 = D / 4;
   for (int g = me + ns * tid; g < nrows * D4; g += ns * nthreads) {

@@ -109,17 +109,22 @@ namespace mma_decode {
 template <int D, bool kFp8>
 constexpr int stages() { return kFp8 ? (D >= 128 ? 3 : 4) : (D >= 256 ? 2 : 3); }
 
-// Shared memory: the warps' tile rings (cache elements: 2 bytes, or 1 for fp8) | Q
-// [16][D] in the MMA type | the Q sin/cos table [16 tokens][D/2] x 2 floats | the warps'
-// tile-validity masks. The raw Q rows [16][D] (2-byte q, as loaded) are staged in warp 0's
+// kPair (fp8 caches; the kernel's header): a CTA takes two neighbouring kv heads, whose
+// rows are one 2 * D-byte row of the interleaved cache: ring rows are DR = 2 * D wide.
+template <int D, bool kPair>
+constexpr int ring_d() { return kPair ? 2 * D : D; }
+// Shared memory: the warps' tile rings (cache elements: 2 bytes, or 1 for fp8; rows of
+// DR features) | Q [16][D] in the MMA type | the Q sin/cos table [16 tokens][D/2] x 2
+// floats | the warps' tile-validity masks. The raw Q rows [16][D] (2-byte q, as loaded) are staged in warp 0's
 // ring slot NS - 1, which no tile fills before the key loop's trip NS - 1, after q_phase
 // (a region of their own cost the 16-bit D = 64 instance its 4th CTA per SM). The
 // end-of-loop merge reuses the rings ([kWarps][16][D] floats + m, l).
 template <int D, bool kFp8>
 constexpr size_t ring_bytes() { return size_t(kWarps) * stages<D, kFp8>() * 2 * kTileKeys * D * (kFp8 ? 1 : 2); }
-template <int D, bool kFp8>
+template <int D, bool kFp8, bool kPair = false>
 constexpr size_t smem_bytes() {
-  return ring_bytes<D, kFp8>() + size_t(kRows) * D * 2 + size_t(kRows) * D * 4 + kWarps * stages<D, kFp8>() * 4;
+  constexpr int DR = ring_d<D, kPair>();
+  return ring_bytes<DR, kFp8>() + size_t(kRows) * D * 2 + size_t(kRows) * D * 4 + kWarps * stages<DR, kFp8>() * 4;
 }
 template <int D, bool kFp8>
 constexpr bool merge_fits() {
@@ -254,14 +259,17 @@ __device__ __forceinline__ int swz(int row, int c) { return row * D + ((c ^ (row
 // into 16-key tiles dealt round-robin to its 4 warps. kUpper: rows 8..15 exist (more
 // than 8 rows per kv head); without them the upper half of each MMA is padding, whose
 // softmax and rescale are skipped.
-template <typename T, int D, bool kUpper, bool kFp8>
+template <typename T, int D, bool kUpper, bool kFp8, bool kPair>
 __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_constant__ DecodeParams p) {
   using C = std::conditional_t<kFp8, uint8_t, T>;  // a cache element
   using M = std::conditional_t<kFp8, c10::Half, T>;  // the MMAs' input type
-  constexpr int NS = stages<D, kFp8>();
+  static_assert(!kPair || kFp8, "pairs of kv heads: fp8 caches only");
+  constexpr int KP = kPair ? 2 : 1;            // kv heads per CTA
+  constexpr int DR = ring_d<D, kPair>();       // features of a ring row (KP heads' rows)
+  constexpr int NS = stages<DR, kFp8>();
   constexpr int EC = 16 / sizeof(C);           // cache elements per 16-byte chunk
-  constexpr int CH = D / EC;                   // 16-byte chunks per cache row
-  constexpr int TILE = kTileKeys * D;          // elements of one K (or V) tile
+  constexpr int CH = DR / EC;                  // 16-byte chunks per ring row
+  constexpr int TILE = kTileKeys * DR;         // elements of one K (or V) tile
   constexpr float kLog2e = 1.4426950408889634f;
   const float ninf = -INFINITY;
 
@@ -270,26 +278,26 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
 #endif
   extern __shared__ __align__(16) unsigned char smem_raw[];
   C* ring = reinterpret_cast<C*>(smem_raw);
-  M* q_s = reinterpret_cast<M*>(smem_raw + ring_bytes<D, kFp8>());
+  M* q_s = reinterpret_cast<M*>(smem_raw + ring_bytes<DR, kFp8>());
   float* tab_s = reinterpret_cast<float*>(q_s + kRows * D);  // [16][D/2] cos, then [16][D/2] sin
   uint32_t* mask_s = reinterpret_cast<uint32_t*>(tab_s + kRows * D);
   // [16][D] raw Q rows (the cp.async staging): warp 0's ring slot NS - 1 (see smem_bytes).
-  static_assert(size_t(kRows) * D * 2 <= size_t(2) * kTileKeys * D * sizeof(C), "raw Q rows fit in one ring slot");
+  static_assert(size_t(kRows) * D * 2 <= size_t(2) * kTileKeys * DR * sizeof(C), "raw Q rows fit in one ring slot");
   T* qraw_s = reinterpret_cast<T*>(ring + (NS - 1) * 2 * kTileKeys * D);
 
   const int split = blockIdx.x % p.num_splits, rg = blockIdx.x / p.num_splits;
-  const int hk = blockIdx.y;
+  const int hk = blockIdx.y;  // the CTA's kv head (kPair: heads KP * hk, KP * hk + 1)
   const int64_t b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int G = static_cast<int>(p.G);
+  const int G = static_cast<int>(p.G) * KP;  // query heads of the CTA's kv head(s), in order
   const int row0 = rg * kRows;
-  const int nrows = min(kRows, static_cast<int>(p.G * p.q_len) - row0);
+  const int nrows = min(kRows, G * static_cast<int>(p.q_len) - row0);
   const int64_t seqlen = decode_seqlen(p, b);
   // The decode step in this launch (p.k_new): the q_len new keys [old, seqlen) are one
   // extra tile of the last split, built by its last warp (the one with the fewest cached
   // tiles) from k_new / v_new after its cached tiles, and written into the cache. The
   // cached keys [0, old) are split as usual. (The host: one row group, q_len <= 8.)
-  const bool fused_append = p.k_new != nullptr;
+  const bool fused_append = !kPair && p.k_new != nullptr;  // (the host never pairs heads here)
   // Paged caches with 16-aligned blocks, one split: the warp's tile t starts at key (warp +
   // kWarps t) * 16 whatever the length, so lane l looks up tile l's block id now, in flight
   // with cache_seqlens instead of after it (slot_of below takes these as its first batch).
@@ -378,8 +386,8 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   constexpr int RPI = 32 / LPR;           // rows per warp instruction
   constexpr int NI = kTileKeys / RPI;     // instructions per tile (each of K and V)
   C* my_ring = ring + warp * NS * 2 * TILE;
-  const C* kc = static_cast<const C*>(p.cache.k) + hk * p.cache.k_stride[2];
-  const C* vc = static_cast<const C*>(p.cache.v) + hk * p.cache.v_stride[2];
+  const C* kc = static_cast<const C*>(p.cache.k) + int64_t(hk) * KP * p.cache.k_stride[2];
+  const C* vc = static_cast<const C*>(p.cache.v) + int64_t(hk) * KP * p.cache.v_stride[2];
   const KVCacheView& cv = p.cache;
   const int mode = !cv.paged ? 0 : (cv.block_size % kTileKeys == 0 ? 1 : 2);
   const int lc = lane % LPR, lr = lane / LPR;  // this lane's chunk, and row within an instruction
@@ -427,7 +435,7 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
     return s;
   };
   // Ring tiles, swizzled by 16-byte chunk (swz in elements, swz8 in bytes for fp8).
-  auto ring_at = [&](int row, int c) { return kFp8 ? swz8<D>(row, c) : swz<D>(row, c); };
+  auto ring_at = [&](int row, int c) { return kFp8 ? swz8<DR>(row, c) : swz<DR>(row, c); };
   // This lane's row / chunk of a tile (modes 0 and 1), and the step to its next row.
   const C* k_lane = kc + lr * ks1 + lc * EC;
   const C* v_lane = vc + lr * vs1 + lc * EC;
@@ -544,8 +552,17 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
     return static_cast<int>(max(int64_t(0), decode_key_limit(p, seqlen, tok_of(row0 + rr))));
   };
   const int lim_lo = row_limit(r_lo), lim_hi = kUpper ? row_limit(r_hi) : 0;
-  // Scores in log2 units (exp2 below); an fp8 cache's k_scale folds in here.
-  const float qscale = p.softmax_scale * kLog2e * (kFp8 ? cv.k_scale[hk * cv.k_scale_stride] : 1.f);
+  // kPair: the kv head (0 or 1 of the CTA's) whose keys this lane's rows read.
+  auto head_of = [&](int rr) {
+    if constexpr (!kPair) return 0;
+    const int row = row0 + rr;
+    return row - tok_of(row) * G >= G / KP ? 1 : 0;
+  };
+  const int h_lo = head_of(r_lo), h_hi = head_of(r_hi);
+  const int hk_lo = hk * KP + h_lo, hk_hi = hk * KP + h_hi;
+  // Scores in log2 units (exp2 below); an fp8 cache's k_scale folds in here (per row: kPair).
+  const float qs_lo = p.softmax_scale * kLog2e * (kFp8 ? cv.k_scale[hk_lo * cv.k_scale_stride] : 1.f);
+  const float qs_hi = kPair ? p.softmax_scale * kLog2e * cv.k_scale[hk_hi * cv.k_scale_stride] : qs_lo;
 
   float o[D / 8][4];
 #pragma unroll
@@ -618,7 +635,7 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   // (mi >> 1), at byte swz8<D>(f_ri, .) = f_row + (f_x ^ (pp << 5)). (The fp8 loop computed
   // swz8 per ldmatrix: ~3 instructions each, SASS of 2026-11-25.)
   const int f_ri = (mi & 1) * 8 + mr;
-  const int f_row = f_ri * D, f_x = ((mi >> 1) ^ (D >= 128 ? (f_ri & 7) : ((f_ri >> 1) & (D / 16 - 1)))) << 4;
+  const int f_row = f_ri * DR, f_x = ((mi >> 1) ^ (DR >= 128 ? (f_ri & 7) : ((f_ri >> 1) & (DR / 16 - 1)))) << 4;
   // 16-bit caches at D = 128: Q's fragments stay in registers (32 of them; the same for
   // every tile, reloading them was 8 of a tile's ldmatrix). Shared memory holds this
   // instance at 2 CTAs per SM anyway; at D = 64 (4 CTAs) and for fp8 (3 CTAs at 168
@@ -639,18 +656,33 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
     // S = Q K^T: [16 rows] x [16 keys] as two n-tiles of 8 keys.
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
     if constexpr (kFp8) {
-      // One ldmatrix: keys 0-7 / 8-15 x chunks 2pp / 2pp + 1 (16 features each, one k-step).
+      // One ldmatrix: keys 0-7 / 8-15 x chunks 2pp / 2pp + 1 (16 features each, one k-step)
+      // of kv head hh's half of the ring row.
+      auto qk = [&](float(&acc)[2][4], int hh) {
 #pragma unroll
-      for (int pp = 0; pp < D / 32; ++pp) {
-        uint32_t kb[4];
-        ldmatrix_x4(kb, Ks + f_row + (f_x ^ (pp << 5)));
+        for (int pp = 0; pp < D / 32; ++pp) {
+          uint32_t kb[4];
+          ldmatrix_x4(kb, Ks + f_row + (f_x ^ ((pp + hh * (D / 32)) << 5)));
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          uint32_t tmp[4];
-          const uint32_t* a = q_frag(2 * pp + h, tmp);
-          mma16816<M>(s[0], a, e4m3x2_to_f16x2<false>(kb[2 * h]), e4m3x2_to_f16x2<true>(kb[2 * h]));
-          mma16816<M>(s[1], a, e4m3x2_to_f16x2<false>(kb[2 * h + 1]), e4m3x2_to_f16x2<true>(kb[2 * h + 1]));
+          for (int h = 0; h < 2; ++h) {
+            uint32_t tmp[4];
+            const uint32_t* a = q_frag(2 * pp + h, tmp);
+            mma16816<M>(acc[0], a, e4m3x2_to_f16x2<false>(kb[2 * h]), e4m3x2_to_f16x2<true>(kb[2 * h]));
+            mma16816<M>(acc[1], a, e4m3x2_to_f16x2<false>(kb[2 * h + 1]), e4m3x2_to_f16x2<true>(kb[2 * h + 1]));
+          }
         }
+      };
+      qk(s, 0);
+      if constexpr (kPair) {  // every row against each head's keys; a row keeps its own head's
+        float s1[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        qk(s1, 1);
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            s[n][e] = h_lo ? s1[n][e] : s[n][e];
+            s[n][2 + e] = h_hi ? s1[n][2 + e] : s[n][2 + e];
+          }
       }
     } else {
 #pragma unroll
@@ -670,10 +702,10 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
       for (int e = 0; e < 2; ++e) {
         const int kl = n * 8 + (lane & 3) * 2 + e, key = key0 + kl;
         const bool ok = (vmask >> kl) & 1u;
-        s[n][e] = (ok && key < lim_lo) ? s[n][e] * qscale : ninf;
+        s[n][e] = (ok && key < lim_lo) ? s[n][e] * qs_lo : ninf;
         mx_lo = fmaxf(mx_lo, s[n][e]);
         if (kUpper) {
-          s[n][2 + e] = (ok && key < lim_hi) ? s[n][2 + e] * qscale : ninf;
+          s[n][2 + e] = (ok && key < lim_hi) ? s[n][2 + e] * qs_hi : ninf;
           mx_hi = fmaxf(mx_hi, s[n][2 + e]);
         }
       }
@@ -724,16 +756,25 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
       // ldmatrix.trans: a lane holds keys 2t, 2t+1 x features 2g, 2g+1 of a chunk; one byte
       // permute puts the even features in the low half and the odd ones in the high half,
       // which feed n-tiles 2c and 2c + 1 (put_fp8 restores the order).
+      // kPair: head hh's V half with P of its rows only (the other rows' P is 0 there).
 #pragma unroll
-      for (int pp = 0; pp < D / 32; ++pp) {
-        uint32_t vb[4];
-        ldmatrix_x4_trans(vb, Vs + f_row + (f_x ^ (pp << 5)));
+      for (int hh = 0; hh < KP; ++hh) {
+        uint32_t pm[4] = {pa[0], pa[1], pa[2], pa[3]};
+        if constexpr (kPair) {
+          if (h_lo != hh) pm[0] = pm[2] = 0u;
+          if (h_hi != hh) pm[1] = pm[3] = 0u;
+        }
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int c = 2 * pp + h;
-          const uint32_t lo = __byte_perm(vb[2 * h], 0, 0x3120), hi = __byte_perm(vb[2 * h + 1], 0, 0x3120);
-          mma16816<M>(o[2 * c], pa, e4m3x2_to_f16x2<false>(lo), e4m3x2_to_f16x2<false>(hi));
-          mma16816<M>(o[2 * c + 1], pa, e4m3x2_to_f16x2<true>(lo), e4m3x2_to_f16x2<true>(hi));
+        for (int pp = 0; pp < D / 32; ++pp) {
+          uint32_t vb[4];
+          ldmatrix_x4_trans(vb, Vs + f_row + (f_x ^ ((pp + hh * (D / 32)) << 5)));
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int c = 2 * pp + h;
+            const uint32_t lo = __byte_perm(vb[2 * h], 0, 0x3120), hi = __byte_perm(vb[2 * h + 1], 0, 0x3120);
+            mma16816<M>(o[2 * c], pm, e4m3x2_to_f16x2<false>(lo), e4m3x2_to_f16x2<false>(hi));
+            mma16816<M>(o[2 * c + 1], pm, e4m3x2_to_f16x2<true>(lo), e4m3x2_to_f16x2<true>(hi));
+          }
         }
       }
     } else {
@@ -789,14 +830,15 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
     cslot = cslot == NS - 1 ? 0 : cslot + 1;
   }
   cp_async_wait<0>();
-  if constexpr (kFp8) {  // an fp8 cache's v_scale, before the merge (it is linear in O)
-    const float vs = cv.v_scale[hk * cv.v_scale_stride];
+  if constexpr (kFp8) {  // an fp8 cache's v_scale (of the row's kv head), before the merge (it is linear in O)
+    const float vs_lo = cv.v_scale[hk_lo * cv.v_scale_stride];
+    const float vs_hi = kPair ? cv.v_scale[hk_hi * cv.v_scale_stride] : vs_lo;
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
-      o[n][0] *= vs;
-      o[n][1] *= vs;
-      o[n][2] *= vs;
-      o[n][3] *= vs;
+      o[n][0] *= vs_lo;
+      o[n][1] *= vs_lo;
+      o[n][2] *= vs_hi;
+      o[n][3] *= vs_hi;
     }
   }
 

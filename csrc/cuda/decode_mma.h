@@ -19,16 +19,18 @@ constexpr int kRows = 16;      // query rows per CTA: the MMA's M
 }  // namespace mma_decode
 }  // namespace cuda
 
-// rows: query rows per kv head (G * q_len), which picks the instance with or without
-// the MMA's upper 8 rows. kFp8: the caches are float8_e4m3fn (q and o stay T).
+// rows: query rows per CTA (G * kv_per_cta * q_len), which picks the instance with or
+// without the MMA's upper 8 rows; kv_per_cta (1, or 2 where the instance has pairs: fp8
+// caches at D = 128) the one with one or two kv heads per CTA. kFp8: the caches are
+// float8_e4m3fn (q and o stay T).
 template <typename T, int D, bool kFp8>
 void launch_decode_mma(const DecodeParams& p, dim3 grid, cudaStream_t stream, int device);
 template <typename T, int D, bool kFp8>
-int decode_mma_ctas_per_sm(int64_t rows, int device);
+int decode_mma_ctas_per_sm(int64_t rows, int kv_per_cta, int device);
 // How many thread-block clusters of `splits` CTAs (DecodeParams::cluster_merge) can be
 // resident on the device at once (cudaOccupancyMaxActiveClusters: a cluster must fit in
 // one GPC); 0 where none can: before sm_90, outside 2..kMaxClusterSplits, or too large.
 template <typename T, int D, bool kFp8>
-int decode_mma_max_clusters(int64_t rows, int splits, int device);
+int decode_mma_max_clusters(int64_t rows, int kv_per_cta, int splits, int device);
 
 }  // namespace rope_ext

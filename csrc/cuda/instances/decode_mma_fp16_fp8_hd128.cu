@@ -4,6 +4,6 @@
 
 namespace rope_ext {
 template void launch_decode_mma<c10::Half, 128, true>(const DecodeParams&, dim3, cudaStream_t, int);
-template int decode_mma_ctas_per_sm<c10::Half, 128, true>(int64_t, int);
-template int decode_mma_max_clusters<c10::Half, 128, true>(int64_t, int, int);
+template int decode_mma_ctas_per_sm<c10::Half, 128, true>(int64_t, int, int);
+template int decode_mma_max_clusters<c10::Half, 128, true>(int64_t, int, int, int);
 }  // namespace rope_ext
