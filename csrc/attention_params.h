@@ -154,6 +154,7 @@ struct CombineParams {
   const float* ws_lse = nullptr;
   int64_t B = 0, q_len = 0, Hq = 0;
   int32_t num_splits = 1, D = 0;
+  int32_t log2_warps = 0;  // warps per output row: 1 << log2_warps (1..8)
 };
 
 }  // namespace rope_ext

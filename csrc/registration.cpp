@@ -3,6 +3,9 @@
 // their op code with TORCH_LIBRARY_IMPL), and the pybind11 module rope_ext._C.
 #include <torch/extension.h>
 #include <torch/library.h>
+#ifdef ROPE_EXT_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 
 #include "attention.h"
 #include "attention_options.h"
@@ -100,6 +103,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         [](const std::string& dtype, int64_t D, bool fp8, int64_t rows, int64_t splits, int device) {
           TORCH_CHECK_VALUE(dtype == "bfloat16" || dtype == "float16",
                             "rope_ext: decode_max_clusters: dtype must be 'bfloat16' or 'float16', got '", dtype, "'");
+          // Checked here too, as a Python ValueError: on the H100 box the same check's
+          // c10::ValueError from the CUDA dispatch file crashed the process (run A of the fifth
+          // session of 2026-11-26; not reproduced without a GPU).
+          if (device < 0 || device >= static_cast<int>(c10::cuda::device_count()))
+            throw pybind11::value_error("rope_ext: decode_max_clusters: no device " + std::to_string(device));
           return rope_ext::decode_max_clusters(dtype == "float16" ? at::kHalf : at::kBFloat16, D, fp8, rows, splits,
                                                device);
         },

@@ -386,7 +386,10 @@ int choose_splits(int64_t ctas, double slots, int64_t max_keys, int64_t min_keys
 // (griddepcontrol.wait): the launch gap leaves the critical path.
 void launch_combine(const DecodeParams& p, at::ScalarType dtype, int device, cudaStream_t stream) {
   const int major = cuda_launch::device_attribute<cudaDevAttrComputeCapabilityMajor>(device);
-  constexpr int rows_per_block = cuda::kCombineThreads / 32;
+  // Warps per row: the fewest (1, 2, 4, 8) that leave each at most kCombineLoads splits.
+  int lw = 0;
+  while (lw < 3 && (int64_t(cuda::kCombineLoads) << lw) < p.num_splits) ++lw;
+  const int rows_per_block = (cuda::kCombineThreads / 32) >> lw;
   const int64_t rows = p.B * p.q_len * p.Hq;
   ROPE_HALF_TYPES_SWITCH(dtype, T, [&] {
     cudaLaunchConfig_t cfg = {};
@@ -409,6 +412,7 @@ void launch_combine(const DecodeParams& p, at::ScalarType dtype, int device, cud
     c.Hq = p.Hq;
     c.num_splits = p.num_splits;
     c.D = p.rope.D;
+    c.log2_warps = lw;
     if (c.D > 128) C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, cuda::decode_combine_kernel<T, 2>, c));
     else C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, cuda::decode_combine_kernel<T, 1>, c));
     C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -51,7 +51,7 @@
 //      fusion          UN-rotated keys and each key is rotated after its load at
 //                       position index + offsets (neox partners are exchanged between
 //                       lanes with shuffles). Kept as a variant for the bench.
-//   4. combine          one warp per (b, query token, head): merges the splits' partial
+//   4. combine          1-8 warps per (b, query token, head): merges the splits' partial
 //                       outputs with weights exp2(lse_s - max).
 //
 // What was learned (the design notes; H100 numbers come from bench/attn.py runs):
@@ -977,92 +977,105 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_min_ctas<kRows, kFullFu
 }
 
 // ---------------------------------------------------------------- 4. combine
-constexpr int kCombineThreads = 128;  // 4 warps, one output row each
+constexpr int kCombineThreads = 256;  // 8 warps: 8 / W output rows of W warps each
+constexpr int kCombineLoads = 16;     // splits whose partial rows a lane loads at once
 
-// One warp per (b, query token, head): lane l holds features 4l .. 4l + 3 (+ 128 for
-// D = 256: kH = 2); the splits' weights exp2(lse_s - max) are spread over the lanes and
-// broadcast by shuffle, so the partial-output loads of all splits are independent.
-// (The first version looped over the splits inside a loop over the features with the
-// weight computed per load: at B = 1, 7-28 splits, ncu measured 10-14 us for a 0.1 MB
-// read, one L2 round trip per split and feature group.) The partial rows of the first
-// 32 / kH splits are loaded with the lse, before any weight is known: one L2 round trip
-// where the next version took one for the lse and one per 8 splits (ncu, night of
-// 2026-11-24: 14.9 us, long scoreboard 11.9 warps per issue, at B = 1 with 31 splits).
+// W warps per (b, query token, head) (W = 1 << p.log2_warps, the fewest of 1, 2, 4, 8
+// that leave each warp at most kCombineLoads splits; the host's choice): warp w of a row
+// takes splits w, w + W, ..., lane l features 4l .. 4l + 3 (+ 128 for D = 256: kH = 2).
+// Every load of a warp (its splits' partial rows and lse, and the row's lse for the max)
+// is issued before any is used: one L2 round trip per kCombineLoads * W splits. Then the
+// W partial sums meet in shared memory and the row's first warp writes it.
+// History: the first version looped over the splits inside a loop over the features
+// (B = 1, 7-28 splits: 10-14 us for a 0.1 MB read); one warp per row with the first 32
+// splits' rows prefetched took one round trip up to 32 splits but one more per 8 splits
+// after that: ncu (fifth session of 2026-11-26, MQA B = 1 ctx 32768, its 8 rows in 2 CTAs)
+// 5.8 us at 32 splits, 15.7 at 64, against the decode kernel's 23.4 / 15.9 / 12.6 at 32 /
+// 64 / 128 splits: the combine, not the decode, held few kv heads at 32 splits.
 // Launched as a programmatic dependent of the decode kernel where the GPU has PDL: it
 // waits for it here.
 template <typename T, int kH>
 __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const __grid_constant__ CombineParams p) {
+  constexpr int kWarpsPerCta = kCombineThreads / 32;
+  __shared__ float4 part_o[kWarpsPerCta][32 * kH];
+  __shared__ float part_l[kWarpsPerCta];
   // Everything before the wait (params, indices) overlaps the decode kernel under PDL.
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kCombineThreads / 32) + warp;  // (b, j, hq), output order
+  const int lw = p.log2_warps, W = 1 << lw, wp = warp & (W - 1);  // this warp's part of its row
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kWarpsPerCta >> lw) + (warp >> lw);  // (b, j, hq)
   const int D = p.D, ns = p.num_splits;
   const bool live = row < p.B * p.q_len * p.Hq;
   const int64_t hq = row % p.Hq, j = (row / p.Hq) % p.q_len, b = row / (p.Hq * p.q_len);
   const int64_t w0 = ((b * p.Hq + hq) * p.q_len + j) * ns;
   const float* lse = p.ws_lse + w0;
   const float* ws = p.ws_o + w0 * D;
-  T* o = static_cast<T*>(p.o) + row * D;
+  const float ninf = -INFINITY;
+  const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
-  if (!live) return;
-  const float ninf = -INFINITY;
-  constexpr int kPre = 32 / kH;
-  const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
-  float4 pre[kPre][kH];
+  float4 acc[kH];
 #pragma unroll
-  for (int k = 0; k < kPre; ++k)
-#pragma unroll
-    for (int h = 0; h < kH; ++h) {
-      const int d = 4 * lane + 128 * h;
-      pre[k][h] = k < ns && d < D ? *reinterpret_cast<const float4*>(ws + static_cast<int64_t>(k) * D + d) : zero;
+  for (int h = 0; h < kH; ++h) acc[h] = zero;
+  float lsum = 0.f, M = ninf;
+  if (live) {
+    // The row's max lse (every warp of the row computes the same one).
+    bool nan = false;
+    for (int s = lane; s < ns; s += 32) {
+      const float l = lse[s];
+      M = fmaxf(M, l);
+      nan |= isnan(l);
     }
-  const float l0 = lane < ns ? lse[lane] : ninf;
-  float M = l0;
-  for (int s = lane + 32; s < ns; s += 32) M = fmaxf(M, lse[s]);
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
-  if (M == ninf) {  // rare (M is warp-uniform here): a NaN split, which fmaxf dropped, makes the row NaN
-    bool nan = isnan(l0);
-    for (int s = lane + 32; s < ns; s += 32) nan |= isnan(lse[s]);
-    if (__any_sync(0xffffffffu, nan)) M = __int_as_float(0x7fffffff);
+    for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
+    // fmaxf drops NaN: a NaN split makes the row NaN (only checked where the max says empty).
+    if (M == ninf && __any_sync(0xffffffffu, nan)) M = __int_as_float(0x7fffffff);
+    for (int s0 = wp; s0 < ns; s0 += W * kCombineLoads) {
+      float4 v[kCombineLoads][kH];
+      float l[kCombineLoads];
+#pragma unroll
+      for (int k = 0; k < kCombineLoads; ++k) {
+        const int s = s0 + k * W;
+        l[k] = s < ns ? lse[s] : ninf;
+#pragma unroll
+        for (int h = 0; h < kH; ++h) {
+          const int d = 4 * lane + 128 * h;
+          v[k][h] = s < ns && d < D ? *reinterpret_cast<const float4*>(ws + static_cast<int64_t>(s) * D + d) : zero;
+        }
+      }
+      if (M != ninf) {
+#pragma unroll
+        for (int k = 0; k < kCombineLoads; ++k) {
+          const float w = l[k] == ninf ? 0.f : exp2f(l[k] - M);  // an empty split (or past ns) weighs 0
+          lsum += w;
+#pragma unroll
+          for (int h = 0; h < kH; ++h) fma4(acc[h], w, v[k][h]);
+        }
+      }
+    }
   }
+#pragma unroll
+  for (int h = 0; h < kH; ++h) part_o[warp][lane * kH + h] = acc[h];
+  if (lane == 0) part_l[warp] = lsum;
+  __syncthreads();
+  if (!live || wp != 0) return;
+  T* o = static_cast<T*>(p.o) + row * D;
   if (M == ninf) {  // no key in any split
     for (int d = lane; d < D; d += 32) o[d] = static_cast<T>(0.f);
     if (lane == 0) p.lse[row] = ninf;
     return;
   }
-  float4 acc[kH];
+  for (int w = 1; w < W; ++w) {
+    lsum += part_l[warp + w];
 #pragma unroll
-  for (int h = 0; h < kH; ++h) acc[h] = zero;
-  float lsum = 0.f;
-  for (int s0 = 0; s0 < ns; s0 += 32) {
-    const float wl = s0 + lane < ns ? exp2f((s0 == 0 ? l0 : lse[s0 + lane]) - M) : 0.f;
-    lsum += wl;
-    const int n = min(32, ns - s0);
-    int k = 0;
-    if (s0 == 0) {  // the prefetched splits (a split past ns has w = 0 and a zero row)
-#pragma unroll
-      for (int kk = 0; kk < kPre; ++kk) {
-        const float w = __shfl_sync(0xffffffffu, wl, kk);
-#pragma unroll
-        for (int h = 0; h < kH; ++h) fma4(acc[h], w, pre[kk][h]);
-      }
-      k = kPre;
-    }
-#pragma unroll 8
-    for (; k < n; ++k) {
-      const float w = __shfl_sync(0xffffffffu, wl, k);
-      const float* src = ws + static_cast<int64_t>(s0 + k) * D;
-#pragma unroll
-      for (int h = 0; h < kH; ++h) {
-        const int d = 4 * lane + 128 * h;
-        if (d < D) fma4(acc[h], w, *reinterpret_cast<const float4*>(src + d));
-      }
+    for (int h = 0; h < kH; ++h) {
+      const float4 x = part_o[warp + w][lane * kH + h];
+      acc[h].x += x.x;
+      acc[h].y += x.y;
+      acc[h].z += x.z;
+      acc[h].w += x.w;
     }
   }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) lsum += __shfl_xor_sync(0xffffffffu, lsum, off);
   const float inv = 1.f / lsum;
 #pragma unroll
   for (int h = 0; h < kH; ++h) {
