@@ -47,9 +47,10 @@ int decode_rows_per_cta(int64_t rows, DecodeImpl impl);
 DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_splits, c10::Device device,
                        at::ScalarType dtype, DecodeImpl impl);
 void set_decode_cluster_merge(bool on);
-// Variant 5's kv heads per CTA (DecodeParams::kv_per_cta) for this call: 2 where a pair
-// instance serves it and the rule (or set_decode_kv_pair) takes it, else 1.
-int decode_kv_per_cta(const DecodeParams& p, DecodeImpl impl);
+// Variant 5's kv heads per CTA (DecodeParams::kv_per_cta) for this call (`max_keys` keys
+// per sequence, as decode_plan): 2 where a pair instance serves it and the rule (or
+// set_decode_kv_pair) takes it, else 1.
+int decode_kv_per_cta(const DecodeParams& p, int64_t max_keys, DecodeImpl impl);
 // tests/bench: 0 auto, 1 never pair kv heads, 2 pair them wherever allowed.
 void set_decode_kv_pair(int mode);
 // tests/bench: how many clusters of `splits` CTAs of variant 5's instance for (q dtype,

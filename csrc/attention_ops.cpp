@@ -479,13 +479,13 @@ std::tuple<at::Tensor, at::Tensor> decode_run(DecodeParams& p, const at::Tensor&
   const int64_t rows = p.G * q_len;
   if (q.is_cuda()) {
 #ifdef ROPE_EXT_WITH_CUDA
-    p.kv_per_cta = decode_kv_per_cta(p, which);
+    const int64_t cap = p.cache.capacity;
+    const int64_t max_keys = max_seqlen > 0 ? std::min<int64_t>(max_seqlen + p.appended, cap) : cap;
+    p.kv_per_cta = decode_kv_per_cta(p, max_keys, which);
     const int64_t cta_rows = rows * p.kv_per_cta;  // query rows of a CTA's kv heads
     const int kr = decode_rows_per_cta(cta_rows, which);
     p.rows_per_group = kr;
     p.row_groups = static_cast<int32_t>((cta_rows + kr - 1) / kr);
-    const int64_t cap = p.cache.capacity;
-    const int64_t max_keys = max_seqlen > 0 ? std::min<int64_t>(max_seqlen + p.appended, cap) : cap;
     const DecodePlan plan = decode_plan(p, max_keys, num_splits, q.device(), q.scalar_type(), which);
     p.num_splits = std::max(1, plan.num_splits);
     p.cluster_merge = plan.cluster_merge;

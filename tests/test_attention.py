@@ -1117,15 +1117,18 @@ def test_decode_q_layouts_cuda(D, G, q_len, cfg, step):
 
 @cuda
 @pytest.mark.parametrize("step", ["two", "one"], ids=["append+decode", "one_call"])
-@pytest.mark.parametrize("num_splits", [1, 3, 5, 19, 40, 1024])
+@pytest.mark.parametrize("num_splits", [1, 3, 5, 19, 40, 100, 1024])
 def test_tensor_core_splits_cuda(num_splits, step):
     """Variant 5 with forced split counts: splits round up to whole 16-key tiles, so high
     counts leave splits with no key at all (lse -inf partials) that the combine ignores;
-    lengths 1 and a few keys sit inside one tile."""
-    for B, cap in ((3, 300), (4, 17)):
-        o, lse, wo, wl, vs = fill_and_decode("cuda", torch.bfloat16, paged=True, G=4, q_len=1, B=B, cap=cap, D=128,
-                                             num_splits=num_splits, impl="hybrid", step=step)
-        assert_attn_close(o, lse, wo, wl, vs, f"num_splits={num_splits} cap={cap}")
+    lengths 1 and a few keys sit inside one tile. The combine kernel's warps per row
+    follow the count (19: 2, 40: 4, 100: 8, 1024: 8 warps with 8 rounds of loads); D 256
+    has two feature groups per lane."""
+    for D in (128, 256) if num_splits >= 40 else (128,):
+        for B, cap in ((3, 300), (4, 17)):
+            o, lse, wo, wl, vs = fill_and_decode("cuda", torch.bfloat16, paged=True, G=4, q_len=1, B=B, cap=cap, D=D,
+                                                 num_splits=num_splits, impl="hybrid", step=step)
+            assert_attn_close(o, lse, wo, wl, vs, f"num_splits={num_splits} cap={cap} D={D}")
 
 
 @cuda
@@ -1164,11 +1167,11 @@ def test_decode_plan_rules_cuda(step):
     """Variant 5's automatic split plan (decode_plan) beyond Hq 32 / Hk 8 / D 128: D 256
     (16-bit cache) at B = 1 through the combine kernel (its clusters of 16 did not all fit
     and ran in two waves; smaller ones were no faster than the combine kernel); few kv
-    heads at long contexts (Hk 2, ctx 8192) split 32 ways through the combine kernel; and
+    heads at long contexts (Hk 2, ctx 8192; Hk 1) split 32 / 64 ways through the combine kernel; and
     a plan that takes a cluster (Hk 8, ctx 2048: 8 splits) has all its clusters resident at
     once. Each result against the float64 truth."""
     dev = torch.cuda.current_device()
-    for D, G, Hk, cap in ((256, 2, 8, 8192), (128, 16, 2, 8192), (128, 4, 8, 2048)):
+    for D, G, Hk, cap in ((256, 2, 8, 8192), (128, 16, 2, 8192), (128, 8, 1, 8192), (128, 4, 8, 2048)):
         o, lse, wo, wl, vs = fill_and_decode("cuda", torch.bfloat16, paged=False, G=G, q_len=1, Hk=Hk, D=D, B=1,
                                              cap=cap, impl="hybrid", step=step)
         splits, cluster = rope_ext._C.last_decode_plan()
@@ -1177,6 +1180,8 @@ def test_decode_plan_rules_cuda(step):
             assert splits > 1 and not cluster, what
         elif Hk == 2:
             assert (splits, cluster) == (32, False), what
+        elif Hk == 1:  # MQA: 64 CTAs, 64 splits
+            assert (splits, cluster) == (64, False), what
         else:
             assert (splits, cluster) == (8, True), what
             assert rope_ext._C.decode_max_clusters("bfloat16", D, False, G, splits, dev) >= Hk, what  # B = 1: Hk clusters

@@ -312,11 +312,13 @@ constexpr int64_t kNoSplitKeys = 2048;
 constexpr int64_t kClusterShortKeys = 256;
 // Few CTAs per split (decode_plan): at most kFewCtas of them (a cluster's 16 splits then
 // fill at most kShortCtas SMs) and kFewCtasKeys..kFewCtasMaxKeys keys (the measured range)
-// take kFewCtasSplits splits, merged by the combine kernel.
+// take at least kFewCtasSplits splits, kShortCtas CTAs in all, merged by the combine kernel.
 constexpr int64_t kFewCtas = kShortCtas / cuda::kMaxClusterSplits;
 constexpr int64_t kFewCtasKeys = 8192;
 constexpr int64_t kFewCtasMaxKeys = 32768;
 constexpr int kFewCtasSplits = 32;
+// fp8 caches take two kv heads per CTA (decode_kv_per_cta) from kPairKeys keys up.
+constexpr int64_t kPairKeys = 8192;
 
 template <typename T, int D, int kRows, bool kFull>
 void launch_decode_kernel(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
@@ -528,7 +530,7 @@ int decode_max_clusters(at::ScalarType dtype, int64_t D, bool fp8, int64_t rows,
 }
 void set_decode_kv_pair(int mode) { g_kv_pair.store(mode == 1 || mode == 2 ? mode : 0); }
 
-int decode_kv_per_cta(const DecodeParams& p, DecodeImpl impl) {
+int decode_kv_per_cta(const DecodeParams& p, int64_t max_keys, DecodeImpl impl) {
   const KVCacheView& c = p.cache;
   const int64_t D = p.rope.D;
   // The pair instances (decode_mma_launch.cuh, has_pair): fp8 at D = 128, the two heads'
@@ -538,7 +540,12 @@ int decode_kv_per_cta(const DecodeParams& p, DecodeImpl impl) {
                        c.v_stride[2] == D && p.k_new == nullptr && 2 * p.G * p.q_len <= cuda::mma_decode::kRows;
   const int mode = g_kv_pair.load(std::memory_order_relaxed);
   if (!allowed || mode == 1) return 1;
-  return mode == 2 ? 2 : 1;
+  // Auto: from kPairKeys keys up, where it was measured (Hq 32, Hk 8, run C of the fifth
+  // session of 2026-11-26, us, single -> pair at their plans): B = 1 ctx 32768 46.1 ->
+  // 44.2, B = 8 ctx 8192 69.2 -> 67.1, ctx 32768 210.3 -> 198.9 (90% of copy), B = 64 ctx
+  // 8192 400.4 -> 381.0. The 128-byte rows of one fp8 head, 1 KB apart, were what held the
+  // interleaved cache ~5% under the head-major one.
+  return mode == 2 || max_keys >= kPairKeys ? 2 : 1;
 }
 void set_append_shape(int shape) { g_append_shape.store(shape); }
 void set_append_lean_min_block(int n) { g_append_lean_min_block.store(n < 0 ? 0 : n); }
@@ -570,14 +577,17 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
     const int64_t ctas = grid_ctas(p);
     if (!p.cache.fp8 && 20 * ctas >= 9 * sm_count(dev) && max_keys <= kNoSplitKeys) return {1, false};
     // Few CTAs per split at long contexts (16-bit caches; B * Hk * row groups <= 4, as B = 1
-    // with GQA 16 or MQA): a cluster's 16 splits are <= 64 CTAs, so kFewCtasSplits splits
-    // through the combine kernel, within one wave (Hq 32, Hk 2: ctx 8192 32 + combine
-    // 15.8-16.1 us, 16 in a cluster 17.7-18.1, 64 + combine 21.9; ctx 32768 26.8-27.6,
-    // 36.8, 32.0; Hk 1 ctx 32768 32 and 64 level; runs 4-6 of the fourth session of
-    // 2026-11-26). Longer contexts were not measured: they keep the rules below.
+    // with GQA 16 or MQA): a cluster's 16 splits are <= 64 CTAs, so kShortCtas CTAs, at
+    // least kFewCtasSplits splits, through the combine kernel, within one wave (Hq 32, Hk 2:
+    // ctx 8192 32 + combine 15.8-16.6 us, 16 in a cluster 17.7-18.1, 64 + combine 17.0;
+    // ctx 32768 26.8-27.6, 36.8, 27.6; Hq 8, Hk 1: ctx 8192 64 splits 13.8 us, 32 14.8, 128
+    // 13.5; ctx 32768 18.7, 23.6, 18.5; runs 4-6 of the fourth session of 2026-11-26 and run
+    // C of the fifth, the last with the combine kernel of one round trip). Longer contexts
+    // were not measured: they keep the rules below.
+    const int64_t few = std::max<int64_t>(kFewCtasSplits, kShortCtas / ctas);
     if (!p.cache.fp8 && ctas <= kFewCtas && max_keys >= kFewCtasKeys && max_keys <= kFewCtasMaxKeys &&
-        ctas * kFewCtasSplits <= sm_count(dev))
-      return {kFewCtasSplits, false};
+        ctas * few <= sm_count(dev))
+      return {static_cast<int>(few), false};
     int sc = static_cast<int>(std::min<int64_t>({cuda::kMaxClusterSplits, sm_count(dev) / ctas,
                                                   ceil_div(max_keys, kMinKeysPerSplitMma)}));
     // Short contexts: ~kShortCtas CTAs in all, at least 4 splits (up to 8 x

@@ -983,22 +983,25 @@ constexpr int kCombineLoads = 16;     // splits whose partial rows a lane loads 
 // W warps per (b, query token, head) (W = 1 << p.log2_warps, the fewest of 1, 2, 4, 8
 // that leave each warp at most kCombineLoads splits; the host's choice): warp w of a row
 // takes splits w, w + W, ..., lane l features 4l .. 4l + 3 (+ 128 for D = 256: kH = 2).
-// Every load of a warp (its splits' partial rows and lse, and the row's lse for the max)
-// is issued before any is used: one L2 round trip per kCombineLoads * W splits. Then the
-// W partial sums meet in shared memory and the row's first warp writes it.
+// Every load of a warp (its splits' partial rows and lse) is issued before any is used:
+// one L2 round trip per kCombineLoads * W splits. Each warp merges its splits against
+// its own max (online across rounds); the row's first warp merges the W results
+// (weights exp2(m_w - max)) from shared memory and writes the row.
 // History: the first version looped over the splits inside a loop over the features
 // (B = 1, 7-28 splits: 10-14 us for a 0.1 MB read); one warp per row with the first 32
 // splits' rows prefetched took one round trip up to 32 splits but one more per 8 splits
 // after that: ncu (fifth session of 2026-11-26, MQA B = 1 ctx 32768, its 8 rows in 2 CTAs)
 // 5.8 us at 32 splits, 15.7 at 64, against the decode kernel's 23.4 / 15.9 / 12.6 at 32 /
-// 64 / 128 splits: the combine, not the decode, held few kv heads at 32 splits.
+// 64 / 128 splits: the combine, not the decode, held few kv heads at 32 splits. (A first
+// version of this one read the row's lse for the max before the partial rows: two round
+// trips, ~3 us more at B = 1 ctx 32768 with 31 splits, run C of that session.)
 // Launched as a programmatic dependent of the decode kernel where the GPU has PDL: it
 // waits for it here.
 template <typename T, int kH>
-__global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const __grid_constant__ CombineParams p) {
+__global__ void __launch_bounds__(kCombineThreads, 1) decode_combine_kernel(const __grid_constant__ CombineParams p) {
   constexpr int kWarpsPerCta = kCombineThreads / 32;
   __shared__ float4 part_o[kWarpsPerCta][32 * kH];
-  __shared__ float part_l[kWarpsPerCta];
+  __shared__ float part_m[kWarpsPerCta], part_l[kWarpsPerCta];
   // Everything before the wait (params, indices) overlaps the decode kernel under PDL.
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int lw = p.log2_warps, W = 1 << lw, wp = warp & (W - 1);  // this warp's part of its row
@@ -1017,37 +1020,45 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const _
   float4 acc[kH];
 #pragma unroll
   for (int h = 0; h < kH; ++h) acc[h] = zero;
-  float lsum = 0.f, M = ninf;
+  float m = ninf, lsum = 0.f;  // this warp's max and sum of exp2(lse_s - m) (NaN: a NaN split)
   if (live) {
-    // The row's max lse (every warp of the row computes the same one).
-    bool nan = false;
-    for (int s = lane; s < ns; s += 32) {
-      const float l = lse[s];
-      M = fmaxf(M, l);
-      nan |= isnan(l);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
-    // fmaxf drops NaN: a NaN split makes the row NaN (only checked where the max says empty).
-    if (M == ninf && __any_sync(0xffffffffu, nan)) M = __int_as_float(0x7fffffff);
     for (int s0 = wp; s0 < ns; s0 += W * kCombineLoads) {
+      // Unconditional loads (the last split's row again past ns, features clamped), the
+      // misses replaced after; lane k (and k + 16) holds split k's lse, as the previous
+      // kernel did. With each lane loading all 16 lse values (a register max, no shuffle)
+      // the compiler put the partial rows' loads after the max: two round trips (SASS of
+      // the fifth session of 2026-11-26).
       float4 v[kCombineLoads][kH];
-      float l[kCombineLoads];
 #pragma unroll
       for (int k = 0; k < kCombineLoads; ++k) {
-        const int s = s0 + k * W;
-        l[k] = s < ns ? lse[s] : ninf;
+        const int sc = min(s0 + k * W, ns - 1);
 #pragma unroll
-        for (int h = 0; h < kH; ++h) {
-          const int d = 4 * lane + 128 * h;
-          v[k][h] = s < ns && d < D ? *reinterpret_cast<const float4*>(ws + static_cast<int64_t>(s) * D + d) : zero;
-        }
+        for (int h = 0; h < kH; ++h)
+          v[k][h] = *reinterpret_cast<const float4*>(ws + static_cast<int64_t>(sc) * D + min(4 * lane + 128 * h, D - 4));
       }
-      if (M != ninf) {
+      static_assert(kCombineLoads <= 32, "one split's lse per lane");
+      const int sl = s0 + (lane % kCombineLoads) * W;
+      float ll = lse[min(sl, ns - 1)];
+      if (sl >= ns) ll = ninf;
+      float mb = fmaxf(m, ll);  // fmaxf drops NaN; its weight is NaN below
 #pragma unroll
-        for (int k = 0; k < kCombineLoads; ++k) {
-          const float w = l[k] == ninf ? 0.f : exp2f(l[k] - M);  // an empty split (or past ns) weighs 0
-          lsum += w;
+      for (int off = 16; off > 0; off >>= 1) mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, off));
+      const float scale = m == ninf ? 0.f : exp2f(m - mb);
+      lsum *= scale;
+#pragma unroll
+      for (int h = 0; h < kH; ++h) {
+        acc[h].x *= scale;
+        acc[h].y *= scale;
+        acc[h].z *= scale;
+        acc[h].w *= scale;
+      }
+      m = mb;
+      const float wl = ll == ninf ? 0.f : exp2f(ll - m);  // an empty split (or past ns) weighs 0
+#pragma unroll
+      for (int k = 0; k < kCombineLoads; ++k) {
+        const float w = __shfl_sync(0xffffffffu, wl, k);
+        lsum += w;
+        if (s0 + k * W < ns) {
 #pragma unroll
           for (int h = 0; h < kH; ++h) fma4(acc[h], w, v[k][h]);
         }
@@ -1056,26 +1067,42 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const _
   }
 #pragma unroll
   for (int h = 0; h < kH; ++h) part_o[warp][lane * kH + h] = acc[h];
-  if (lane == 0) part_l[warp] = lsum;
+  if (lane == 0) {
+    part_m[warp] = m;
+    part_l[warp] = lsum;
+  }
   __syncthreads();
   if (!live || wp != 0) return;
   T* o = static_cast<T*>(p.o) + row * D;
-  if (M == ninf) {  // no key in any split
+  float M = m;
+  bool nan = isnan(lsum);
+  for (int w = 1; w < W; ++w) {
+    M = fmaxf(M, part_m[warp + w]);
+    nan |= isnan(part_l[warp + w]);
+  }
+  if (M == ninf && !nan) {  // no key in any split
     for (int d = lane; d < D; d += 32) o[d] = static_cast<T>(0.f);
     if (lane == 0) p.lse[row] = ninf;
     return;
   }
-  for (int w = 1; w < W; ++w) {
-    lsum += part_l[warp + w];
+  // The W parts against the row's max (a NaN part makes the row NaN, as its lse would).
+  const float f0 = m == ninf ? 0.f : exp2f(m - M);
+  lsum *= f0;
 #pragma unroll
-    for (int h = 0; h < kH; ++h) {
-      const float4 x = part_o[warp + w][lane * kH + h];
-      acc[h].x += x.x;
-      acc[h].y += x.y;
-      acc[h].z += x.z;
-      acc[h].w += x.w;
-    }
+  for (int h = 0; h < kH; ++h) {
+    acc[h].x *= f0;
+    acc[h].y *= f0;
+    acc[h].z *= f0;
+    acc[h].w *= f0;
   }
+  for (int w = 1; w < W; ++w) {
+    const float mw = part_m[warp + w];
+    const float f = mw == ninf ? 0.f : exp2f(mw - M);
+    lsum = fmaf(part_l[warp + w], f, lsum);
+#pragma unroll
+    for (int h = 0; h < kH; ++h) fma4(acc[h], f, part_o[warp + w][lane * kH + h]);
+  }
+  if (nan) lsum = __int_as_float(0x7fffffff);
   const float inv = 1.f / lsum;
 #pragma unroll
   for (int h = 0; h < kH; ++h) {

@@ -75,6 +75,15 @@
 //     Run 1 of issue 20 first widened each tile into a bf16 tile in shared memory
 //     (cvt, st.shared, a warp barrier per tile): fp8 took 0.68-0.75x the bf16 cache's
 //     time, 62-76% of copy on its bytes; the per-tile chain, not the bytes, was the cost.
+//   - kPair (fp8 caches, D = 128, DecodeParams::kv_per_cta = 2): a CTA takes two
+//     neighbouring kv heads and copies their rows of a slot as one 256-byte ring row (the
+//     interleaved cache holds them side by side; one head's fp8 row is 128 bytes, 1 KB
+//     from the next slot's). QK^T runs once per head over its half of the row and each
+//     query row keeps its own head's scores; P.V runs once per head with the other
+//     head's rows' P zeroed, into the same accumulators, so every row's O is the one
+//     head's result bit for bit (a NaN in one head's values does reach the other
+//     head's rows: 0 * NaN). Scales per row. Measured in bench/NOTES.md (fifth session of
+//     2026-11-26); the host's rule is decode_kv_per_cta.
 //   - P is rounded to the cache dtype for the P.V MMA (as flash-attention does); scores,
 //     the softmax state and O stay fp32. Q is rotated in fp32 and rounded once to the
 //     cache dtype (the separate path's rope output is rounded the same way).
@@ -283,7 +292,7 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   uint32_t* mask_s = reinterpret_cast<uint32_t*>(tab_s + kRows * D);
   // [16][D] raw Q rows (the cp.async staging): warp 0's ring slot NS - 1 (see smem_bytes).
   static_assert(size_t(kRows) * D * 2 <= size_t(2) * kTileKeys * DR * sizeof(C), "raw Q rows fit in one ring slot");
-  T* qraw_s = reinterpret_cast<T*>(ring + (NS - 1) * 2 * kTileKeys * D);
+  T* qraw_s = reinterpret_cast<T*>(ring + (NS - 1) * 2 * kTileKeys * DR);
 
   const int split = blockIdx.x % p.num_splits, rg = blockIdx.x / p.num_splits;
   const int hk = blockIdx.y;  // the CTA's kv head (kPair: heads KP * hk, KP * hk + 1)
