@@ -295,26 +295,32 @@ def test_fp8_decode_kv_pair(paged, G, q_len, Hk, splits):
 @cuda
 def test_fp8_decode_kv_pair_auto():
     """auto pairs kv heads from 8192 keys per sequence up (the capacity, or the max_seqlen
-    hint), with the same result bit for bit; below that one kv head per CTA."""
+    hint), and from 2048 with B * Hk >= 64, with the same result bit for bit as one kv head
+    per CTA under the same split count; elsewhere one kv head per CTA."""
     torch.manual_seed(7)
-    B, Hk, G, D, cap = 2, 4, 4, 128, 8192
+    B, Hk, G, D, cap = 16, 4, 4, 128, 8192
     kc = (torch.randn(B, cap, Hk, D, device="cuda") * 4).to(FP8)
     vc = (torch.randn(B, cap, Hk, D, device="cuda") * 4).to(FP8)
     q = torch.randn(B, 1, Hk * G, D, device="cuda", dtype=torch.bfloat16)
-    lens = torch.tensor([5000, 8192], dtype=torch.int32, device="cuda")
+    lens = torch.randint(1, 2001, (B,), dtype=torch.int32, device="cuda")
     ks, vs = torch.rand(Hk, device="cuda") * 0.1 + 0.05, torch.rand(Hk, device="cuda") * 0.1 + 0.05
-    kw = dict(k_scale=ks, v_scale=vs, return_lse=True, num_splits=8)
-    o_auto, l_auto = rope_ext.attention_decode(q, kc, vc, lens, **kw)
-    assert rope_ext._C.last_decode_kv_per_cta() == 2
-    rope_ext._C.set_decode_kv_pair(1)
+    kw = dict(k_scale=ks, v_scale=vs, return_lse=True, num_splits=4)
+    rope_ext._C.set_decode_cluster_merge(False)  # the same merge either way (half the CTAs may fit a cluster)
     try:
-        o_one, l_one = rope_ext.attention_decode(q, kc, vc, lens, **kw)
-        assert rope_ext._C.last_decode_kv_per_cta() == 1
+        for nb, hint, want in ((B, None, 2), (B, 2048, 2), (B, 1024, 1), (2, 2048, 1), (2, None, 2)):
+            args = (q[:nb], kc[:nb], vc[:nb], lens[:nb])
+            o_auto, l_auto = rope_ext.attention_decode(*args, max_seqlen=hint, **kw)
+            assert rope_ext._C.last_decode_kv_per_cta() == want, (nb, hint)
+            rope_ext._C.set_decode_kv_pair(1)
+            try:
+                o_one, l_one = rope_ext.attention_decode(*args, max_seqlen=hint, **kw)
+                assert rope_ext._C.last_decode_kv_per_cta() == 1
+            finally:
+                rope_ext._C.set_decode_kv_pair(0)
+            assert torch.isfinite(o_auto).all() and torch.equal(o_auto, o_one) and torch.equal(l_auto, l_one), \
+                (nb, hint)
     finally:
-        rope_ext._C.set_decode_kv_pair(0)
-    assert torch.isfinite(o_auto).all() and torch.equal(o_auto, o_one) and torch.equal(l_auto, l_one)
-    rope_ext.attention_decode(q, kc, vc, lens, max_seqlen=4096, **kw)  # the hint: at most 4096 keys
-    assert rope_ext._C.last_decode_kv_per_cta() == 1
+        rope_ext._C.set_decode_cluster_merge(True)
 
 
 # ---------------------------------------------------------------------------- MLA

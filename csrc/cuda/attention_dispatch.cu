@@ -317,8 +317,11 @@ constexpr int64_t kFewCtas = kShortCtas / cuda::kMaxClusterSplits;
 constexpr int64_t kFewCtasKeys = 8192;
 constexpr int64_t kFewCtasMaxKeys = 32768;
 constexpr int kFewCtasSplits = 32;
-// fp8 caches take two kv heads per CTA (decode_kv_per_cta) from kPairKeys keys up.
+// fp8 caches take two kv heads per CTA (decode_kv_per_cta) from kPairKeys keys up, and
+// from kPairShortKeys with at least kPairHeads (b, kv head) pairs.
 constexpr int64_t kPairKeys = 8192;
+constexpr int64_t kPairShortKeys = 2048;
+constexpr int64_t kPairHeads = 64;
 
 template <typename T, int D, int kRows, bool kFull>
 void launch_decode_kernel(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
@@ -540,12 +543,14 @@ int decode_kv_per_cta(const DecodeParams& p, int64_t max_keys, DecodeImpl impl) 
                        c.v_stride[2] == D && p.k_new == nullptr && 2 * p.G * p.q_len <= cuda::mma_decode::kRows;
   const int mode = g_kv_pair.load(std::memory_order_relaxed);
   if (!allowed || mode == 1) return 1;
-  // Auto: from kPairKeys keys up, where it was measured (Hq 32, Hk 8, run C of the fifth
-  // session of 2026-11-26, us, single -> pair at their plans): B = 1 ctx 32768 46.1 ->
-  // 44.2, B = 8 ctx 8192 69.2 -> 67.1, ctx 32768 210.3 -> 198.9 (90% of copy), B = 64 ctx
-  // 8192 400.4 -> 381.0. The 128-byte rows of one fp8 head, 1 KB apart, were what held the
-  // interleaved cache ~5% under the head-major one.
-  return mode == 2 || max_keys >= kPairKeys ? 2 : 1;
+  // Auto: where it was measured faster (Hq 32, Hk 8, runs C and D of the fifth session of
+  // 2026-11-26, us, single -> pair at their plans): B = 1 ctx 32768 46.1 -> 44.2, B = 8 ctx
+  // 8192 69.2 -> 67.1, ctx 32768 210.3 -> 198.9 (90% of copy), B = 64 ctx 8192 400.4 ->
+  // 381.0, B = 8 ctx 2048 28.3 -> 26.7; not at B = 1 ctx 2048 (12.2 -> 12.5). The 128-byte
+  // rows of one fp8 head, 1 KB apart, were what held the interleaved cache ~5% under the
+  // head-major one.
+  const bool pays = max_keys >= kPairKeys || (max_keys >= kPairShortKeys && p.B * c.Hk >= kPairHeads);
+  return mode == 2 || pays ? 2 : 1;
 }
 void set_append_shape(int shape) { g_append_shape.store(shape); }
 void set_append_lean_min_block(int n) { g_append_lean_min_block.store(n < 0 ? 0 : n); }
