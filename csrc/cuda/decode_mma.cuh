@@ -82,8 +82,12 @@
 //     query row keeps its own head's scores; P.V runs once per head with the other
 //     head's rows' P zeroed, into the same accumulators, so every row's O is the one
 //     head's result bit for bit (a NaN in one head's values does reach the other
-//     head's rows: 0 * NaN). Scales per row. Measured in bench/NOTES.md (fifth session of
-//     2026-11-26); the host's rule is decode_kv_per_cta.
+//     head's rows: 0 * NaN). Scales per row. 216-220 registers and 112 KB of shared memory:
+//     2 CTAs per SM (one head: 3). H100, in turns (runs C-D of the fifth session of
+//     2026-11-26), one head -> two: B = 8 ctx 32768 210.3 -> 197.5-198.9 us (90% of copy,
+//     the plain read 191), B = 64 ctx 8192 400.4 -> 381.0, B = 8 ctx 2048 28.3 -> 26.7, B = 1
+//     ctx 32768 46.1 -> 44.2, B = 1 ctx 2048 12.2 -> 12.5 (kept at one); the host's rule is
+//     decode_kv_per_cta.
 //   - P is rounded to the cache dtype for the P.V MMA (as flash-attention does); scores,
 //     the softmax state and O stay fp32. Q is rotated in fp32 and rounded once to the
 //     cache dtype (the separate path's rope output is rounded the same way).
@@ -114,7 +118,8 @@ namespace mma_decode {
 // per key, twice the independent MMA / conversion work per step): B = 8 ctx 32768 207.8
 // vs 208.4 us, ctx 8192 69.7 vs 70.3, B = 64 ctx 32768 1508 vs 1490 (211-223 registers:
 // 2 CTAs per SM). Neither the per-tile chain nor the instruction count holds fp8 back;
-// the 128-byte rows of the interleaved layout do (docs/attention.md, head-major caches).
+// the 128-byte rows of the interleaved layout do (docs/attention.md, head-major caches;
+// kPair below reads two heads' rows as one).
 template <int D, bool kFp8>
 constexpr int stages() { return kFp8 ? (D >= 128 ? 3 : 4) : (D >= 256 ? 2 : 3); }
 
