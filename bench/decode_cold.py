@@ -7,8 +7,8 @@ cluster or by the combine kernel, against rope + SDPA, all timed in turns.
 --splits "": no forced splits (separate and auto only); --simt adds variant 2
 (impl="hybrid_simt"), another large kernel between the replays, as the attn suite has;
 --fp8: the forced splits over an fp8 (e4m3) copy of the cache (per-head k_scale), beside
-auto over the bf16 cache; --pair (with --fp8): the same forced splits and auto again
-with two kv heads per CTA (rope_ext._C.set_decode_kv_pair(2)). Every point also times a plain read of the cache's bytes
+auto over the bf16 cache; --pair (with --fp8): the forced splits and auto with one kv
+head per CTA and again with two (rope_ext._C.set_decode_kv_pair(1) / (2)). Every point also times a plain read of the cache's bytes
 (torch.sum of one fp32 buffer of that size: the read this harness allows), and its title
 line names auto's plan (splits, merge) and how many clusters of 4 / 8 / 16 CTAs can be
 resident at once (rope_ext._C.decode_max_clusters).
@@ -87,11 +87,14 @@ def main():
             fns["auto, bf16 cache"] = lambda: rope_ext.attention_decode(q, kc, vc, lens, max_seqlen=ctx)
         if args.simt:
             fns["hybrid_simt"] = lambda: rope_ext.attention_decode(q, kc, vc, lens, max_seqlen=ctx, impl="hybrid_simt")
-        pairs = (0, 2) if args.pair else (0,)
+        # --pair: the forced-split rows once with one kv head per CTA (mode 1) and once with
+        # two (mode 2); without it auto's choice (0), which pairs fp8 heads from 8192 keys.
+        pairs = (1, 2) if args.pair else (0,)
         if args.pair:
+            fns["one head per CTA, auto splits"] = call(pair=1)
             fns["pair auto"] = call(pair=2)
         for pr in pairs:
-            tag = "pair " if pr else ""
+            tag = "pair " if pr == 2 else ""
             for s in (int(x) for x in args.splits.split(",") if x):
                 fns[f"{tag}splits {s} combine"] = call(s, False, pr)
                 if 1 < s <= 16:  # past the cluster limit (kMaxClusterSplits) it would be the combine row again
