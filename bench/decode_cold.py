@@ -88,7 +88,8 @@ def main():
         if args.simt:
             fns["hybrid_simt"] = lambda: rope_ext.attention_decode(q, kc, vc, lens, max_seqlen=ctx, impl="hybrid_simt")
         # --pair: the forced-split rows once with one kv head per CTA (mode 1) and once with
-        # two (mode 2); without it auto's choice (0), which pairs fp8 heads from 8192 keys.
+        # two (mode 2); without it auto's choice (0), which pairs fp8 heads at D 128 from 8192
+        # keys, and from 2048 with B * Hk >= 64 (attention_dispatch.cu, decode_kv_per_cta).
         pairs = (1, 2) if args.pair else (0,)
         if args.pair:
             fns["one head per CTA, auto splits"] = call(pair=1)
@@ -104,12 +105,13 @@ def main():
         cache = "fp8" if args.fp8 else "bf16"
         rope_ext.attention_decode(q, kd, vd, lens, max_seqlen=ctx, **kw)
         plan = _C.last_decode_plan()
+        kv_cta = _C.last_decode_kv_per_cta()
         fits = "/".join(str(_C.decode_max_clusters("bfloat16", D, args.fp8, Hq // Hk, s, q.device.index))
                         for s in (4, 8, 16))
         print(f"\nB={B} ctx={ctx} Hq={Hq} Hk={Hk} D={D}, {cache} cache of {nbytes / 1e6:.1f} MB "
               f"(us, in turns; x = separate / this; % copy at {bw:.0f} GB/s); auto's plan: {plan[0]} splits, "
-              f"{'cluster' if plan[1] else 'combine' if plan[0] > 1 else 'no merge'}; resident clusters of "
-              f"4/8/16: {fits}")
+              f"{'cluster' if plan[1] else 'combine' if plan[0] > 1 else 'no merge'}, {kv_cta} kv head(s) per CTA; "
+              f"resident clusters of 4/8/16 (one head per CTA): {fits}")
         for n in fns:
             if n in errs:
                 print(f"  {n:<28} n/a: {str(errs[n]).splitlines()[0][:70]}")

@@ -6,7 +6,9 @@
 Profiles one call of each case after warm-up (the profiler range covers only those
 calls), Hq 32, Hk 8, D 128, bf16 q, contiguous cache. Cases (default: all):
   bf16_b1_512, paged_b1_512 (block size 16), bf16_b1_2048, paged_b1_2048, bf16_b1_8192,
-  bf16_b1_32768, bf16_b8_8192, fp8_b1_8192, fp8_b1_32768, fp8_b8_8192, fp8_b8_32768, fp8_b64_8192,
+  bf16_b1_32768, bf16_b8_8192, fp8_b1_8192, fp8_b1_32768, fp8_b8_8192, fp8_b8_32768, fp8_b64_8192
+  (fp8: auto's choice, two kv heads per CTA at these contexts since the fifth session of
+  2026-11-26; rope_ext._C.set_decode_kv_pair(1) before the calls for one),
   step_b1_512, step_b1_8192 (the decode step in one call: attention_decode with k, v),
   mqa_b1_32768, mqa_b1_32768_s64, mqa_b1_32768_s128 (Hq 8, Hk 1; auto, 64 and 128 splits),
   append_8192 (append_kv without q, T = 8192 tokens of one sequence), append_16 (16

@@ -308,7 +308,7 @@ def test_fp8_decode_kv_pair_auto():
     rope_ext._C.set_decode_cluster_merge(False)  # the same merge either way (half the CTAs may fit a cluster)
     try:
         for nb, hint, want in ((B, None, 2), (B, 2048, 2), (B, 1024, 1), (2, 2048, 1), (2, None, 2)):
-            args = (q[:nb], kc[:nb], vc[:nb], lens[:nb])
+            args = (q[:nb], kc[:nb], vc[:nb], lens[:nb] if hint is None else lens[:nb].clamp(max=hint))
             o_auto, l_auto = rope_ext.attention_decode(*args, max_seqlen=hint, **kw)
             assert rope_ext._C.last_decode_kv_per_cta() == want, (nb, hint)
             rope_ext._C.set_decode_kv_pair(1)
@@ -321,6 +321,39 @@ def test_fp8_decode_kv_pair_auto():
                 (nb, hint)
     finally:
         rope_ext._C.set_decode_cluster_merge(True)
+
+
+@cuda
+@pytest.mark.parametrize("block_size", [8, 16])
+def test_fp8_decode_kv_pair_small_blocks_and_strided_q(block_size):
+    """Two kv heads per CTA over paged caches with blocks smaller than a tile (8: each key's
+    slot looked up on its own) and with q's features strided (Q staged element by element,
+    not by cp.async), q_len 4 at G 1 (no upper rows) and q_len 2 at G 4 (16 rows): bit-equal
+    to one kv head per CTA under the same forced split plan."""
+    B, Hk, D, cap = 3, 4, 128, 96
+    for G, q_len in ((1, 4), (4, 2)):
+        nb = B * cap // block_size + 5
+        kc = (randn((nb, block_size, Hk, D), torch.float32, "cuda") * 4).to(FP8)
+        vc = (randn((nb, block_size, Hk, D), torch.float32, "cuda") * 4).to(FP8)
+        bt = torch.randperm(nb)[: B * cap // block_size].view(B, -1).to(torch.int32).cuda()
+        q = randn((B, q_len, Hk * G, 2 * D), torch.bfloat16, "cuda")[..., ::2]  # feature stride 2
+        lens = torch.tensor([96, 37, 50], dtype=torch.int32, device="cuda")
+        ks = torch.rand(Hk, device="cuda") * 0.1 + 0.05
+        vs = torch.rand(Hk, device="cuda") * 0.1 + 0.05
+        got = []
+        for mode in (2, 1):
+            rope_ext._C.set_decode_kv_pair(mode)
+            try:
+                got.append(rope_ext.attention_decode(q, kc, vc, lens, block_table=bt, k_scale=ks, v_scale=vs,
+                                                     return_lse=True, num_splits=3))
+                assert rope_ext._C.last_decode_kv_per_cta() == mode
+                got.append(rope_ext._C.last_decode_plan())
+            finally:
+                rope_ext._C.set_decode_kv_pair(0)
+        (o2, l2), plan2, (o1, l1), plan1 = got
+        assert plan2 == plan1, (plan2, plan1)
+        assert torch.isfinite(o2.float()).all() and torch.isfinite(l2).all(), (G, q_len)
+        assert torch.equal(o2, o1) and torch.equal(l2, l1), (G, q_len, block_size)
 
 
 # ---------------------------------------------------------------------------- MLA

@@ -312,7 +312,8 @@ constexpr int64_t kNoSplitKeys = 2048;
 constexpr int64_t kClusterShortKeys = 256;
 // Few CTAs per split (decode_plan): at most kFewCtas of them (a cluster's 16 splits then
 // fill at most kShortCtas SMs) and kFewCtasKeys..kFewCtasMaxKeys keys (the measured range)
-// take at least kFewCtasSplits splits, kShortCtas CTAs in all, merged by the combine kernel.
+// take at least kFewCtasSplits splits (~kShortCtas CTAs in all where that is more),
+// within one wave, merged by the combine kernel.
 constexpr int64_t kFewCtas = kShortCtas / cuda::kMaxClusterSplits;
 constexpr int64_t kFewCtasKeys = 8192;
 constexpr int64_t kFewCtasMaxKeys = 32768;
@@ -589,10 +590,11 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
     // 13.5; ctx 32768 18.7, 23.6, 18.5; runs 4-6 of the fourth session of 2026-11-26 and run
     // C of the fifth, the last with the combine kernel of one round trip). Longer contexts
     // were not measured: they keep the rules below.
-    const int64_t few = std::max<int64_t>(kFewCtasSplits, kShortCtas / ctas);
     if (!p.cache.fp8 && ctas <= kFewCtas && max_keys >= kFewCtasKeys && max_keys <= kFewCtasMaxKeys &&
-        ctas * few <= sm_count(dev))
+        ctas * kFewCtasSplits <= sm_count(dev)) {
+      const int64_t few = std::min<int64_t>(std::max<int64_t>(kFewCtasSplits, kShortCtas / ctas), sm_count(dev) / ctas);
       return {static_cast<int>(few), false};
+    }
     int sc = static_cast<int>(std::min<int64_t>({cuda::kMaxClusterSplits, sm_count(dev) / ctas,
                                                   ceil_div(max_keys, kMinKeysPerSplitMma)}));
     // Short contexts: ~kShortCtas CTAs in all, at least 4 splits (up to 8 x
@@ -642,7 +644,8 @@ void attention_decode_cuda(const DecodeParams& p, at::ScalarType dtype, c10::Dev
                     "rope_ext: attention_decode: too many splits x row groups");
   const c10::cuda::CUDAGuard guard(device);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
-  TORCH_CHECK(p.kv_per_cta >= 1 && p.cache.Hk % p.kv_per_cta == 0, "rope_ext: internal: kv_per_cta");
+  TORCH_CHECK(p.kv_per_cta >= 1 && p.cache.Hk % p.kv_per_cta == 0 && (p.kv_per_cta == 1 || p.k_new == nullptr),
+              "rope_ext: internal: kv_per_cta");  // (the pair instances do not build the step's new tile)
   const dim3 grid(static_cast<unsigned>(p.num_splits * p.row_groups), static_cast<unsigned>(p.cache.Hk / p.kv_per_cta),
                   static_cast<unsigned>(p.B));
   if (impl == DecodeImpl::kHybrid) {

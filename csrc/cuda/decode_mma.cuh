@@ -268,11 +268,11 @@ template <int D>
 __device__ __forceinline__ int swz(int row, int c) { return row * D + ((c ^ (row & 7)) << 3); }
 
 // ---------------------------------------------------------------- the kernel
-// Grid (num_splits * row_groups, Hk, B) as variant 2 (attention_params.h); a CTA takes
-// up to 16 query rows (row r = j * G + g) of one kv head and one split of the keys, cut
-// into 16-key tiles dealt round-robin to its 4 warps. kUpper: rows 8..15 exist (more
-// than 8 rows per kv head); without them the upper half of each MMA is padding, whose
-// softmax and rescale are skipped.
+// Grid (num_splits * row_groups, Hk / KP, B) as variant 2 (attention_params.h); a CTA
+// takes up to 16 query rows (row r = j * G + g, G the query heads of its KP kv heads) and
+// one split of the keys, cut into 16-key tiles dealt round-robin to its 4 warps. kUpper:
+// rows 8..15 exist (more than 8 query rows per CTA's kv heads); without them the upper
+// half of each MMA is padding, whose softmax and rescale are skipped.
 template <typename T, int D, bool kUpper, bool kFp8, bool kPair>
 __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_constant__ DecodeParams p) {
   using C = std::conditional_t<kFp8, uint8_t, T>;  // a cache element
