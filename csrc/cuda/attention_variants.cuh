@@ -1046,12 +1046,7 @@ __global__ void __launch_bounds__(kCombineThreads, 1) decode_combine_kernel(cons
       const float scale = m == ninf ? 0.f : exp2f(m - mb);
       lsum *= scale;
 #pragma unroll
-      for (int h = 0; h < kH; ++h) {
-        acc[h].x *= scale;
-        acc[h].y *= scale;
-        acc[h].z *= scale;
-        acc[h].w *= scale;
-      }
+      for (int h = 0; h < kH; ++h) scale4(acc[h], scale);
       m = mb;
       const float wl = ll == ninf ? 0.f : exp2f(ll - m);  // an empty split (or past ns) weighs 0
 #pragma unroll
@@ -1089,12 +1084,7 @@ __global__ void __launch_bounds__(kCombineThreads, 1) decode_combine_kernel(cons
   const float f0 = m == ninf ? 0.f : exp2f(m - M);
   lsum *= f0;
 #pragma unroll
-  for (int h = 0; h < kH; ++h) {
-    acc[h].x *= f0;
-    acc[h].y *= f0;
-    acc[h].z *= f0;
-    acc[h].w *= f0;
-  }
+  for (int h = 0; h < kH; ++h) scale4(acc[h], f0);
   for (int w = 1; w < W; ++w) {
     const float mw = part_m[warp + w];
     const float f = mw == ninf ? 0.f : exp2f(mw - M);

@@ -29,6 +29,13 @@ __device__ __forceinline__ void store4(T* dst, float4 v) {
   dst[3] = static_cast<T>(v.w);
 }
 
+__device__ __forceinline__ void scale4(float4& a, float w) {
+  a.x *= w;
+  a.y *= w;
+  a.z *= w;
+  a.w *= w;
+}
+
 __device__ __forceinline__ void fma4(float4& a, float w, const float4& v) {
   a.x = fmaf(w, v.x, a.x);
   a.y = fmaf(w, v.y, a.y);
@@ -157,11 +164,7 @@ __device__ __forceinline__ void cluster_merge_and_write(const DecodeParams& p, f
           fma4(acc, w, ov[s]);
         }
       }
-      const float inv = 1.f / lsum;
-      acc.x *= inv;
-      acc.y *= inv;
-      acc.z *= inv;
-      acc.w *= inv;
+      scale4(acc, 1.f / lsum);
     }
     const int row = row0 + rr, j = p.q_len == 1 ? 0 : row / G, hq = hk * G + (row - j * G);
     const int64_t orow = (b * p.q_len + j) * p.Hq + hq;
