@@ -2,16 +2,19 @@
 cluster or by the combine kernel, against rope + SDPA, all timed in turns.
 
     python bench/decode_cold.py [--reps 200] [--points 1x512,1x2048,8x512] [--splits 1,2,4,8,16]
-                                [--D 128] [--Hq 32] [--Hk 8] [--simt] [--fp8] [--pair]
+                                [--D 128] [--Hq 32] [--Hk 8] [--simt] [--fp8] [--pair] [--loads 4,16,32]
 
 --splits "": no forced splits (separate and auto only); --simt adds variant 2
 (impl="hybrid_simt"), another large kernel between the replays, as the attn suite has;
 --fp8: the forced splits over an fp8 (e4m3) copy of the cache (per-head k_scale), beside
 auto over the bf16 cache; --pair (with --fp8): the forced splits and auto with one kv
-head per CTA and again with two (rope_ext._C.set_decode_kv_pair(1) / (2)). Every point also times a plain read of the cache's bytes
-(torch.sum of one fp32 buffer of that size: the read this harness allows), and its title
-line names auto's plan (splits, merge) and how many clusters of 4 / 8 / 16 CTAs can be
-resident at once (rope_ext._C.decode_max_clusters).
+head per CTA and again with two (rope_ext._C.set_decode_kv_pair(1) / (2)); --loads: each
+forced split count's combine row again with the combine kernel's splits loaded per warp
+forced to each listed count (rope_ext._C.set_decode_combine_loads). Every point also times
+a plain read of the cache's bytes (torch.sum of one fp32 buffer of that size: the read this
+harness allows), and its title line names auto's plan (splits, merge, the combine's
+shape) and how many clusters of 4 / 8 / 16 CTAs can be resident at once
+(rope_ext._C.decode_max_clusters).
 
 Why: the split rule (attention_dispatch.cu, decode_plan) was measured with the kernel
 replayed back to back, its code warm in the SM. Timed in turns (timing.graph_us_interleaved),
@@ -48,6 +51,7 @@ def main():
     ap.add_argument("--simt", action="store_true")
     ap.add_argument("--fp8", action="store_true")
     ap.add_argument("--pair", action="store_true")
+    ap.add_argument("--loads", default="")
     args = ap.parse_args()
     Hq, Hk, D = args.Hq, args.Hk, args.D
     dev = "cuda"
@@ -68,17 +72,19 @@ def main():
         ref = torch.empty(nbytes // 4, device=dev)
         ref_out = torch.empty((), device=dev)
 
-        def call(s=None, cluster=True, pair=0):
+        def call(s=None, cluster=True, pair=0, loads=0):
             def f():
                 # The knobs are read on the host when the call is captured (graph_us_interleaved
                 # captures every column before any replay).
                 _C.set_decode_cluster_merge(cluster)
                 _C.set_decode_kv_pair(pair)
+                _C.set_decode_combine_loads(loads)
                 try:
                     return rope_ext.attention_decode(q, kd, vd, lens, max_seqlen=ctx, num_splits=s, **kw)
                 finally:
                     _C.set_decode_cluster_merge(True)
                     _C.set_decode_kv_pair(0)
+                    _C.set_decode_combine_loads(0)
             return f
 
         fns = {"separate (rope + SDPA)": lambda: _separate_attn(q, kc, vc, ctx), "auto": call(),
@@ -98,6 +104,8 @@ def main():
             tag = "pair " if pr == 2 else ""
             for s in (int(x) for x in args.splits.split(",") if x):
                 fns[f"{tag}splits {s} combine"] = call(s, False, pr)
+                for ld in (int(x) for x in args.loads.split(",") if x):  # --loads: forced combine shapes
+                    fns[f"{tag}splits {s} combine L{ld}"] = call(s, False, pr, ld)
                 if 1 < s <= 16:  # past the cluster limit (kMaxClusterSplits) it would be the combine row again
                     fns[f"{tag}splits {s} cluster"] = call(s, True, pr)
         got, errs = graph_us_interleaved(fns, args.reps, captures=1)
@@ -106,11 +114,12 @@ def main():
         rope_ext.attention_decode(q, kd, vd, lens, max_seqlen=ctx, **kw)
         plan = _C.last_decode_plan()
         kv_cta = _C.last_decode_kv_per_cta()
+        cl, cw = _C.last_decode_combine()
         fits = "/".join(str(_C.decode_max_clusters("bfloat16", D, args.fp8, Hq // Hk, s, q.device.index))
                         for s in (4, 8, 16))
         print(f"\nB={B} ctx={ctx} Hq={Hq} Hk={Hk} D={D}, {cache} cache of {nbytes / 1e6:.1f} MB "
               f"(us, in turns; x = separate / this; % copy at {bw:.0f} GB/s); auto's plan: {plan[0]} splits, "
-              f"{'cluster' if plan[1] else 'combine' if plan[0] > 1 else 'no merge'}, {kv_cta} kv head(s) per CTA; "
+              f"{'cluster' if plan[1] else f'combine ({cl} loads x {cw} warps)' if plan[0] > 1 else 'no merge'}, {kv_cta} kv head(s) per CTA; "
               f"resident clusters of 4/8/16 (one head per CTA): {fits}")
         for n in fns:
             if n in errs:

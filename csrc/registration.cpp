@@ -71,6 +71,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         }, "tests: (num_splits, cluster_merge) of this thread's last CUDA attention_decode");
   m.def("last_decode_kv_per_cta", [] { return rope_ext::last_decode_plan().kv_per_cta; },
         "tests: kv heads per CTA of this thread's last CUDA attention_decode (variant 5)");
+  m.def("last_decode_combine", [] {
+          const auto& d = rope_ext::last_decode_plan();
+          return std::make_tuple(d.combine_loads, d.combine_warps);
+        }, "tests: (splits loaded per warp at once, warps per row) of the combine kernel in this thread's last CUDA "
+           "attention_decode ((0, 0): no combine kernel)");
   m.def("set_value_checks", [](bool on) { rope_ext::device_value_checks() = on; },
         "check positions/offsets/cu_seqlens values of CUDA tensors too (synchronizes)");
 #ifdef ROPE_EXT_WITH_CUDA
@@ -96,6 +101,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_decode_cluster_merge", &rope_ext::set_decode_cluster_merge,
         "tests/bench: whether attention_decode's splits may merge in a thread-block cluster (default on; "
         "off: the combine kernel)");
+  m.def("set_decode_combine_loads", &rope_ext::set_decode_combine_loads,
+        "tests/bench: attention_decode's combine kernel: splits each warp loads at once (4, 8, 16 or 32; 32 at head "
+        "dim <= 128 only, else 16); 0 = auto");
   m.def("set_decode_kv_pair", &rope_ext::set_decode_kv_pair,
         "tests/bench: attention_decode over fp8 caches (D 128, interleaved heads): 0 = auto, 1 = one kv head per "
         "CTA, 2 = two neighbouring kv heads per CTA wherever allowed");

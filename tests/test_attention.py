@@ -702,24 +702,41 @@ def test_rope_attention_gqa_heads_checked(device):
     assert torch.equal(q, q0) and torch.equal(k, k0)
 
 
+def combine_shape(num_splits, D, loads=0):
+    """The combine kernel's (loads per warp, warps per row) that the host should pick
+    (attention_dispatch.cu, combine_shape), written out independently."""
+    if loads == 0:
+        loads = 4 if num_splits <= 4 else 8 if num_splits <= 8 else 16
+    loads = min(loads, 16 if D > 128 else 32)
+    warps = 1
+    while warps < 8 and loads * warps < num_splits:
+        warps *= 2
+    return loads, warps
+
+
 @cuda
+@pytest.mark.parametrize("loads", [0, 4, 8, 16, 32])
 @pytest.mark.parametrize("num_splits", [19, 40, 100, 300])
-def test_combine_nan_and_empty_cuda(num_splits):
-    """The combine kernel with several warps per row (19 splits: 2, 40: 4, 100 and 300: 8;
-    300 in three rounds of loads): a NaN key in one late split makes its row NaN (output
-    and lse), a sequence without keys gives zeros and lse -inf, and a finite one matches
-    the same call without splits."""
+def test_combine_nan_and_empty_cuda(num_splits, loads):
+    """The combine kernel with several warps per row and rounds of loads (19 splits at 16
+    loads per warp: 2 warps, 40: 4, 100 and 300: 8, 300 in three rounds; at 4 loads 300
+    splits take 10 rounds), every forced loads count: a NaN key in one late split makes its
+    row NaN (output and lse), a sequence without keys gives zeros and lse -inf, and a
+    finite one matches the same call without splits."""
     D, cap = 64, 640
     kc, vc = randn((3, cap, 1, D), torch.bfloat16, "cuda"), randn((3, cap, 1, D), torch.bfloat16, "cuda")
     kc[0, 517, 0, 3] = NAN
     q = randn((3, 1, 1, D), torch.bfloat16, "cuda")
     lens = torch.tensor([600, 0, 333], dtype=torch.int32, device="cuda")
     rope_ext._C.set_decode_cluster_merge(False)
+    rope_ext._C.set_decode_combine_loads(loads)
     try:
         o, lse = rope_ext.attention_decode(q, kc, vc, lens, return_lse=True, num_splits=num_splits, impl="hybrid")
         assert rope_ext._C.last_decode_plan() == (num_splits, False)
+        assert rope_ext._C.last_decode_combine() == combine_shape(num_splits, D, loads)
     finally:
         rope_ext._C.set_decode_cluster_merge(True)
+        rope_ext._C.set_decode_combine_loads(0)
     o1, l1 = rope_ext.attention_decode(q, kc, vc, lens, return_lse=True, num_splits=1, impl="hybrid")
     assert torch.isnan(o[0].float()).all() and torch.isnan(lse[0]).all(), o[0].flatten()[:4].tolist()
     assert torch.equal(o[1], torch.zeros_like(o[1])) and torch.isneginf(lse[1]).all()
@@ -1154,6 +1171,29 @@ def test_tensor_core_splits_cuda(num_splits, step):
             o, lse, wo, wl, vs = fill_and_decode("cuda", torch.bfloat16, paged=True, G=4, q_len=1, B=B, cap=cap, D=D,
                                                  num_splits=num_splits, impl="hybrid", step=step)
             assert_attn_close(o, lse, wo, wl, vs, f"num_splits={num_splits} cap={cap} D={D}")
+
+
+@cuda
+@pytest.mark.parametrize("loads", [0, 4, 8, 16, 32])
+@pytest.mark.parametrize("D", [128, 256])
+def test_combine_loads_cuda(D, loads):
+    """The combine kernel's instances (4, 8, 16, 32 splits loaded per warp at once; 32
+    falls to 16 at D 256) at split counts below, at and past one warp's loads (warps per
+    row 1-8, rounds past 8 warps), against the float64 truth; the shape taken is the
+    host rule's."""
+    rope_ext._C.set_decode_cluster_merge(False)
+    rope_ext._C.set_decode_combine_loads(loads)
+    try:
+        for ns in (2, 3, 4, 5, 8, 9, 16, 17, 31, 32, 33, 64, 129):
+            torch.manual_seed(ns)
+            o, lse, wo, wl, vs = fill_and_decode("cuda", torch.bfloat16, paged=False, G=4, q_len=1, B=3, cap=300, D=D,
+                                                 num_splits=ns, impl="hybrid")
+            assert rope_ext._C.last_decode_plan() == (ns, False)
+            assert rope_ext._C.last_decode_combine() == combine_shape(ns, D, loads), ns
+            assert_attn_close(o, lse, wo, wl, vs, f"num_splits={ns} loads={loads} D={D}")
+    finally:
+        rope_ext._C.set_decode_cluster_merge(True)
+        rope_ext._C.set_decode_combine_loads(0)
 
 
 @cuda

@@ -392,9 +392,9 @@ int choose_splits(int64_t ctas, double slots, int64_t max_keys, int64_t min_keys
 // (griddepcontrol.wait): the launch gap leaves the critical path.
 void launch_combine(const DecodeParams& p, at::ScalarType dtype, int device, cudaStream_t stream) {
   const int major = cuda_launch::device_attribute<cudaDevAttrComputeCapabilityMajor>(device);
-  // Warps per row: the fewest (1, 2, 4, 8) that leave each at most kCombineLoads splits.
+  const CombineShape shape = combine_shape(p.num_splits, p.rope.D);
   int lw = 0;
-  while (lw < 3 && (int64_t(cuda::kCombineLoads) << lw) < p.num_splits) ++lw;
+  while ((1 << lw) < shape.warps) ++lw;
   const int rows_per_block = (cuda::kCombineThreads / 32) >> lw;
   const int64_t rows = p.B * p.q_len * p.Hq;
   ROPE_HALF_TYPES_SWITCH(dtype, T, [&] {
@@ -419,8 +419,22 @@ void launch_combine(const DecodeParams& p, at::ScalarType dtype, int device, cud
     c.num_splits = p.num_splits;
     c.D = p.rope.D;
     c.log2_warps = lw;
-    if (c.D > 128) C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, cuda::decode_combine_kernel<T, 2>, c));
-    else C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, cuda::decode_combine_kernel<T, 1>, c));
+    // combine_shape's loads: 4, 8, 16, and 32 at D <= 128 only (kH = 2 holds 2 float4 per load).
+    auto launch = [&](auto kernel) { C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, c)); };
+    if (c.D > 128) {
+      switch (shape.loads) {
+        case 4: launch(cuda::decode_combine_kernel<T, 2, 4>); break;
+        case 8: launch(cuda::decode_combine_kernel<T, 2, 8>); break;
+        default: launch(cuda::decode_combine_kernel<T, 2, 16>); break;
+      }
+    } else {
+      switch (shape.loads) {
+        case 4: launch(cuda::decode_combine_kernel<T, 1, 4>); break;
+        case 8: launch(cuda::decode_combine_kernel<T, 1, 8>); break;
+        case 16: launch(cuda::decode_combine_kernel<T, 1, 16>); break;
+        default: launch(cuda::decode_combine_kernel<T, 1, 32>); break;
+      }
+    }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }
@@ -445,6 +459,7 @@ int decode_rows_per_cta(int64_t rows, DecodeImpl impl) {
 namespace {
 std::atomic<bool> g_cluster_merge{true};
 std::atomic<int> g_kv_pair{0};  // set_decode_kv_pair: 0 auto, 1 never, 2 wherever allowed
+std::atomic<int> g_combine_loads{0};  // set_decode_combine_loads: 0 auto, else 4, 8, 16 or 32
 
 // CTAs per split: (b, kv head or pair of them, row group).
 int64_t grid_ctas(const DecodeParams& p) {
@@ -533,6 +548,24 @@ int decode_max_clusters(at::ScalarType dtype, int64_t D, bool fp8, int64_t rows,
                           static_cast<int>(std::clamp<int64_t>(splits, 0, 1024)), device);
 }
 void set_decode_kv_pair(int mode) { g_kv_pair.store(mode == 1 || mode == 2 ? mode : 0); }
+void set_decode_combine_loads(int loads) {
+  g_combine_loads.store(loads == 4 || loads == 8 || loads == 16 || loads == 32 ? loads : 0);
+}
+
+CombineShape combine_shape(int num_splits, int64_t D) {
+  // Splits a warp loads at once: the fewest of 4, 8, 16 that hold every split (no load of
+  // a row twice), else 16 with more warps per row (1, 2, 4, 8; past 128 splits, rounds).
+  // 32 (one warp of 32 loads, the form of the kernel before the fifth session's, which
+  // had one round trip up to 32 splits) only when forced: see bench/NOTES.md, sixth
+  // session of 2026-11-26. D > 128 holds two float4 per load: at most 16.
+  const int cap = D > 128 ? 16 : 32;
+  int loads = g_combine_loads.load(std::memory_order_relaxed);
+  if (loads == 0) loads = num_splits <= 4 ? 4 : num_splits <= 8 ? 8 : 16;
+  loads = std::min(loads, cap);
+  int warps = 1;
+  while (warps < 8 && int64_t(loads) * warps < num_splits) warps *= 2;
+  return {loads, warps};
+}
 
 int decode_kv_per_cta(const DecodeParams& p, int64_t max_keys, DecodeImpl impl) {
   const KVCacheView& c = p.cache;

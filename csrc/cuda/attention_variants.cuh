@@ -51,8 +51,9 @@
 //      fusion          UN-rotated keys and each key is rotated after its load at
 //                       position index + offsets (neox partners are exchanged between
 //                       lanes with shuffles). Kept as a variant for the bench.
-//   4. combine          1-8 warps per (b, query token, head): merges the splits' partial
-//                       outputs with weights exp2(lse_s - max).
+//   4. combine          1-8 warps per (b, query token, head), 4-32 splits loaded per
+//                       warp at once: merges the splits' partial outputs with weights
+//                       exp2(lse_s - max).
 //
 // What was learned (the design notes; H100 numbers come from bench/attn.py runs):
 //   - K-RoPE in the loop (3) costs, per key and lane, 8 accurate sin/cos (a double
@@ -978,15 +979,14 @@ __global__ void __launch_bounds__(kDecodeThreads, decode_min_ctas<kRows, kFullFu
 
 // ---------------------------------------------------------------- 4. combine
 constexpr int kCombineThreads = 256;  // 8 warps: 8 / W output rows of W warps each
-constexpr int kCombineLoads = 16;     // splits whose partial rows a lane loads at once
 
-// W warps per (b, query token, head) (W = 1 << p.log2_warps, the fewest of 1, 2, 4, 8
-// that leave each warp at most kCombineLoads splits; the host's choice): warp w of a row
-// takes splits w, w + W, ..., lane l features 4l .. 4l + 3 (+ 128 for D = 256: kH = 2).
-// Every load of a warp (its splits' partial rows and lse) is issued before any is used:
-// one L2 round trip per kCombineLoads * W splits. Each warp merges its splits against
-// its own max (online across rounds); the row's first warp merges the W results
-// (weights exp2(m_w - max)) from shared memory and writes the row.
+// W warps per (b, query token, head), each loading kLoads splits' partial rows at once
+// (W = 1 << p.log2_warps and kLoads: the host's combine_shape, attention_dispatch.cu):
+// warp w of a row takes splits w, w + W, ..., lane l features 4l .. 4l + 3 (+ 128 for
+// D = 256: kH = 2). Every load of a warp (its splits' partial rows and lse) is issued
+// before any is used: one L2 round trip per kLoads * W splits. Each warp merges its
+// splits against its own max (online across rounds); with W > 1 the row's first warp
+// merges the W results (weights exp2(m_w - max)) from shared memory and writes the row.
 // History: the first version looped over the splits inside a loop over the features
 // (B = 1, 7-28 splits: 10-14 us for a 0.1 MB read); one warp per row with the first 32
 // splits' rows prefetched took one round trip up to 32 splits but one more per 8 splits
@@ -994,11 +994,15 @@ constexpr int kCombineLoads = 16;     // splits whose partial rows a lane loads 
 // 5.8 us at 32 splits, 15.7 at 64, against the decode kernel's 23.4 / 15.9 / 12.6 at 32 /
 // 64 / 128 splits: the combine, not the decode, held few kv heads at 32 splits. (A first
 // version of this one read the row's lse for the max before the partial rows: two round
-// trips, ~3 us more at B = 1 ctx 32768 with 31 splits, run C of that session.)
+// trips, ~3 us more at B = 1 ctx 32768 with 31 splits, run C of that session.) kLoads was
+// 16 for every split count (12 of 16 loads repeated the last row at 4 splits), and W > 1
+// always went through shared memory and a barrier: the sixth session's A/B of 4 / 8 / 16 /
+// 32 loads per warp is in bench/NOTES.md.
 // Launched as a programmatic dependent of the decode kernel where the GPU has PDL: it
 // waits for it here.
-template <typename T, int kH>
+template <typename T, int kH, int kLoads>
 __global__ void __launch_bounds__(kCombineThreads, 1) decode_combine_kernel(const __grid_constant__ CombineParams p) {
+  static_assert(kLoads <= 32, "one split's lse per lane");
   constexpr int kWarpsPerCta = kCombineThreads / 32;
   __shared__ float4 part_o[kWarpsPerCta][32 * kH];
   __shared__ float part_m[kWarpsPerCta], part_l[kWarpsPerCta];
@@ -1017,27 +1021,27 @@ __global__ void __launch_bounds__(kCombineThreads, 1) decode_combine_kernel(cons
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
+  if (W == 1 && !live) return;  // (W > 1: every thread reaches the barrier below)
   float4 acc[kH];
 #pragma unroll
   for (int h = 0; h < kH; ++h) acc[h] = zero;
   float m = ninf, lsum = 0.f;  // this warp's max and sum of exp2(lse_s - m) (NaN: a NaN split)
   if (live) {
-    for (int s0 = wp; s0 < ns; s0 += W * kCombineLoads) {
+    for (int s0 = wp; s0 < ns; s0 += W * kLoads) {
       // Unconditional loads (the last split's row again past ns, features clamped), the
-      // misses replaced after; lane k (and k + 16) holds split k's lse, as the previous
-      // kernel did. With each lane loading all 16 lse values (a register max, no shuffle)
-      // the compiler put the partial rows' loads after the max: two round trips (SASS of
-      // the fifth session of 2026-11-26).
-      float4 v[kCombineLoads][kH];
+      // misses replaced after; lane k (and k + kLoads, ...) holds split k's lse, as the
+      // previous kernel did. With each lane loading all the lse values (a register max, no
+      // shuffle) the compiler put the partial rows' loads after the max: two round trips
+      // (SASS of the fifth session of 2026-11-26).
+      float4 v[kLoads][kH];
 #pragma unroll
-      for (int k = 0; k < kCombineLoads; ++k) {
+      for (int k = 0; k < kLoads; ++k) {
         const int sc = min(s0 + k * W, ns - 1);
 #pragma unroll
         for (int h = 0; h < kH; ++h)
           v[k][h] = *reinterpret_cast<const float4*>(ws + static_cast<int64_t>(sc) * D + min(4 * lane + 128 * h, D - 4));
       }
-      static_assert(kCombineLoads <= 32, "one split's lse per lane");
-      const int sl = s0 + (lane % kCombineLoads) * W;
+      const int sl = s0 + (lane % kLoads) * W;
       float ll = lse[min(sl, ns - 1)];
       if (sl >= ns) ll = ninf;
       float mb = fmaxf(m, ll);  // fmaxf drops NaN; its weight is NaN below
@@ -1050,7 +1054,7 @@ __global__ void __launch_bounds__(kCombineThreads, 1) decode_combine_kernel(cons
       m = mb;
       const float wl = ll == ninf ? 0.f : exp2f(ll - m);  // an empty split (or past ns) weighs 0
 #pragma unroll
-      for (int k = 0; k < kCombineLoads; ++k) {
+      for (int k = 0; k < kLoads; ++k) {
         const float w = __shfl_sync(0xffffffffu, wl, k);
         lsum += w;
         if (s0 + k * W < ns) {
@@ -1060,37 +1064,41 @@ __global__ void __launch_bounds__(kCombineThreads, 1) decode_combine_kernel(cons
       }
     }
   }
-#pragma unroll
-  for (int h = 0; h < kH; ++h) part_o[warp][lane * kH + h] = acc[h];
-  if (lane == 0) {
-    part_m[warp] = m;
-    part_l[warp] = lsum;
-  }
-  __syncthreads();
-  if (!live || wp != 0) return;
-  T* o = static_cast<T*>(p.o) + row * D;
   float M = m;
   bool nan = isnan(lsum);
-  for (int w = 1; w < W; ++w) {
-    M = fmaxf(M, part_m[warp + w]);
-    nan |= isnan(part_l[warp + w]);
+  if (W > 1) {
+#pragma unroll
+    for (int h = 0; h < kH; ++h) part_o[warp][lane * kH + h] = acc[h];
+    if (lane == 0) {
+      part_m[warp] = m;
+      part_l[warp] = lsum;
+    }
+    __syncthreads();
+    if (!live || wp != 0) return;
+    for (int w = 1; w < W; ++w) {
+      M = fmaxf(M, part_m[warp + w]);
+      nan |= isnan(part_l[warp + w]);
+    }
   }
+  T* o = static_cast<T*>(p.o) + row * D;
   if (M == ninf && !nan) {  // no key in any split
     for (int d = lane; d < D; d += 32) o[d] = static_cast<T>(0.f);
     if (lane == 0) p.lse[row] = ninf;
     return;
   }
-  // The W parts against the row's max (a NaN part makes the row NaN, as its lse would).
-  const float f0 = m == ninf ? 0.f : exp2f(m - M);
-  lsum *= f0;
+  if (W > 1) {
+    // The W parts against the row's max (a NaN part makes the row NaN, as its lse would).
+    const float f0 = m == ninf ? 0.f : exp2f(m - M);
+    lsum *= f0;
 #pragma unroll
-  for (int h = 0; h < kH; ++h) scale4(acc[h], f0);
-  for (int w = 1; w < W; ++w) {
-    const float mw = part_m[warp + w];
-    const float f = mw == ninf ? 0.f : exp2f(mw - M);
-    lsum = fmaf(part_l[warp + w], f, lsum);
+    for (int h = 0; h < kH; ++h) scale4(acc[h], f0);
+    for (int w = 1; w < W; ++w) {
+      const float mw = part_m[warp + w];
+      const float f = mw == ninf ? 0.f : exp2f(mw - M);
+      lsum = fmaf(part_l[warp + w], f, lsum);
 #pragma unroll
-    for (int h = 0; h < kH; ++h) fma4(acc[h], f, part_o[warp + w][lane * kH + h]);
+      for (int h = 0; h < kH; ++h) fma4(acc[h], f, part_o[warp + w][lane * kH + h]);
+    }
   }
   if (nan) lsum = __int_as_float(0x7fffffff);
   const float inv = 1.f / lsum;
