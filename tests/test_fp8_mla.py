@@ -257,9 +257,10 @@ def test_fp8_decode_cluster_merge(cluster, step):
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
 @pytest.mark.parametrize("G,q_len,Hk", [(1, 1, 2), (1, 8, 4), (4, 1, 8), (4, 2, 2), (8, 1, 2), (2, 3, 4)])
 @pytest.mark.parametrize("splits", [1, 3, 16, 17, None])
-def test_fp8_decode_kv_pair(paged, G, q_len, Hk, splits):
-    """Two neighbouring kv heads per CTA (rope_ext._C.set_decode_kv_pair(2): the fp8 D = 128
-    instances that read both heads' rows of the interleaved cache as one row): within the
+@pytest.mark.parametrize("D", [64, 128])
+def test_fp8_decode_kv_pair(paged, G, q_len, Hk, splits, D):
+    """Two neighbouring kv heads per CTA (rope_ext._C.set_decode_kv_pair(2): the fp8 D = 64
+    and 128 instances that read both heads' rows of the interleaved cache as one row): within the
     float64 truth's tolerance, and bit-equal to one kv head per CTA under the same split
     plan (the other head's rows add exact zeros). Per-head scales, so a row that read the
     wrong head's keys or scales fails. The one-call step and head-major caches never pair."""
@@ -269,7 +270,7 @@ def test_fp8_decode_kv_pair(paged, G, q_len, Hk, splits):
         try:
             torch.manual_seed(2026)
             o, lse, want_o, want_lse, _, vmax, _ = fp8_fill_and_decode(
-                "cuda", torch.bfloat16, paged=paged, G=G, q_len=q_len, per_head=True, D=128, Hk=Hk, B=3, cap=288,
+                "cuda", torch.bfloat16, paged=paged, G=G, q_len=q_len, per_head=True, D=D, Hk=Hk, B=3, cap=288,
                 num_splits=splits)
             got[mode] = (o, lse, rope_ext._C.last_decode_kv_per_cta(), rope_ext._C.last_decode_plan())
         finally:
@@ -282,10 +283,10 @@ def test_fp8_decode_kv_pair(paged, G, q_len, Hk, splits):
         assert torch.equal(got[2][0], got[1][0]) and torch.equal(got[2][1], got[1][1]), "pair vs single: not bit-equal"
     rope_ext._C.set_decode_kv_pair(2)
     try:
-        fp8_fill_and_decode("cuda", torch.bfloat16, paged=paged, G=G, q_len=q_len, per_head=True, D=128, Hk=Hk,
+        fp8_fill_and_decode("cuda", torch.bfloat16, paged=paged, G=G, q_len=q_len, per_head=True, D=D, Hk=Hk,
                             num_splits=splits, step="one")
         assert rope_ext._C.last_decode_kv_per_cta() == 1, "the one-call step builds its new tile per kv head"
-        fp8_fill_and_decode("cuda", torch.bfloat16, paged=paged, G=G, q_len=q_len, per_head=True, D=128, Hk=Hk,
+        fp8_fill_and_decode("cuda", torch.bfloat16, paged=paged, G=G, q_len=q_len, per_head=True, D=D, Hk=Hk,
                             num_splits=splits, head_major=True)
         assert rope_ext._C.last_decode_kv_per_cta() == 1, "head-major caches: the heads' rows are not side by side"
     finally:
@@ -311,6 +312,11 @@ def test_fp8_decode_kv_pair_auto():
             args = (q[:nb], kc[:nb], vc[:nb], lens[:nb] if hint is None else lens[:nb].clamp(max=hint))
             o_auto, l_auto = rope_ext.attention_decode(*args, max_seqlen=hint, **kw)
             assert rope_ext._C.last_decode_kv_per_cta() == want, (nb, hint)
+            if nb == B and hint is None:  # D 64 has pair instances, but auto keeps one head per CTA there
+                h64 = dict(k_scale=ks, v_scale=vs, num_splits=4)
+                q64, k64, v64 = (t[:nb, ..., :64].contiguous() for t in (q, kc, vc))  # interleaved heads: pairable
+                rope_ext.attention_decode(q64, k64, v64, args[3], **h64)
+                assert rope_ext._C.last_decode_kv_per_cta() == 1
             rope_ext._C.set_decode_kv_pair(1)
             try:
                 o_one, l_one = rope_ext.attention_decode(*args, max_seqlen=hint, **kw)
@@ -324,13 +330,14 @@ def test_fp8_decode_kv_pair_auto():
 
 
 @cuda
+@pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("block_size", [8, 16])
-def test_fp8_decode_kv_pair_small_blocks_and_strided_q(block_size):
+def test_fp8_decode_kv_pair_small_blocks_and_strided_q(block_size, D):
     """Two kv heads per CTA over paged caches with blocks smaller than a tile (8: each key's
     slot looked up on its own) and with q's features strided (Q staged element by element,
     not by cp.async), q_len 4 at G 1 (no upper rows) and q_len 2 at G 4 (16 rows): bit-equal
     to one kv head per CTA under the same forced split plan."""
-    B, Hk, D, cap = 3, 4, 128, 96
+    B, Hk, cap = 3, 4, 96
     for G, q_len in ((1, 4), (4, 2)):
         nb = B * cap // block_size + 5
         kc = (randn((nb, block_size, Hk, D), torch.float32, "cuda") * 4).to(FP8)

@@ -570,11 +570,12 @@ CombineShape combine_shape(int num_splits, int64_t D) {
 int decode_kv_per_cta(const DecodeParams& p, int64_t max_keys, DecodeImpl impl) {
   const KVCacheView& c = p.cache;
   const int64_t D = p.rope.D;
-  // The pair instances (decode_mma_launch.cuh, has_pair): fp8 at D = 128, the two heads'
-  // rows side by side (the interleaved [.., slot, Hk, D] layout), one row group, and not
-  // the decode step in one launch (its new tile is built per kv head).
-  const bool allowed = impl == DecodeImpl::kHybrid && c.fp8 && D == 128 && c.Hk % 2 == 0 && c.k_stride[2] == D &&
-                       c.v_stride[2] == D && p.k_new == nullptr && 2 * p.G * p.q_len <= cuda::mma_decode::kRows;
+  // The pair instances (decode_mma_launch.cuh, has_pair): fp8 at D = 64 and 128, the two
+  // heads' rows side by side (the interleaved [.., slot, Hk, D] layout), one row group, and
+  // not the decode step in one launch (its new tile is built per kv head).
+  const bool allowed = impl == DecodeImpl::kHybrid && c.fp8 && (D == 64 || D == 128) && c.Hk % 2 == 0 &&
+                       c.k_stride[2] == D && c.v_stride[2] == D && p.k_new == nullptr &&
+                       2 * p.G * p.q_len <= cuda::mma_decode::kRows;
   const int mode = g_kv_pair.load(std::memory_order_relaxed);
   if (!allowed || mode == 1) return 1;
   // Auto: where it was measured faster (Hq 32, Hk 8, runs C and D of the fifth session of
@@ -583,7 +584,8 @@ int decode_kv_per_cta(const DecodeParams& p, int64_t max_keys, DecodeImpl impl) 
   // 381.0, B = 8 ctx 2048 28.3 -> 26.7; not at B = 1 ctx 2048 (12.2 -> 12.5). The 128-byte
   // rows of one fp8 head, 1 KB apart, were what held the interleaved cache ~5% under the
   // head-major one.
-  const bool pays = max_keys >= kPairKeys || (max_keys >= kPairShortKeys && p.B * c.Hk >= kPairHeads);
+  // D = 64 (64-byte rows of one head): not measured yet, so auto keeps one head per CTA.
+  const bool pays = D == 128 && (max_keys >= kPairKeys || (max_keys >= kPairShortKeys && p.B * c.Hk >= kPairHeads));
   return mode == 2 || pays ? 2 : 1;
 }
 void set_append_shape(int shape) { g_append_shape.store(shape); }

@@ -75,10 +75,10 @@
 //     Run 1 of issue 20 first widened each tile into a bf16 tile in shared memory
 //     (cvt, st.shared, a warp barrier per tile): fp8 took 0.68-0.75x the bf16 cache's
 //     time, 62-76% of copy on its bytes; the per-tile chain, not the bytes, was the cost.
-//   - kPair (fp8 caches, D = 128, DecodeParams::kv_per_cta = 2): a CTA takes two
-//     neighbouring kv heads and copies their rows of a slot as one 256-byte ring row (the
-//     interleaved cache holds them side by side; one head's fp8 row is 128 bytes, 1 KB
-//     from the next slot's). QK^T runs once per head over its half of the row and each
+//   - kPair (fp8 caches, D = 64 or 128, DecodeParams::kv_per_cta = 2): a CTA takes two
+//     neighbouring kv heads and copies their rows of a slot as one ring row of 2 D bytes
+//     (the interleaved cache holds them side by side; at D = 128 one head's fp8 row is
+//     128 bytes, 1 KB from the next slot's at Hk 8). QK^T runs once per head over its half of the row and each
 //     query row keeps its own head's scores; P.V runs once per head with the other
 //     head's rows' P zeroed, into the same accumulators, so every row's O is the one
 //     head's result bit for bit (a NaN in one head's values does reach the other

@@ -14,9 +14,10 @@ namespace rope_ext {
 namespace mma_detail {
 template <typename T, int D, bool kUpper, bool kFp8, bool kPair>
 auto* kernel() { return &cuda::mma_decode::decode_mma_kernel<T, D, kUpper, kFp8, kPair>; }
-// The instances with two kv heads per CTA (DecodeParams::kv_per_cta): fp8 caches at D = 128.
+// The instances with two kv heads per CTA (DecodeParams::kv_per_cta): fp8 caches at D = 64
+// and 128 (ring rows of 128 and 256 bytes; at D = 256 one head's row is 256 bytes already).
 template <int D, bool kFp8>
-constexpr bool has_pair() { return kFp8 && D == 128; }
+constexpr bool has_pair() { return kFp8 && (D == 64 || D == 128); }
 
 // The kernel takes more than the default 48 KB of dynamic shared memory, and clusters of
 // up to 16 CTAs (more than the portable 8) for the cluster merge: set both once per
