@@ -55,13 +55,13 @@ int decode_kv_per_cta(const DecodeParams& p, int64_t max_keys, DecodeImpl impl);
 // tests/bench: 0 auto, 1 never pair kv heads, 2 pair them wherever allowed.
 void set_decode_kv_pair(int mode);
 // The combine kernel's (variant 4) shape for `num_splits` splits at head dim D: splits
-// each warp loads at once (4, 8, 16 or 32) and warps per output row (1, 2, 4 or 8).
+// each warp loads at once (4, 8 or 16) and warps per output row (1, 2, 4 or 8).
 struct CombineShape {
   int loads, warps;
 };
 CombineShape combine_shape(int num_splits, int64_t D);
-// tests/bench: the combine kernel's loads per warp (4, 8, 16 or 32; 32 at D <= 128 only,
-// else 16); 0 (or anything else) = combine_shape's rule.
+// tests/bench: the combine kernel's loads per warp (4, 8 or 16); 0 (or anything else) =
+// combine_shape's rule.
 void set_decode_combine_loads(int loads);
 // tests/bench: how many clusters of `splits` CTAs of variant 5's instance for (q dtype,
 // head dim, fp8 cache, query rows per kv head) can be resident on `device` at once.

@@ -102,8 +102,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "tests/bench: whether attention_decode's splits may merge in a thread-block cluster (default on; "
         "off: the combine kernel)");
   m.def("set_decode_combine_loads", &rope_ext::set_decode_combine_loads,
-        "tests/bench: attention_decode's combine kernel: splits each warp loads at once (4, 8, 16 or 32; 32 at head "
-        "dim <= 128 only, else 16); 0 = auto");
+        "tests/bench: attention_decode's combine kernel: splits each warp loads at once (4, 8 or 16); 0 = auto");
   m.def("set_decode_kv_pair", &rope_ext::set_decode_kv_pair,
         "tests/bench: attention_decode over fp8 caches (D 64 or 128, interleaved heads): 0 = auto, 1 = one kv head per "
         "CTA, 2 = two neighbouring kv heads per CTA wherever allowed");

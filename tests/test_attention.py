@@ -702,12 +702,11 @@ def test_rope_attention_gqa_heads_checked(device):
     assert torch.equal(q, q0) and torch.equal(k, k0)
 
 
-def combine_shape(num_splits, D, loads=0):
+def combine_shape(num_splits, loads=0):
     """The combine kernel's (loads per warp, warps per row) that the host should pick
     (attention_dispatch.cu, combine_shape), written out independently."""
     if loads == 0:
-        loads = 4 if num_splits <= 4 else 8 if num_splits <= 8 else 16
-    loads = min(loads, 16 if D > 128 else 32)
+        loads = 4 if num_splits <= 4 else 8 if num_splits <= 64 else 16
     warps = 1
     while warps < 8 and loads * warps < num_splits:
         warps *= 2
@@ -715,7 +714,7 @@ def combine_shape(num_splits, D, loads=0):
 
 
 @cuda
-@pytest.mark.parametrize("loads", [0, 4, 8, 16, 32])
+@pytest.mark.parametrize("loads", [0, 4, 8, 16])
 @pytest.mark.parametrize("num_splits", [19, 40, 100, 300])
 def test_combine_nan_and_empty_cuda(num_splits, loads):
     """The combine kernel with several warps per row and rounds of loads (19 splits at 16
@@ -733,7 +732,7 @@ def test_combine_nan_and_empty_cuda(num_splits, loads):
     try:
         o, lse = rope_ext.attention_decode(q, kc, vc, lens, return_lse=True, num_splits=num_splits, impl="hybrid")
         assert rope_ext._C.last_decode_plan() == (num_splits, False)
-        assert rope_ext._C.last_decode_combine() == combine_shape(num_splits, D, loads)
+        assert rope_ext._C.last_decode_combine() == combine_shape(num_splits, loads)
     finally:
         rope_ext._C.set_decode_cluster_merge(True)
         rope_ext._C.set_decode_combine_loads(0)
@@ -1163,9 +1162,9 @@ def test_decode_q_layouts_cuda(D, G, q_len, cfg, step):
 def test_tensor_core_splits_cuda(num_splits, step):
     """Variant 5 with forced split counts: splits round up to whole 16-key tiles, so high
     counts leave splits with no key at all (lse -inf partials) that the combine ignores;
-    lengths 1 and a few keys sit inside one tile. The combine kernel's warps per row
-    follow the count (19: 2, 40: 4, 100: 8, 1024: 8 warps with 8 rounds of loads); D 256
-    has two feature groups per lane."""
+    lengths 1 and a few keys sit inside one tile. The combine kernel's shape follows the
+    count (3: 4 loads, one warp per row; 5: 8 loads; 19: 8 loads x 4 warps, 40: x 8; 100: 16
+    x 8; 1024: 16 x 8 in 8 rounds of loads); D 256 has two feature groups per lane."""
     for D in (128, 256) if num_splits >= 40 else (128,):
         for B, cap in ((3, 300), (4, 17)):
             o, lse, wo, wl, vs = fill_and_decode("cuda", torch.bfloat16, paged=True, G=4, q_len=1, B=B, cap=cap, D=D,
@@ -1174,12 +1173,12 @@ def test_tensor_core_splits_cuda(num_splits, step):
 
 
 @cuda
-@pytest.mark.parametrize("loads", [0, 4, 8, 16, 32])
+@pytest.mark.parametrize("loads", [0, 4, 8, 16])
 @pytest.mark.parametrize("D", [128, 256])
 def test_combine_loads_cuda(D, loads):
-    """The combine kernel's instances (4, 8, 16, 32 splits loaded per warp at once; 32
-    falls to 16 at D 256) at split counts below, at and past one warp's loads (warps per
-    row 1-8, rounds past 8 warps), against the float64 truth; the shape taken is the
+    """The combine kernel's instances (4, 8, 16 splits loaded per warp at once; one and two
+    feature groups per lane) at split counts below, at and past one warp's loads (warps
+    per row 1-8, rounds past 8 warps), against the float64 truth; the shape taken is the
     host rule's."""
     rope_ext._C.set_decode_cluster_merge(False)
     rope_ext._C.set_decode_combine_loads(loads)
@@ -1189,7 +1188,7 @@ def test_combine_loads_cuda(D, loads):
             o, lse, wo, wl, vs = fill_and_decode("cuda", torch.bfloat16, paged=False, G=4, q_len=1, B=3, cap=300, D=D,
                                                  num_splits=ns, impl="hybrid")
             assert rope_ext._C.last_decode_plan() == (ns, False)
-            assert rope_ext._C.last_decode_combine() == combine_shape(ns, D, loads), ns
+            assert rope_ext._C.last_decode_combine() == combine_shape(ns, loads), ns
             assert_attn_close(o, lse, wo, wl, vs, f"num_splits={ns} loads={loads} D={D}")
     finally:
         rope_ext._C.set_decode_cluster_merge(True)

@@ -419,22 +419,16 @@ void launch_combine(const DecodeParams& p, at::ScalarType dtype, int device, cud
     c.num_splits = p.num_splits;
     c.D = p.rope.D;
     c.log2_warps = lw;
-    // combine_shape's loads: 4, 8, 16, and 32 at D <= 128 only (kH = 2 holds 2 float4 per load).
-    auto launch = [&](auto kernel) { C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, c)); };
-    if (c.D > 128) {
-      switch (shape.loads) {
-        case 4: launch(cuda::decode_combine_kernel<T, 2, 4>); break;
-        case 8: launch(cuda::decode_combine_kernel<T, 2, 8>); break;
-        default: launch(cuda::decode_combine_kernel<T, 2, 16>); break;
-      }
-    } else {
-      switch (shape.loads) {
-        case 4: launch(cuda::decode_combine_kernel<T, 1, 4>); break;
-        case 8: launch(cuda::decode_combine_kernel<T, 1, 8>); break;
-        case 16: launch(cuda::decode_combine_kernel<T, 1, 16>); break;
-        default: launch(cuda::decode_combine_kernel<T, 1, 32>); break;
-      }
-    }
+    // combine_shape's loads per warp: 4, 8 or 16; kH = 2 feature groups per lane at D 256.
+    auto launch = [&](auto kh) {
+      constexpr int kH = decltype(kh)::value;
+      auto* k = shape.loads == 4   ? cuda::decode_combine_kernel<T, kH, 4>
+                : shape.loads == 8 ? cuda::decode_combine_kernel<T, kH, 8>
+                                   : cuda::decode_combine_kernel<T, kH, 16>;
+      C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, k, c));
+    };
+    if (c.D > 128) launch(std::integral_constant<int, 2>{});
+    else launch(std::integral_constant<int, 1>{});
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }
@@ -548,20 +542,18 @@ int decode_max_clusters(at::ScalarType dtype, int64_t D, bool fp8, int64_t rows,
                           static_cast<int>(std::clamp<int64_t>(splits, 0, 1024)), device);
 }
 void set_decode_kv_pair(int mode) { g_kv_pair.store(mode == 1 || mode == 2 ? mode : 0); }
-void set_decode_combine_loads(int loads) {
-  g_combine_loads.store(loads == 4 || loads == 8 || loads == 16 || loads == 32 ? loads : 0);
-}
+void set_decode_combine_loads(int loads) { g_combine_loads.store(loads == 4 || loads == 8 || loads == 16 ? loads : 0); }
 
-CombineShape combine_shape(int num_splits, int64_t D) {
-  // Splits a warp loads at once: the fewest of 4, 8, 16 that hold every split (no load of
-  // a row twice), else 16 with more warps per row (1, 2, 4, 8; past 128 splits, rounds).
-  // 32 (one warp of 32 loads, the form of the kernel before the fifth session's, which
-  // had one round trip up to 32 splits) only when forced: see bench/NOTES.md, sixth
-  // session of 2026-11-26. D > 128 holds two float4 per load: at most 16.
-  const int cap = D > 128 ? 16 : 32;
+CombineShape combine_shape(int num_splits, int64_t /*D*/) {
+  // Splits a warp loads at once: 4 up to 4 splits, 8 up to 64 (2-8 warps per row past 8),
+  // then 16 (8 warps; past 128 splits, rounds). H100, in turns (run B of the sixth session
+  // of 2026-11-26, us at 4 / 8 / 16 / 32 loads): the suite's B = 8 ctx 8192 (4 splits)
+  // 106.3 / 106.5 / 106.8 / 107.2; B = 1 ctx 32768 (31 splits; 8 / 4 / 2 / 1 warps) 63.7 /
+  // 63.7 / 65.6 / 64.5; MQA B = 1 ctx 32768 (64 splits) - / 18.3 / 18.2 / 19.5. Fewer loads
+  // per warp (no row loaded twice) and more warps were level or ahead; one warp of 32
+  // loads (the form before the fifth session's) was never ahead and left the code.
   int loads = g_combine_loads.load(std::memory_order_relaxed);
-  if (loads == 0) loads = num_splits <= 4 ? 4 : num_splits <= 8 ? 8 : 16;
-  loads = std::min(loads, cap);
+  if (loads == 0) loads = num_splits <= 4 ? 4 : num_splits <= 64 ? 8 : 16;
   int warps = 1;
   while (warps < 8 && int64_t(loads) * warps < num_splits) warps *= 2;
   return {loads, warps};

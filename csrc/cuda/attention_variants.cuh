@@ -51,7 +51,7 @@
 //      fusion          UN-rotated keys and each key is rotated after its load at
 //                       position index + offsets (neox partners are exchanged between
 //                       lanes with shuffles). Kept as a variant for the bench.
-//   4. combine          1-8 warps per (b, query token, head), 4-32 splits loaded per
+//   4. combine          1-8 warps per (b, query token, head), 4-16 splits loaded per
 //                       warp at once: merges the splits' partial outputs with weights
 //                       exp2(lse_s - max).
 //
@@ -995,14 +995,14 @@ constexpr int kCombineThreads = 256;  // 8 warps: 8 / W output rows of W warps e
 // 64 / 128 splits: the combine, not the decode, held few kv heads at 32 splits. (A first
 // version of this one read the row's lse for the max before the partial rows: two round
 // trips, ~3 us more at B = 1 ctx 32768 with 31 splits, run C of that session.) kLoads was
-// 16 for every split count (12 of 16 loads repeated the last row at 4 splits), and W > 1
-// always went through shared memory and a barrier: the sixth session's A/B of 4 / 8 / 16 /
-// 32 loads per warp is in bench/NOTES.md.
+// 16 for every split count (12 of 16 loads repeated the last row at 4 splits): 4 / 8 / 16
+// now, by the A/B beside combine_shape (a one-warp form of 32 loads, 219 registers, was
+// never ahead there). With W = 1 the shared-memory merge and its barrier are skipped.
 // Launched as a programmatic dependent of the decode kernel where the GPU has PDL: it
 // waits for it here.
 template <typename T, int kH, int kLoads>
 __global__ void __launch_bounds__(kCombineThreads, 1) decode_combine_kernel(const __grid_constant__ CombineParams p) {
-  static_assert(kLoads <= 32, "one split's lse per lane");
+  static_assert(kLoads <= 16, "one split's lse per lane (lanes k and k + kLoads, ...)");
   constexpr int kWarpsPerCta = kCombineThreads / 32;
   __shared__ float4 part_o[kWarpsPerCta][32 * kH];
   __shared__ float part_m[kWarpsPerCta], part_l[kWarpsPerCta];
