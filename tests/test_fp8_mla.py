@@ -297,7 +297,7 @@ def test_fp8_decode_kv_pair(paged, G, q_len, Hk, splits, D):
 def test_fp8_decode_kv_pair_auto():
     """auto pairs kv heads from 8192 keys per sequence up (the capacity, or the max_seqlen
     hint), and from 2048 with B * Hk >= 64, with the same result bit for bit as one kv head
-    per CTA under the same split count; elsewhere one kv head per CTA."""
+    per CTA under the same split count; elsewhere one kv head per CTA. D 128 and D 64."""
     torch.manual_seed(7)
     B, Hk, G, D, cap = 16, 4, 4, 128, 8192
     kc = (torch.randn(B, cap, Hk, D, device="cuda") * 4).to(FP8)
@@ -312,11 +312,17 @@ def test_fp8_decode_kv_pair_auto():
             args = (q[:nb], kc[:nb], vc[:nb], lens[:nb] if hint is None else lens[:nb].clamp(max=hint))
             o_auto, l_auto = rope_ext.attention_decode(*args, max_seqlen=hint, **kw)
             assert rope_ext._C.last_decode_kv_per_cta() == want, (nb, hint)
-            if nb == B and hint is None:  # D 64 has pair instances, but auto keeps one head per CTA there
-                h64 = dict(k_scale=ks, v_scale=vs, num_splits=4)
+            if hint in (None, 1024):  # D 64 under the same rule, bit-equal to one head per CTA
                 q64, k64, v64 = (t[:nb, ..., :64].contiguous() for t in (q, kc, vc))  # interleaved heads: pairable
-                rope_ext.attention_decode(q64, k64, v64, args[3], **h64)
-                assert rope_ext._C.last_decode_kv_per_cta() == 1
+                a64 = (q64, k64, v64, args[3])
+                o64, l64 = rope_ext.attention_decode(*a64, max_seqlen=hint, **kw)
+                assert rope_ext._C.last_decode_kv_per_cta() == want, (nb, hint, "D 64")
+                rope_ext._C.set_decode_kv_pair(1)
+                try:
+                    o64s, l64s = rope_ext.attention_decode(*a64, max_seqlen=hint, **kw)
+                finally:
+                    rope_ext._C.set_decode_kv_pair(0)
+                assert torch.isfinite(o64).all() and torch.equal(o64, o64s) and torch.equal(l64, l64s), (nb, hint)
             rope_ext._C.set_decode_kv_pair(1)
             try:
                 o_one, l_one = rope_ext.attention_decode(*args, max_seqlen=hint, **kw)

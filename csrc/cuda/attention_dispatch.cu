@@ -575,9 +575,10 @@ int decode_kv_per_cta(const DecodeParams& p, int64_t max_keys, DecodeImpl impl) 
   // 8192 69.2 -> 67.1, ctx 32768 210.3 -> 198.9 (90% of copy), B = 64 ctx 8192 400.4 ->
   // 381.0, B = 8 ctx 2048 28.3 -> 26.7; not at B = 1 ctx 2048 (12.2 -> 12.5). The 128-byte
   // rows of one fp8 head, 1 KB apart, were what held the interleaved cache ~5% under the
-  // head-major one.
-  // D = 64 (64-byte rows of one head): not measured yet, so auto keeps one head per CTA.
-  const bool pays = D == 128 && (max_keys >= kPairKeys || (max_keys >= kPairShortKeys && p.B * c.Hk >= kPairHeads));
+  // head-major one. D = 64 (64-byte rows of one head, run C of the sixth session, auto
+  // splits): B = 1 ctx 32768 30.5 -> 26.5, B = 8 ctx 8192 43.3 -> 39.9, ctx 32768 120.7 ->
+  // 111.8, B = 64 ctx 8192 224.0 -> 214.4; the same rule (short contexts not measured there).
+  const bool pays = max_keys >= kPairKeys || (max_keys >= kPairShortKeys && p.B * c.Hk >= kPairHeads);
   return mode == 2 || pays ? 2 : 1;
 }
 void set_append_shape(int shape) { g_append_shape.store(shape); }
