@@ -94,7 +94,7 @@ def main():
         if args.simt:
             fns["hybrid_simt"] = lambda: rope_ext.attention_decode(q, kc, vc, lens, max_seqlen=ctx, impl="hybrid_simt")
         # --pair: the forced-split rows once with one kv head per CTA (mode 1) and once with
-        # two (mode 2); without it auto's choice (0), which pairs fp8 heads at D 128 from 8192
+        # two (mode 2); without it auto's choice (0), which pairs fp8 heads at D 64 / 128 from 8192
         # keys, and from 2048 with B * Hk >= 64 (attention_dispatch.cu, decode_kv_per_cta).
         pairs = (1, 2) if args.pair else (0,)
         if args.pair:

@@ -60,8 +60,8 @@ struct CombineShape {
   int loads, warps;
 };
 CombineShape combine_shape(int num_splits, int64_t D);
-// tests/bench: the combine kernel's loads per warp (4, 8 or 16); 0 (or anything else) =
-// combine_shape's rule.
+// tests/bench: the combine kernel's loads per warp (4, 8 or 16); 0 = combine_shape's rule
+// (the binding refuses anything else).
 void set_decode_combine_loads(int loads);
 // tests/bench: how many clusters of `splits` CTAs of variant 5's instance for (q dtype,
 // head dim, fp8 cache, query rows per kv head) can be resident on `device` at once.

@@ -130,6 +130,9 @@ struct DecodeParams {
   // cluster and merge through distributed shared memory at the end of the kernel (no
   // workspace, no combine launch; decode_merge.cuh). Otherwise the combine kernel does it.
   bool cluster_merge = false;
+  // The combine kernel's shape (num_splits > 1 without the cluster merge; combine_shape in
+  // attention_dispatch.cu): splits each warp loads at once (4, 8, 16), warps per row (1-8).
+  int32_t combine_loads = 0, combine_warps = 0;
   float softmax_scale = 1.f;
   bool causal = true;
   // The decode step (attention_decode with k, v): the q_len new tokens go (or went: the

@@ -101,7 +101,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_decode_cluster_merge", &rope_ext::set_decode_cluster_merge,
         "tests/bench: whether attention_decode's splits may merge in a thread-block cluster (default on; "
         "off: the combine kernel)");
-  m.def("set_decode_combine_loads", &rope_ext::set_decode_combine_loads,
+  m.def("set_decode_combine_loads",
+        [](int loads) {
+          // pybind11's ValueError, not a c10 one thrown from the CUDA dispatch file (see decode_max_clusters).
+          if (loads != 0 && loads != 4 && loads != 8 && loads != 16)
+            throw pybind11::value_error("rope_ext: set_decode_combine_loads: loads must be 0, 4, 8 or 16, got " +
+                                        std::to_string(loads));
+          rope_ext::set_decode_combine_loads(loads);
+        },
         "tests/bench: attention_decode's combine kernel: splits each warp loads at once (4, 8 or 16); 0 = auto");
   m.def("set_decode_kv_pair", &rope_ext::set_decode_kv_pair,
         "tests/bench: attention_decode over fp8 caches (D 64 or 128, interleaved heads): 0 = auto, 1 = one kv head per "

@@ -715,13 +715,14 @@ def combine_shape(num_splits, loads=0):
 
 @cuda
 @pytest.mark.parametrize("loads", [0, 4, 8, 16])
-@pytest.mark.parametrize("num_splits", [19, 40, 100, 300])
+@pytest.mark.parametrize("num_splits", [3, 12, 19, 40, 100, 300])
 def test_combine_nan_and_empty_cuda(num_splits, loads):
-    """The combine kernel with several warps per row and rounds of loads (19 splits at 16
-    loads per warp: 2 warps, 40: 4, 100 and 300: 8, 300 in three rounds; at 4 loads 300
-    splits take 10 rounds), every forced loads count: a NaN key in one late split makes its
-    row NaN (output and lse), a sequence without keys gives zeros and lse -inf, and a
-    finite one matches the same call without splits."""
+    """The combine kernel with one warp per row (3 splits; 12 at 16 loads per warp: no
+    shared-memory merge), several warps per row and rounds of loads (19 splits at 16 loads
+    per warp: 2 warps, 40: 4, 100 and 300: 8, 300 in three rounds; at 4 loads 300 splits take
+    10 rounds), every forced loads count: a NaN key in one late split makes its row NaN
+    (output and lse), a sequence without keys gives zeros and lse -inf, and a finite one
+    matches the same call without splits."""
     D, cap = 64, 640
     kc, vc = randn((3, cap, 1, D), torch.bfloat16, "cuda"), randn((3, cap, 1, D), torch.bfloat16, "cuda")
     kc[0, 517, 0, 3] = NAN
@@ -736,6 +737,9 @@ def test_combine_nan_and_empty_cuda(num_splits, loads):
     finally:
         rope_ext._C.set_decode_cluster_merge(True)
         rope_ext._C.set_decode_combine_loads(0)
+    for bad in (1, 32, -4):
+        with pytest.raises(ValueError, match="loads"):
+            rope_ext._C.set_decode_combine_loads(bad)
     o1, l1 = rope_ext.attention_decode(q, kc, vc, lens, return_lse=True, num_splits=1, impl="hybrid")
     assert torch.isnan(o[0].float()).all() and torch.isnan(lse[0]).all(), o[0].flatten()[:4].tolist()
     assert torch.equal(o[1], torch.zeros_like(o[1])) and torch.isneginf(lse[1]).all()

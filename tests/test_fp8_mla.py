@@ -312,17 +312,17 @@ def test_fp8_decode_kv_pair_auto():
             args = (q[:nb], kc[:nb], vc[:nb], lens[:nb] if hint is None else lens[:nb].clamp(max=hint))
             o_auto, l_auto = rope_ext.attention_decode(*args, max_seqlen=hint, **kw)
             assert rope_ext._C.last_decode_kv_per_cta() == want, (nb, hint)
-            if hint in (None, 1024):  # D 64 under the same rule, bit-equal to one head per CTA
-                q64, k64, v64 = (t[:nb, ..., :64].contiguous() for t in (q, kc, vc))  # interleaved heads: pairable
-                a64 = (q64, k64, v64, args[3])
-                o64, l64 = rope_ext.attention_decode(*a64, max_seqlen=hint, **kw)
-                assert rope_ext._C.last_decode_kv_per_cta() == want, (nb, hint, "D 64")
-                rope_ext._C.set_decode_kv_pair(1)
-                try:
-                    o64s, l64s = rope_ext.attention_decode(*a64, max_seqlen=hint, **kw)
-                finally:
-                    rope_ext._C.set_decode_kv_pair(0)
-                assert torch.isfinite(o64).all() and torch.equal(o64, o64s) and torch.equal(l64, l64s), (nb, hint)
+            # D 64 under the same rule, bit-equal to one head per CTA
+            q64, k64, v64 = (t[:nb, ..., :64].contiguous() for t in (q, kc, vc))  # interleaved heads: pairable
+            a64 = (q64, k64, v64, args[3])
+            o64, l64 = rope_ext.attention_decode(*a64, max_seqlen=hint, **kw)
+            assert rope_ext._C.last_decode_kv_per_cta() == want, (nb, hint, "D 64")
+            rope_ext._C.set_decode_kv_pair(1)
+            try:
+                o64s, l64s = rope_ext.attention_decode(*a64, max_seqlen=hint, **kw)
+            finally:
+                rope_ext._C.set_decode_kv_pair(0)
+            assert torch.isfinite(o64).all() and torch.equal(o64, o64s) and torch.equal(l64, l64s), (nb, hint)
             rope_ext._C.set_decode_kv_pair(1)
             try:
                 o_one, l_one = rope_ext.attention_decode(*args, max_seqlen=hint, **kw)

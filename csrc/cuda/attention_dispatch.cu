@@ -392,9 +392,11 @@ int choose_splits(int64_t ctas, double slots, int64_t max_keys, int64_t min_keys
 // (griddepcontrol.wait): the launch gap leaves the critical path.
 void launch_combine(const DecodeParams& p, at::ScalarType dtype, int device, cudaStream_t stream) {
   const int major = cuda_launch::device_attribute<cudaDevAttrComputeCapabilityMajor>(device);
-  const CombineShape shape = combine_shape(p.num_splits, p.rope.D);
+  // The shape the op layer chose (DecodeParams::combine_*: the one last_decode_combine reports).
+  TORCH_CHECK(p.combine_loads == 4 || p.combine_loads == 8 || p.combine_loads == 16,
+              "rope_ext: internal: combine shape not set (", p.combine_loads, " loads)");
   int lw = 0;
-  while ((1 << lw) < shape.warps) ++lw;
+  while ((1 << lw) < p.combine_warps) ++lw;
   const int rows_per_block = (cuda::kCombineThreads / 32) >> lw;
   const int64_t rows = p.B * p.q_len * p.Hq;
   ROPE_HALF_TYPES_SWITCH(dtype, T, [&] {
@@ -422,9 +424,9 @@ void launch_combine(const DecodeParams& p, at::ScalarType dtype, int device, cud
     // combine_shape's loads per warp: 4, 8 or 16; kH = 2 feature groups per lane at D 256.
     auto launch = [&](auto kh) {
       constexpr int kH = decltype(kh)::value;
-      auto* k = shape.loads == 4   ? cuda::decode_combine_kernel<T, kH, 4>
-                : shape.loads == 8 ? cuda::decode_combine_kernel<T, kH, 8>
-                                   : cuda::decode_combine_kernel<T, kH, 16>;
+      auto* k = p.combine_loads == 4   ? cuda::decode_combine_kernel<T, kH, 4>
+                : p.combine_loads == 8 ? cuda::decode_combine_kernel<T, kH, 8>
+                                       : cuda::decode_combine_kernel<T, kH, 16>;
       C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, k, c));
     };
     if (c.D > 128) launch(std::integral_constant<int, 2>{});
@@ -453,7 +455,7 @@ int decode_rows_per_cta(int64_t rows, DecodeImpl impl) {
 namespace {
 std::atomic<bool> g_cluster_merge{true};
 std::atomic<int> g_kv_pair{0};  // set_decode_kv_pair: 0 auto, 1 never, 2 wherever allowed
-std::atomic<int> g_combine_loads{0};  // set_decode_combine_loads: 0 auto, else 4, 8, 16 or 32
+std::atomic<int> g_combine_loads{0};  // set_decode_combine_loads: 0 auto, else 4, 8 or 16
 
 // CTAs per split: (b, kv head or pair of them, row group).
 int64_t grid_ctas(const DecodeParams& p) {
@@ -543,6 +545,7 @@ int decode_max_clusters(at::ScalarType dtype, int64_t D, bool fp8, int64_t rows,
 }
 void set_decode_kv_pair(int mode) { g_kv_pair.store(mode == 1 || mode == 2 ? mode : 0); }
 void set_decode_combine_loads(int loads) { g_combine_loads.store(loads == 4 || loads == 8 || loads == 16 ? loads : 0); }
+// (The binding refuses other values with a ValueError.)
 
 CombineShape combine_shape(int num_splits, int64_t /*D*/) {
   // Splits a warp loads at once: 4 up to 4 splits, 8 up to 64 (2-8 warps per row past 8),

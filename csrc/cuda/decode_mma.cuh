@@ -82,8 +82,9 @@
 //     query row keeps its own head's scores; P.V runs once per head with the other
 //     head's rows' P zeroed, into the same accumulators, so every row's O is the one
 //     head's result bit for bit (a NaN in one head's values does reach the other
-//     head's rows: 0 * NaN). Scales per row. 216-220 registers and 112 KB of shared memory:
-//     2 CTAs per SM (one head: 3). H100, in turns (runs C-D of the fifth session of
+//     head's rows: 0 * NaN). Scales per row. At D = 128 216-220 registers and 112 KB of
+//     shared memory: 2 CTAs per SM (one head: 3); at D = 64 128-156 registers, ~54 KB (the
+//     stage count follows the ring row, 2 D bytes: as D = 128's one head). H100, in turns (runs C-D of the fifth session of
 //     2026-11-26), one head -> two: B = 8 ctx 32768 210.3 -> 197.5-198.9 us (90% of copy,
 //     the plain read 191), B = 64 ctx 8192 400.4 -> 381.0, B = 8 ctx 2048 28.3 -> 26.7, B = 1
 //     ctx 32768 46.1 -> 44.2, B = 1 ctx 2048 12.2 -> 12.5 (kept at one); the host's rule is

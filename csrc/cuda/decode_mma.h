@@ -21,7 +21,7 @@ constexpr int kRows = 16;      // query rows per CTA: the MMA's M
 
 // rows: query rows of a CTA's kv heads (G * kv_per_cta * q_len; a CTA takes at most 16
 // of them, one row group), which picks the instance with or without the MMA's upper 8 rows; kv_per_cta (1, or 2 where the instance has pairs: fp8
-// caches at D = 128) the one with one or two kv heads per CTA. kFp8: the caches are
+// caches at D = 64 and 128) the one with one or two kv heads per CTA. kFp8: the caches are
 // float8_e4m3fn (q and o stay T).
 template <typename T, int D, bool kFp8>
 void launch_decode_mma(const DecodeParams& p, dim3 grid, cudaStream_t stream, int device);
