@@ -54,15 +54,15 @@ void set_decode_cluster_merge(bool on);
 int decode_kv_per_cta(const DecodeParams& p, int64_t max_keys, DecodeImpl impl);
 // tests/bench: 0 auto, 1 never pair kv heads, 2 pair them wherever allowed.
 void set_decode_kv_pair(int mode);
-// The combine kernel's (variant 4) shape for `num_splits` splits at head dim D: splits
-// each warp loads at once (4, 8 or 16) and warps per output row (1, 2, 4 or 8).
+// The combine kernel's (variant 4) shape for `num_splits` splits: splits each warp loads
+// at once (4, 8 or 16) and warps per output row (1, 2, 4 or 8).
 struct CombineShape {
   int loads, warps;
 };
-CombineShape combine_shape(int num_splits, int64_t D);
-// tests/bench: the combine kernel's loads per warp (4, 8 or 16); 0 = combine_shape's rule
-// (the binding refuses anything else).
-void set_decode_combine_loads(int loads);
+CombineShape combine_shape(int num_splits);
+// tests/bench: the combine kernel's loads per warp (4, 8 or 16); 0 = combine_shape's rule.
+// Returns false (and changes nothing) for any other value.
+bool set_decode_combine_loads(int loads);
 // tests/bench: how many clusters of `splits` CTAs of variant 5's instance for (q dtype,
 // head dim, fp8 cache, query rows per kv head) can be resident on `device` at once.
 int decode_max_clusters(at::ScalarType dtype, int64_t D, bool fp8, int64_t rows, int64_t splits, int device);

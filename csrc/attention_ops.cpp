@@ -489,19 +489,17 @@ std::tuple<at::Tensor, at::Tensor> decode_run(DecodeParams& p, const at::Tensor&
     const DecodePlan plan = decode_plan(p, max_keys, num_splits, q.device(), q.scalar_type(), which);
     p.num_splits = std::max(1, plan.num_splits);
     p.cluster_merge = plan.cluster_merge;
-    if (p.num_splits > 1 && !p.cluster_merge) {
-      const CombineShape cs = combine_shape(p.num_splits, D);
+    at::Tensor ws_o, ws_lse;
+    if (p.num_splits > 1 && !p.cluster_merge) {  // the combine kernel merges, over a workspace
+      const CombineShape cs = combine_shape(p.num_splits);
       p.combine_loads = cs.loads;
       p.combine_warps = cs.warps;
-    }
-    last_decode_plan() = DecodePlan{p.num_splits, p.cluster_merge, p.kv_per_cta, p.combine_loads, p.combine_warps};
-    at::Tensor ws_o, ws_lse;
-    if (p.num_splits > 1 && !p.cluster_merge) {
       ws_o = at::empty({B, Hq, q_len, p.num_splits, D}, q.options().dtype(at::kFloat));
       ws_lse = at::empty({B, Hq, q_len, p.num_splits}, q.options().dtype(at::kFloat));
       p.ws_o = ws_o.data_ptr<float>();
       p.ws_lse = ws_lse.data_ptr<float>();
     }
+    last_decode_plan() = DecodePlan{p.num_splits, p.cluster_merge, p.kv_per_cta, p.combine_loads, p.combine_warps};
     attention_decode_cuda(p, q.scalar_type(), q.device(), which);
 #else
     TORCH_CHECK(false, "rope_ext was built without CUDA; rebuild with nvcc available (see README)");

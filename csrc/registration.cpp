@@ -104,10 +104,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_decode_combine_loads",
         [](int loads) {
           // pybind11's ValueError, not a c10 one thrown from the CUDA dispatch file (see decode_max_clusters).
-          if (loads != 0 && loads != 4 && loads != 8 && loads != 16)
+          if (!rope_ext::set_decode_combine_loads(loads))
             throw pybind11::value_error("rope_ext: set_decode_combine_loads: loads must be 0, 4, 8 or 16, got " +
                                         std::to_string(loads));
-          rope_ext::set_decode_combine_loads(loads);
         },
         "tests/bench: attention_decode's combine kernel: splits each warp loads at once (4, 8 or 16); 0 = auto");
   m.def("set_decode_kv_pair", &rope_ext::set_decode_kv_pair,

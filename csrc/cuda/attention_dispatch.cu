@@ -544,10 +544,13 @@ int decode_max_clusters(at::ScalarType dtype, int64_t D, bool fp8, int64_t rows,
                           static_cast<int>(std::clamp<int64_t>(splits, 0, 1024)), device);
 }
 void set_decode_kv_pair(int mode) { g_kv_pair.store(mode == 1 || mode == 2 ? mode : 0); }
-void set_decode_combine_loads(int loads) { g_combine_loads.store(loads == 4 || loads == 8 || loads == 16 ? loads : 0); }
-// (The binding refuses other values with a ValueError.)
+bool set_decode_combine_loads(int loads) {
+  if (loads != 0 && loads != 4 && loads != 8 && loads != 16) return false;
+  g_combine_loads.store(loads);
+  return true;
+}
 
-CombineShape combine_shape(int num_splits, int64_t /*D*/) {
+CombineShape combine_shape(int num_splits) {
   // Splits a warp loads at once: 4 up to 4 splits, 8 up to 64 (2-8 warps per row past 8),
   // then 16 (8 warps; past 128 splits, rounds). H100, in turns (run B of the sixth session
   // of 2026-11-26, us at 4 / 8 / 16 / 32 loads): the suite's B = 8 ctx 8192 (4 splits)
