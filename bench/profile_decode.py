@@ -2,6 +2,7 @@
 
     ncu --profile-from-start off -k regex:"decode|append|merge" python bench/profile_decode.py [CASE ...]
     python bench/profile_decode.py --time [CASE ...]   # graph_us of each case instead (A/B runs)
+    python bench/profile_decode.py --turns [CASE ...]  # the cases timed in turns
 
 Profiles one call of each case after warm-up (the profiler range covers only those
 calls), Hq 32, Hk 8, D 128, bf16 q, contiguous cache. Cases (default: all):
@@ -12,7 +13,9 @@ calls), Hq 32, Hk 8, D 128, bf16 q, contiguous cache. Cases (default: all):
   step_b1_512, step_b1_8192 (the decode step in one call: attention_decode with k, v),
   mqa_b1_32768, mqa_b1_32768_s64, mqa_b1_32768_s128 (Hq 8, Hk 1; auto, 64 and 128 splits),
   append_8192 (append_kv without q, T = 8192 tokens of one sequence), append_16 (16
-  sequences of one token), both varlen as in the attn suite."""
+  sequences of one token), both varlen as in the attn suite; append_16q (with q),
+  append_16b (batched [16, 1], with q), append_16bp (the same over a paged(16) cache),
+  append_16f (varlen, with q, into fp8 caches)."""
 import os
 import sys
 
@@ -45,17 +48,35 @@ def decode_case(cache, B, ctx, step=False, paged=False, Hq=Hq, Hk=Hk, splits=Non
     return lambda: rope_ext.attention_decode(q, kc, vc, lens, max_seqlen=ctx, **kw)
 
 
-def append_case(T):
-    """As the attn suite's rows: varlen, T = 16 is 16 sequences of one token, else one
-    sequence of T."""
+def append_case(T, q=False, batched=False, paged=False, fp8=False):
+    """As the attn suite's rows: T = 16 is 16 sequences of one token (varlen, or batched
+    [16, 1]), else one sequence of T; q: rotate q [T, Hq, D] in place too; paged: block
+    size 16, a shuffled block table; fp8: e4m3 caches, per-head k_scale, per-tensor v_scale."""
     B = 16 if T == 16 else 1
     k = torch.randn(T, Hk, D, device=dev, dtype=torch.bfloat16)
     v = torch.randn_like(k)
-    kc = torch.zeros(B, T // B + 4096, Hk, D, device=dev, dtype=torch.bfloat16)
-    vc = torch.zeros_like(kc)
+    qq = torch.randn(T, Hq, D, device=dev, dtype=torch.bfloat16) if q else None
+    cap = T // B + 4096
     lens = torch.randint(0, 4096, (B,), dtype=torch.int32, device=dev)
+    if paged:
+        cap = (cap + 15) // 16 * 16
+        nb = B * cap // 16
+        kc = torch.zeros(nb, 16, Hk, D, device=dev, dtype=torch.bfloat16)
+        bt = torch.randperm(nb, device=dev, dtype=torch.int32).view(B, cap // 16)
+    else:
+        kc = torch.zeros(B, cap, Hk, D, device=dev, dtype=torch.bfloat16)
+        bt = None
+    vc = torch.zeros_like(kc)
+    sc = {}
+    if fp8:
+        kc, vc = kc.to(FP8), vc.to(FP8)
+        sc = dict(k_scale=torch.rand(Hk, device=dev) * 0.1 + 0.02, v_scale=torch.tensor([0.03], device=dev))
+    if batched:
+        k, v = k.view(B, T // B, Hk, D), v.view(B, T // B, Hk, D)
+        qq = qq.view(B, T // B, Hq, D) if q else None
+        return lambda: rope_ext.append_kv(k, v, kc, vc, lens, q=qq, block_table=bt, **sc)
     cu = torch.arange(0, T + 1, T // B, dtype=torch.int32, device=dev)
-    return lambda: rope_ext.append_kv(k, v, kc, vc, lens, cu_seqlens=cu)
+    return lambda: rope_ext.append_kv(k, v, kc, vc, lens, q=qq, cu_seqlens=cu, block_table=bt, **sc)
 
 
 CASES = {
@@ -79,15 +100,32 @@ CASES = {
     "mqa_b1_32768_s128": lambda: decode_case("bf16", 1, 32768, Hq=8, Hk=1, splits=128),
     "append_8192": lambda: append_case(8192),
     "append_16": lambda: append_case(16),
+    "append_16q": lambda: append_case(16, q=True),  # the attn suite's "with q" row
+    "append_16b": lambda: append_case(16, q=True, batched=True),
+    "append_16bp": lambda: append_case(16, q=True, batched=True, paged=True),
+    "append_16f": lambda: append_case(16, q=True, fp8=True),
 }
-timed = sys.argv[1:2] == ["--time"]  # --time CASE...: each case's graph_us (the suites' timing), no profiling
-names = sys.argv[1 + timed:] or list(CASES)
+# --time CASE...: each case's graph_us (replayed back to back: its code and parameters
+# stay warm in the SM); --turns CASE...: all cases in turns (graph_us_interleaved, as the
+# suites time), with a same-size-as-append_16 copy among them. No profiling either way.
+mode = sys.argv[1] if sys.argv[1:2] in (["--time"], ["--turns"]) else None
+names = sys.argv[1 + bool(mode):] or list(CASES)
 calls = [CASES[n]() for n in names]
-if timed:
+if mode:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from timing import graph_us
-    for n, f in zip(names, calls):
-        print(f"{n:<16}{graph_us(f):8.2f} us")
+    from timing import graph_us, graph_us_interleaved
+    if mode == "--time":
+        for n, f in zip(names, calls):
+            print(f"{n:<16}{graph_us(f):8.2f} us")
+    else:
+        src = torch.randn(16 * (2 * Hk + Hq) * D, device=dev, dtype=torch.bfloat16)  # k, v, q of T = 16
+        dst = torch.empty_like(src)
+        fns = dict(zip(names, calls), copy_16q=lambda: dst.copy_(src))
+        t, err = graph_us_interleaved(fns, reps=200)
+        for n, v in t.items():
+            print(f"{n:<16}{v:8.2f} us (in turns)")
+        for n, e in err.items():
+            print(f"{n:<16}n/a: {e}")
     sys.exit(0)
 for f in calls:
     f()

@@ -428,6 +428,10 @@ LEAN_CASES = {  # append_kv cases the lean kernel (1c) covers, each against kern
     "fp8_gptj_varlen": dict(fp8=True, interleaved=True, varlen=(2, 0, 3)),
     "block_1": dict(block_size=1),
     "head_major": dict(head_major=True),
+    # index tensors of the other width (the kernel loads them as raw words, either width)
+    "varlen_offsets_int64": dict(varlen=(2, 0, 3, 1), offsets=True, index64=True),
+    "batched_int64": dict(index64=True),
+    "varlen_positions_int32": dict(varlen=(1, 2, 0, 2), positions=True, pos32=True),
 }
 
 
@@ -439,8 +443,9 @@ def test_append_lean_kernel_cuda(case, paged):
     to kernel 1 (shape 1) over NaN-filled caches, and did run (last_append_kernel): GQA,
     no q, one kv head, GPT-J, fp32, fp8 with per-head scales, explicit positions, per-
     sequence offsets, a scalar offset with inv_freq and attention_factor, packed sequences
-    with empty ones and up to 31 of them, block size 1, head-major caches; the rows also
-    against the float64 rotation."""
+    with empty ones and up to 31 of them, block size 1, head-major caches, int64 cache
+    lengths / cu_seqlens / block tables and int32 positions; the rows also against the
+    float64 rotation."""
     c = LEAN_CASES[case]
     dev, dt = "cuda", c.get("dt", torch.bfloat16)
     B, T, Hk, Hq, D = 3, 2, c.get("Hk", 2), c.get("Hq", 8), c.get("D", 64)
@@ -456,16 +461,17 @@ def test_append_lean_kernel_cuda(case, paged):
     k, v = randn(shape + (Hk, D), dt, dev), randn(shape + (Hk, D), dt, dev)
     q = randn(shape + (Hq, D), dt, dev) if Hq else None
     kw = dict(interleaved=c.get("interleaved", False))
+    idt = torch.int64 if c.get("index64") else torch.int32
     if varlen:
-        kw["cu_seqlens"] = torch.cat([torch.zeros(1), n_new.cumsum(0)]).to(torch.int32).to(dev)
+        kw["cu_seqlens"] = torch.cat([torch.zeros(1), n_new.cumsum(0)]).to(idt).to(dev)
     seq = torch.repeat_interleave(torch.arange(B), n_new)
     j = torch.cat([torch.arange(n) for n in n_new.tolist()]) if Ttot else torch.zeros(0, dtype=torch.long)
     idx = lens[seq].long() + j  # cache index of each token (flat order)
     pos = idx.clone()
     if c.get("positions"):
-        p = torch.randint(0, 200000, shape)
+        p = torch.randint(0, 200000, shape, dtype=torch.int32 if c.get("pos32") else torch.int64)
         kw["positions"] = p.to(dev)
-        pos = p.reshape(-1)
+        pos = p.reshape(-1).long()
     if c.get("offsets"):
         off = torch.randint(0, 70000, (B,))
         kw["offsets"] = off.to(dev)
@@ -481,6 +487,8 @@ def test_append_lean_kernel_cuda(case, paged):
         kw["attention_factor"] = c["attention_factor"]
     kc0, vc0, bt = new_cache(B, 40, Hk, D, dt, dev, paged=paged, block_size=c.get("block_size", 16),
                              head_major=c.get("head_major", False))
+    if bt is not None:
+        bt = bt.to(idt)
     scales = {}
     if c.get("fp8"):
         kc0, vc0 = (torch.full(x.shape, 0x7F, dtype=torch.uint8, device=dev).view(torch.float8_e4m3fn)
@@ -492,7 +500,7 @@ def test_append_lean_kernel_cuda(case, paged):
         qq = q.clone() if q is not None else None
         rope_ext._C.set_append_shape(sh)
         try:
-            rope_ext.append_kv(k, v, kc, vc, lens.to(dev), block_table=bt, q=qq, **kw, **scales)
+            rope_ext.append_kv(k, v, kc, vc, lens.to(idt).to(dev), block_table=bt, q=qq, **kw, **scales)
             torch.cuda.synchronize()
             ran = rope_ext._C.last_append_kernel()
         finally:

@@ -171,7 +171,7 @@ bool launch_append_lean(const AppendParams& p, int device, cudaStream_t stream) 
   if (chunks < 1 || chunks > 128 || (chunks & (chunks - 1)) || (r.interleaved ? r.D % V : (r.R / 2) % V)) return false;
   const int64_t rows = 2 * p.cache.Hk + p.Hq, tokens = p.num_tokens;
   const int64_t gy = p.varlen ? tokens : p.T, gz = p.varlen ? 1 : p.B;
-  if (gy > 65535 || gz > 65535 || rows > INT32_MAX / 2) return false;
+  if (gy > 65535 || gz > 65535 || rows > INT16_MAX) return false;
   const auto fits = [](int64_t x) { return x >= INT32_MIN && x <= INT32_MAX; };
   const KVCacheView& c = p.cache;
   for (int d = 0; d < 3; ++d)
@@ -179,13 +179,16 @@ bool launch_append_lean(const AppendParams& p, int device, cudaStream_t stream) 
         !fits(c.v_stride[d]))
       return false;
   if (!fits(r.inv_freq_stride) || !fits(r.pos_stride_b) || !fits(c.capacity) || !fits(c.block_size) ||
-      !fits(c.num_blocks) || !fits(c.bt_stride_b) || !fits(c.k_scale_stride) || !fits(c.v_scale_stride))
+      !fits(c.num_blocks) || !fits(c.bt_stride_b) || !fits(c.k_scale_stride) || !fits(c.v_scale_stride) ||
+      !fits(c.seqlens.stride) || !fits(r.cu_seqlens.stride) || !fits(r.positions.stride) || !fits(r.offsets.stride) ||
+      !fits(c.block_table.stride))
     return false;
   cuda::AppendLeanParams lp{};
-  lp.rows = static_cast<int32_t>(rows);
-  lp.Hk = static_cast<int32_t>(c.Hk);
-  lp.half = r.R / 2;
-  lp.nseq = p.varlen ? static_cast<int32_t>(p.B) : 0;
+  uint16_t flags = c.seqlens.is64 ? cuda::kALLen64 : 0;
+  lp.rows = static_cast<int16_t>(rows);
+  lp.Hk = static_cast<int16_t>(c.Hk);
+  lp.half = static_cast<int16_t>(r.R / 2);
+  lp.nseq = p.varlen ? static_cast<int16_t>(p.B) : 0;
   const int64_t* in_s[3] = {p.k_stride, p.v_stride, p.q_stride};
   for (int t = 0; t < 3; ++t)
     for (int d = 0; d < 3; ++d) lp.in_s[t][d] = static_cast<int32_t>(in_s[t][d]);
@@ -198,27 +201,43 @@ bool launch_append_lean(const AppendParams& p, int device, cudaStream_t stream) 
     lp.cache_s[0][d] = static_cast<int32_t>(c.k_stride[d]);
     lp.cache_s[1][d] = static_cast<int32_t>(c.v_stride[d]);
   }
-  lp.seqlens = c.seqlens;
+  lp.seqlens = c.seqlens.ptr;
+  lp.seqlens_stride = static_cast<int32_t>(c.seqlens.stride);
   lp.inv_freq = r.inv_freq;
   lp.inv_freq_stride = static_cast<int32_t>(r.inv_freq_stride);
   lp.sin_scale = r.sign * r.scale;  // pair_sincos's
   lp.cos_scale = r.scale;
   lp.capacity = static_cast<int32_t>(c.capacity);
-  if (p.varlen) lp.cu_seqlens = r.cu_seqlens;
-  lp.positions = r.positions;
-  lp.pos_stride_b = static_cast<int32_t>(r.pos_stride_b);
+  if (p.varlen) {
+    lp.cu_seqlens = r.cu_seqlens.ptr;
+    lp.cu_stride = static_cast<int32_t>(r.cu_seqlens.stride);
+    if (r.cu_seqlens.is64) flags |= cuda::kALCu64;
+  }
+  if (r.positions.ptr) {
+    lp.positions = r.positions.ptr;
+    lp.pos_stride = static_cast<int32_t>(r.positions.stride);
+    lp.pos_stride_b = static_cast<int32_t>(r.pos_stride_b);
+    flags |= cuda::kALPos | (r.positions.is64 ? cuda::kALPos64 : 0);
+  }
   if (c.paged) {
-    lp.block_table = c.block_table;
+    lp.block_table = c.block_table.ptr;
+    lp.bt_stride = static_cast<int32_t>(c.block_table.stride);
     lp.bt_stride_b = static_cast<int32_t>(c.bt_stride_b);
     lp.block_size = static_cast<int32_t>(c.block_size);
     lp.num_blocks = static_cast<int32_t>(c.num_blocks);
+    flags |= cuda::kALPaged | (c.block_table.is64 ? cuda::kALBt64 : 0);
   }
-  lp.offsets = r.offsets;
+  if (r.offsets.ptr) {
+    lp.offsets = r.offsets.ptr;
+    lp.off_stride = static_cast<int32_t>(r.offsets.stride);
+    flags |= cuda::kALOff | (r.offsets.is64 ? cuda::kALOff64 : 0);
+  }
   lp.offset = r.offset;
   lp.scale[0] = c.k_scale;
   lp.scale[1] = c.v_scale;
   lp.scale_stride[0] = static_cast<int32_t>(c.k_scale_stride);
   lp.scale_stride[1] = static_cast<int32_t>(c.v_scale_stride);
+  lp.flags = flags;
   while ((1 << lp.cshift) < chunks) ++lp.cshift;
   // Rows per block: as many as 128 threads hold, halved while the grid leaves SMs idle;
   // packed sequences keep a whole warp (the ballot's lanes 0..B).

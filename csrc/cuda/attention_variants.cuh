@@ -602,37 +602,78 @@ __global__ void __launch_bounds__(kAppendBulkThreads) append_kv_bulk_kernel(cons
 // chunks, the sequence's cache length, its P frequencies, the position) goes out
 // before any is used, so the chain is the parameters, one DRAM round trip, the P
 // sin/cos, (paged: the block id) and the stores. No shared memory, no barrier.
-// Packed sequences: lane l loads cu_seqlens[l] and cache_seqlens[l] and the warp finds
-// the token's sequence by a ballot (kernel 1's search went sector after sector).
+// Packed sequences: lane l loads cu_seqlens[l], cache_seqlens[l] (and offsets[l]) in
+// the same round trip, and the warp finds the token's sequence by a ballot (kernel 1's
+// search went sector after sector).
 // The sin/cos and the rotation are variant 6's (angle_sincos_chunk, rotate_chunk) and
 // the fp8 store kernel 1's (store_fp8_item): the caches and q are bit-equal to kernel 1's.
-struct AppendLeanParams {
-  int32_t cshift;          // log2(chunks per row)
-  int32_t rows_per_block;  // RB
-  int32_t rows;            // 2 * Hk + Hq
-  int32_t Hk;
-  int32_t half;            // R / 2
-  int32_t nseq;            // packed sequences (varlen), or 0: batched (b = blockIdx.z, j = blockIdx.y)
-  int32_t in_s[3][3];      // k, v, q strides (elements): row b, row t, head
-  const void* in[3];       // k, v, q
-  void* cache[2];          // k_cache, v_cache
-  int32_t cache_s[2][3];   // dim 0 (sequence or block), dim 1 (slot), head
-  IndexArray seqlens;      // cache_seqlens [B]
-  const float* inv_freq;
-  int32_t inv_freq_stride;
-  float sin_scale, cos_scale;
-  int32_t capacity;        // slots per sequence
-  IndexArray cu_seqlens;   // varlen
-  IndexArray positions;    // [row_b * pos_stride_b + row_t * stride], or null
-  int32_t pos_stride_b;
-  int32_t block_size, num_blocks;  // paged (block_table.ptr set)
-  int32_t bt_stride_b;
-  IndexArray block_table;
-  IndexArray offsets;      // [b], or null: offset
-  int64_t offset;
-  const float* scale[2];   // fp8: k_scale, v_scale
-  int32_t scale_stride[2];
+// Parameters by constant line (64 bytes; they start at 0x210 of bank 0, so the first
+// line also holds the load descriptor at 0x208, which every kernel reads): bytes 0-47
+// hold the pointers of the first loads, bytes 48-111 their strides and the launch
+// shape, so the first loads wait for two cold lines (the layout before, the fields in
+// declaration order, spread them over four); the stores' fields, then the rare ones
+// (position tensors, the block table, fp8 scales) follow. Flags: kAL*.
+enum : uint16_t {
+  kALLen64 = 1, kALCu64 = 2, kALPos = 4, kALPos64 = 8, kALOff = 16, kALOff64 = 32, kALPaged = 64, kALBt64 = 128,
 };
+struct AppendLeanParams {
+  // bytes 0-47: the first loads' pointers
+  const void* in[3];        // k, v, q
+  const void* seqlens;      // cache_seqlens [B]
+  const void* cu_seqlens;   // varlen: [B + 1]
+  const float* inv_freq;
+  // bytes 48-111: their strides (elements) and the launch shape
+  int32_t in_s[3][3];       // k, v, q: row b, row t, head
+  int32_t seqlens_stride, cu_stride, inv_freq_stride;
+  int16_t rows;             // 2 * Hk + Hq
+  int16_t Hk;
+  int16_t half;             // R / 2
+  int16_t nseq;             // packed sequences (varlen), or 0: batched (b = blockIdx.z, j = blockIdx.y)
+  uint8_t cshift;           // log2(chunks per row)
+  uint8_t rows_per_block;   // RB
+  uint16_t flags;           // kAL*
+  int32_t capacity;         // slots per sequence
+  // bytes 112-175: the stores
+  void* cache[2];           // k_cache, v_cache
+  int32_t cache_s[2][3];    // dim 0 (sequence or block), dim 1 (slot), head
+  float sin_scale, cos_scale;
+  int32_t block_size, num_blocks;  // paged (kALPaged)
+  int32_t bt_stride_b, bt_stride;
+  // bytes 176-: the rare ones
+  const void* block_table;
+  const void* positions;    // [row_b * pos_stride_b + row_t * pos_stride] (kALPos)
+  const void* offsets;      // [b] (kALOff), else offset
+  int64_t offset;
+  int32_t pos_stride, pos_stride_b, off_stride;
+  int32_t scale_stride[2];  // fp8: per kv head 1, per tensor 0
+  const float* scale[2];    // fp8: k_scale, v_scale
+};
+static_assert(offsetof(AppendLeanParams, in_s) == 48 && offsetof(AppendLeanParams, cache) == 112 &&
+                  offsetof(AppendLeanParams, block_table) == 176,
+              "AppendLeanParams: the constant-line layout above");
+
+// An index tensor's entry as raw 32-bit words, converted where it is first used: a
+// conversion next to its load (load_index's int32 sign extension, inside the branch on
+// the dtype) waits for the load there, and with in-order issue everything behind it
+// (two such loads in a row made two DRAM round trips: ncu source counters, run A of the
+// seventh session of 2026-11-26).
+struct RawIndex {
+  uint32_t lo = 0, hi = 0;
+};
+__device__ __forceinline__ RawIndex load_raw_index(const void* ptr, int64_t off, bool is64) {
+  RawIndex r;
+  if (is64) {
+    const uint2 v = static_cast<const uint2*>(ptr)[off];
+    r.lo = v.x;
+    r.hi = v.y;
+  } else {
+    r.lo = static_cast<const uint32_t*>(ptr)[off];
+  }
+  return r;
+}
+__device__ __forceinline__ int64_t raw_index(RawIndex r, bool is64) {
+  return is64 ? static_cast<int64_t>((uint64_t(r.hi) << 32) | r.lo) : int64_t(static_cast<int32_t>(r.lo));
+}
 
 template <typename T, bool kInterleaved, bool kFp8>
 __global__ void __launch_bounds__(128) append_kv_lean_kernel(const __grid_constant__ AppendLeanParams p) {
@@ -640,6 +681,7 @@ __global__ void __launch_bounds__(128) append_kv_lean_kernel(const __grid_consta
   constexpr int P = kInterleaved ? V / 2 : V;          // pairs per chunk
   static_assert(P >= 1, "a chunk holds at least one pair");
   using VecT = Vec<T, V>;
+  const uint32_t fl = p.flags;
   const int c = threadIdx.x & ((1 << p.cshift) - 1);
   const int r = blockIdx.x * p.rows_per_block + (threadIdx.x >> p.cshift);
   const bool live = r < p.rows;  // a row past the end still takes part in the warp's ballot
@@ -647,8 +689,9 @@ __global__ void __launch_bounds__(128) append_kv_lean_kernel(const __grid_consta
   const int h = kind == 0 ? r : kind == 1 ? r - p.Hk : r - 2 * p.Hk;
   const int d0 = c * V, d1 = d0 + p.half;
 
-  // 1. Every load first: the input chunks (rows need only the grid), the sequence's
-  //    length, the frequencies, the position.
+  // 1. Every load first: the input chunks (rows need only the grid), the frequencies,
+  //    the position, the sequence's length (and start, and offset), the fp8 scale; all
+  //    kept raw until every one is in flight.
   const int64_t row_b = p.nseq ? 0 : blockIdx.z, row_t = blockIdx.y;
   // Selects, not p.in[kind]: a run-time index into the parameters (variant 6's note).
   auto pick = [&](auto x0, auto x1, auto x2) { return kind == 0 ? x0 : kind == 1 ? x1 : x2; };
@@ -667,26 +710,39 @@ __global__ void __launch_bounds__(128) append_kv_lean_kernel(const __grid_consta
 #pragma unroll
     for (int e = 0; e < P; ++e) f[e] = p.inv_freq[(c * P + e) * static_cast<int64_t>(p.inv_freq_stride)];
   }
-  int64_t pos = 0;  // attn_position's rule: positions, else the cache index + the offset (below)
-  if (rot && p.positions.ptr) pos = load_index(p.positions, row_b * p.pos_stride_b + row_t * p.positions.stride);
-  int64_t b = row_b, j = row_t, len;
-  if (p.nseq) {  // lane l: sequence l's start and cache length; the token's sequence by ballot
-    const int lane = threadIdx.x & 31;
+  const bool has_pos = fl & kALPos, has_off = fl & kALOff;
+  RawIndex pos_r, len_r, cu_r, off_r;
+  if (rot && has_pos) pos_r = load_raw_index(p.positions, row_b * p.pos_stride_b + row_t * p.pos_stride, fl & kALPos64);
+  const int lane = threadIdx.x & 31;
+  if (p.nseq) {  // lane l: sequence l's start, cache length and offset
+    if (lane <= p.nseq) cu_r = load_raw_index(p.cu_seqlens, int64_t(lane) * p.cu_stride, fl & kALCu64);
+    if (lane < p.nseq) {
+      len_r = load_raw_index(p.seqlens, int64_t(lane) * p.seqlens_stride, fl & kALLen64);
+      if (has_off) off_r = load_raw_index(p.offsets, int64_t(lane) * p.off_stride, fl & kALOff64);
+    }
+  } else {
+    len_r = load_raw_index(p.seqlens, row_b * p.seqlens_stride, fl & kALLen64);
+    if (has_off) off_r = load_raw_index(p.offsets, row_b * p.off_stride, fl & kALOff64);
+  }
+  float scale = 1.0f;
+  if constexpr (kFp8) {
+    if (live && kind != 2) scale = kind == 0 ? p.scale[0][h * p.scale_stride[0]] : p.scale[1][h * p.scale_stride[1]];
+  }
+  int64_t b = row_b, j = row_t, len = raw_index(len_r, fl & kALLen64), off = raw_index(off_r, fl & kALOff64);
+  if (p.nseq) {  // the token's sequence by ballot (seq_of_token's rule: the last n < nseq with cu[n] <= t, 0 if none)
     const unsigned mask = blockDim.x >= 32 ? 0xffffffffu : (1u << blockDim.x) - 1u;
-    const int64_t cu_l = lane <= p.nseq ? load_index(p.cu_seqlens, lane * p.cu_seqlens.stride) : 0;
-    const int64_t len_l = lane < p.nseq ? load_index(p.seqlens, lane * p.seqlens.stride) : 0;
-    // seq_of_token's rule: the last sequence n < nseq with cu[n] <= t (0 if none).
+    const int64_t cu_l = raw_index(cu_r, fl & kALCu64);
     const unsigned ball = __ballot_sync(mask, lane < p.nseq && cu_l <= row_t);
     const int n = ball ? 31 - __clz(ball) : 0;
     b = n;
     j = row_t - __shfl_sync(mask, cu_l, n);
-    len = __shfl_sync(mask, len_l, n);
-  } else {
-    len = load_index(p.seqlens, b * p.seqlens.stride);
+    len = __shfl_sync(mask, len, n);
+    off = __shfl_sync(mask, off, n);
   }
   if (!live) return;
   const int64_t idx = len + j;  // the token's cache index
-  if (rot && !p.positions.ptr) pos = idx + (p.offsets.ptr ? load_index(p.offsets, b * p.offsets.stride) : p.offset);
+  // attn_position's rule: positions, else the cache index + the offset
+  const int64_t pos = has_pos ? raw_index(pos_r, fl & kALPos64) : idx + (has_off ? off : p.offset);
 
   // 2. sin/cos of the chunk's pairs, the rotation (K, Q).
   VecT va, vb;
@@ -712,19 +768,18 @@ __global__ void __launch_bounds__(128) append_kv_lean_kernel(const __grid_consta
   // 3. K / V into the token's slot (cache_slot's rule: a slot that does not exist is dropped).
   if (idx < 0 || idx >= p.capacity) return;
   int64_t d0c = b, d1c = idx;
-  if (p.block_table.ptr) {
+  if (fl & kALPaged) {
     const int64_t n = div_small(idx, p.block_size);
-    d0c = load_index(p.block_table, b * p.bt_stride_b + n * p.block_table.stride);
+    d0c = raw_index(load_raw_index(p.block_table, b * p.bt_stride_b + n * p.bt_stride, fl & kALBt64), fl & kALBt64);
     if (d0c < 0 || d0c >= p.num_blocks) return;
     d1c = idx - n * p.block_size;
   }
   const bool is_k = kind == 0;
-  const int64_t off = d0c * (is_k ? p.cache_s[0][0] : p.cache_s[1][0]) + d1c * (is_k ? p.cache_s[0][1] : p.cache_s[1][1]) +
-                      int64_t(h) * (is_k ? p.cache_s[0][2] : p.cache_s[1][2]);
+  const int64_t at = d0c * (is_k ? p.cache_s[0][0] : p.cache_s[1][0]) + d1c * (is_k ? p.cache_s[0][1] : p.cache_s[1][1]) +
+                     int64_t(h) * (is_k ? p.cache_s[0][2] : p.cache_s[1][2]);
   void* cache = is_k ? p.cache[0] : p.cache[1];
   if constexpr (kFp8) {
-    uint8_t* row = static_cast<uint8_t*>(cache) + off;
-    const float scale = is_k ? p.scale[0][h * p.scale_stride[0]] : p.scale[1][h * p.scale_stride[1]];
+    uint8_t* row = static_cast<uint8_t*>(cache) + at;
     if (kind == 0) {
       store_fp8_item<kInterleaved, V, P>(row + d0, p.half, va, vb, true, sn, cs, scale, true);
     } else {
@@ -732,7 +787,7 @@ __global__ void __launch_bounds__(128) append_kv_lean_kernel(const __grid_consta
       if (!kInterleaved) store_fp8_item<kInterleaved, V, P>(row + d1, p.half, vb, va, false, nullptr, nullptr, scale, true);
     }
   } else {
-    T* row = static_cast<T*>(cache) + off;
+    T* row = static_cast<T*>(cache) + at;
     *reinterpret_cast<uint2*>(row + d0) = *reinterpret_cast<const uint2*>(&va);
     if (!kInterleaved) *reinterpret_cast<uint2*>(row + d1) = *reinterpret_cast<const uint2*>(&vb);
   }
