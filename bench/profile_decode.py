@@ -5,7 +5,8 @@
     python bench/profile_decode.py --turns [CASE ...]  # the cases timed in turns
 
 Profiles one call of each case after warm-up (the profiler range covers only those
-calls), Hq 32, Hk 8, D 128, bf16 q, contiguous cache. Cases (default: all):
+calls), Hq 32, Hk 8, D 128, bf16 q, contiguous cache unless the case says paged. Cases
+(default: all):
   bf16_b1_512, paged_b1_512 (block size 16), bf16_b1_2048, paged_b1_2048, bf16_b1_8192,
   bf16_b1_32768, bf16_b8_8192, fp8_b1_8192, fp8_b1_32768, fp8_b8_8192, fp8_b8_32768, fp8_b64_8192
   (fp8: auto's choice, two kv heads per CTA at these contexts since the fifth session of
@@ -107,7 +108,8 @@ CASES = {
 }
 # --time CASE...: each case's graph_us (replayed back to back: its code and parameters
 # stay warm in the SM); --turns CASE...: all cases in turns (graph_us_interleaved, as the
-# suites time), with a same-size-as-append_16 copy among them. No profiling either way.
+# suites time), with a copy of append_16q's bytes (k, v and q of T = 16) among them. No
+# profiling either way.
 mode = sys.argv[1] if sys.argv[1:2] in (["--time"], ["--turns"]) else None
 names = sys.argv[1 + bool(mode):] or list(CASES)
 calls = [CASES[n]() for n in names]

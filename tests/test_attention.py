@@ -432,6 +432,8 @@ LEAN_CASES = {  # append_kv cases the lean kernel (1c) covers, each against kern
     "varlen_offsets_int64": dict(varlen=(2, 0, 3, 1), offsets=True, index64=True),
     "batched_int64": dict(index64=True),
     "varlen_positions_int32": dict(varlen=(1, 2, 0, 2), positions=True, pos32=True),
+    "varlen_offsets_int32_strided": dict(varlen=(2, 1, 0, 3), offsets=True, off32=True, strided=True),
+    "batched_positions_int32_strided": dict(positions=True, pos32=True, index64=True, strided=True),
 }
 
 
@@ -444,8 +446,9 @@ def test_append_lean_kernel_cuda(case, paged):
     no q, one kv head, GPT-J, fp32, fp8 with per-head scales, explicit positions, per-
     sequence offsets, a scalar offset with inv_freq and attention_factor, packed sequences
     with empty ones and up to 31 of them, block size 1, head-major caches, int64 cache
-    lengths / cu_seqlens / block tables and int32 positions; the rows also against the
-    float64 rotation."""
+    lengths / cu_seqlens / block tables, int32 positions and offsets, index tensors with an
+    element stride of 2 (every other entry garbage); the rows also against the float64
+    rotation."""
     c = LEAN_CASES[case]
     dev, dt = "cuda", c.get("dt", torch.bfloat16)
     B, T, Hk, Hq, D = 3, 2, c.get("Hk", 2), c.get("Hq", 8), c.get("D", 64)
@@ -473,9 +476,9 @@ def test_append_lean_kernel_cuda(case, paged):
         kw["positions"] = p.to(dev)
         pos = p.reshape(-1).long()
     if c.get("offsets"):
-        off = torch.randint(0, 70000, (B,))
+        off = torch.randint(0, 70000, (B,), dtype=torch.int32 if c.get("off32") else torch.int64)
         kw["offsets"] = off.to(dev)
-        pos = idx + off[seq]
+        pos = idx + off[seq].long()
     if c.get("offset"):
         kw["offsets"] = c["offset"]  # an int: every sequence's offset
         pos = idx + c["offset"]
@@ -489,6 +492,12 @@ def test_append_lean_kernel_cuda(case, paged):
                              head_major=c.get("head_major", False))
     if bt is not None:
         bt = bt.to(idt)
+    # "strided": every index tensor a view with element stride 2 (garbage between entries)
+    spread = (lambda t: torch.stack([t, torch.full_like(t, -7)], -1)[..., 0]) if c.get("strided") else (lambda t: t)
+    for name in ("cu_seqlens", "positions", "offsets"):
+        if isinstance(kw.get(name), torch.Tensor):
+            kw[name] = spread(kw[name])
+    bt = spread(bt) if bt is not None else None
     scales = {}
     if c.get("fp8"):
         kc0, vc0 = (torch.full(x.shape, 0x7F, dtype=torch.uint8, device=dev).view(torch.float8_e4m3fn)
@@ -500,7 +509,7 @@ def test_append_lean_kernel_cuda(case, paged):
         qq = q.clone() if q is not None else None
         rope_ext._C.set_append_shape(sh)
         try:
-            rope_ext.append_kv(k, v, kc, vc, lens.to(idt).to(dev), block_table=bt, q=qq, **kw, **scales)
+            rope_ext.append_kv(k, v, kc, vc, spread(lens.to(idt).to(dev)), block_table=bt, q=qq, **kw, **scales)
             torch.cuda.synchronize()
             ran = rope_ext._C.last_append_kernel()
         finally:

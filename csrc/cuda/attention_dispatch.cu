@@ -158,8 +158,9 @@ void launch_append_bulk(const AppendParams& params, int device, cudaStream_t str
 }
 
 // Kernel 1c (lean): the cases it covers (attention_variants.cuh) with 16-byte vectors
-// (append_vector_ok: the 8-byte chunks are aligned), and every index within 32 bits.
-// Returns false (nothing launched) otherwise.
+// (append_vector_ok: the 8-byte chunks are aligned), every index and stride within 32
+// bits and 2 Hk + Hq within 16 (AppendLeanParams' fields). Returns false (nothing
+// launched) otherwise.
 template <typename T, bool kInterleaved, bool kFp8>
 bool launch_append_lean(const AppendParams& p, int device, cudaStream_t stream) {
   const RopeParams& r = p.rope;
@@ -262,8 +263,9 @@ void launch_append(const AppendParams& p, int device, cudaStream_t stream) {
   // Auto takes the bulk kernel from 2 tokens per SM up: at T = 16 (16 blocks of one token)
   // kernel 1 was level with it for bf16 (6.5 us) and ahead for fp8 (7.6 against 8.3), its
   // chain shorter by the mbarrier wait (run 5 of 2026-11-25). Below, the lean kernel 1c
-  // where it applies, else kernel 1: T = 16 4.7 us against kernel 1's 6.9 (fp8 5.6 / 7.6);
-  // forced at T = 8192 it loses (with q 96.4 us against the bulk kernel's 75.7: one 8-byte
+  // where it applies, else kernel 1: T = 16 4.7 us against kernel 1's 6.9 (fp8 5.6 / 7.6;
+  // in turns, since its raw index loads, 4.8 / 7.0 and fp8 5.1 / 7.8: run C of the seventh
+  // session of 2026-11-26); forced at T = 8192 it loses (with q 96.4 us against the bulk kernel's 75.7: one 8-byte
   // chunk per thread keeps too few bytes in flight), run 1 of the night of 2026-11-25.
   if (forced < 0 && p.num_tokens < 2 * sm_count(device)) shape = 5;
   if constexpr (kVec) {

@@ -71,6 +71,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstddef>  // offsetof
 #include <type_traits>
 
 #include "../attention_math.h"
@@ -610,9 +611,11 @@ __global__ void __launch_bounds__(kAppendBulkThreads) append_kv_bulk_kernel(cons
 // Parameters by constant line (64 bytes; they start at 0x210 of bank 0, so the first
 // line also holds the load descriptor at 0x208, which every kernel reads): bytes 0-47
 // hold the pointers of the first loads, bytes 48-111 their strides and the launch
-// shape, so the first loads wait for two cold lines (the layout before, the fields in
-// declaration order, spread them over four); the stores' fields, then the rare ones
-// (position tensors, the block table, fp8 scales) follow. Flags: kAL*.
+// shape, so a call without position tensors or fp8 scales waits for two cold lines
+// before its first loads (the layout before, the fields in declaration order, spread
+// them over four); bytes 112-175 the offset and the stores' fields; bytes 176-239 what
+// only some calls load with the first loads (position tensors, fp8 scales); then the
+// block table, read after the index round trip. Flags: kAL*.
 enum : uint16_t {
   kALLen64 = 1, kALCu64 = 2, kALPos = 4, kALPos64 = 8, kALOff = 16, kALOff64 = 32, kALPaged = 64, kALBt64 = 128,
 };
@@ -633,23 +636,24 @@ struct AppendLeanParams {
   uint8_t rows_per_block;   // RB
   uint16_t flags;           // kAL*
   int32_t capacity;         // slots per sequence
-  // bytes 112-175: the stores
+  // bytes 112-175: the offset, the stores
+  int64_t offset;           // without an offsets tensor
   void* cache[2];           // k_cache, v_cache
   int32_t cache_s[2][3];    // dim 0 (sequence or block), dim 1 (slot), head
   float sin_scale, cos_scale;
   int32_t block_size, num_blocks;  // paged (kALPaged)
-  int32_t bt_stride_b, bt_stride;
-  // bytes 176-: the rare ones
-  const void* block_table;
+  // bytes 176-239: loaded with the first loads where the call has them
   const void* positions;    // [row_b * pos_stride_b + row_t * pos_stride] (kALPos)
-  const void* offsets;      // [b] (kALOff), else offset
-  int64_t offset;
+  const void* offsets;      // [b] (kALOff)
+  const float* scale[2];    // fp8: k_scale, v_scale
   int32_t pos_stride, pos_stride_b, off_stride;
   int32_t scale_stride[2];  // fp8: per kv head 1, per tensor 0
-  const float* scale[2];    // fp8: k_scale, v_scale
+  int32_t bt_stride_b, bt_stride;
+  // bytes 240-: after the index round trip
+  const void* block_table;
 };
-static_assert(offsetof(AppendLeanParams, in_s) == 48 && offsetof(AppendLeanParams, cache) == 112 &&
-                  offsetof(AppendLeanParams, block_table) == 176,
+static_assert(offsetof(AppendLeanParams, in_s) == 48 && offsetof(AppendLeanParams, offset) == 112 &&
+                  offsetof(AppendLeanParams, positions) == 176 && offsetof(AppendLeanParams, block_table) == 240,
               "AppendLeanParams: the constant-line layout above");
 
 // An index tensor's entry as raw 32-bit words, converted where it is first used: a
