@@ -6,6 +6,7 @@ place and a same-size copy, every column of a size timed in turns
 median; a knob is set inside its column's call, so the captured launch keeps it).
 
     python bench/lean_sweep.py [--reps 100] [--sizes 16,64,256,1024,4096] [--widths 8,16] [--rows 0,1,2,4,8]
+                               [--no-compile]
 
 bshd bf16 [1, S, 32, 128]; U "rule" (0) is launch_lean's own choice (rope_dispatch.cu).
 Timed one column after another (as this sweep did before), the column after
@@ -31,6 +32,7 @@ def main():
     ap.add_argument("--sizes", default="16,64,256,1024,4096", help="tokens S of [1, S, 32, 128] bf16")
     ap.add_argument("--widths", default="8,16", help="access widths W (bytes)")
     ap.add_argument("--rows", default="0,1,2,4,8", help="rows per thread U (0: the rule)")
+    ap.add_argument("--no-compile", action="store_true", help="no torch.compile column (A/B runs: no compile time)")
     args = ap.parse_args()
     try:
         liger = import_liger()
@@ -59,9 +61,10 @@ def main():
         fns = {"copy": lambda: y.copy_(x)}
         cos, sin = hf_cos_sin(S, 128, x.dtype)
         c4, s4 = cos.view(1, S, 1, 128), sin.view(1, S, 1, 128)
-        torch._dynamo.reset()
-        comp = torch.compile(ref.apply_cos_sin, dynamic=False)
-        fns["compile"] = lambda: comp(x, c4, s4)  # the cached formula, out of place
+        if not args.no_compile:
+            torch._dynamo.reset()
+            comp = torch.compile(ref.apply_cos_sin, dynamic=False)
+            fns["compile"] = lambda: comp(x, c4, s4)  # the cached formula, out of place
         if liger is not None and S >= 2:
             h = S // 2
             xt = x.view(S, 32, 128)
