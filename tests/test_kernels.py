@@ -338,8 +338,7 @@ def test_lean_token_strides(layout, B, S, positions):
     (sbhd and bhsd with B > 1 and S > 1). Every layout with and without that correction,
     q + k (different head counts), positions per batch and token or none: lean must be
     the kernel that ran, bit-equal to the tiles, and within the float64 truth's bounds;
-    also with 2 and 4 rows per thread (4: each block's rows in one tensor, which the
-    kernel then steps through), with each lane computing its own sin/cos (no shared
+    also with 2 and 4 rows per thread, with each lane computing its own sin/cos (no shared
     table), and (bshd) with a k whose memory is head-major, so that only k needs the
     correction; calls without positions in the position-free instance (plain, checked
     to run) and in the general one. A strided inv_freq is outside lean's layout: the
@@ -363,8 +362,8 @@ def test_lean_token_strides(layout, B, S, positions):
             pairs.append((q, randn((B, 8, S, D), dtype, dev).transpose(1, 2)))
         # (plain: calls without position tensors in the instance without the position code;
         # off, the general instance takes them)
-        # (U = 4: q's 32 heads are one block's 8 row slots x 4, so each block lies in one
-        # tensor and takes kLeanBlockTensor's stepped rows, the batch correction included)
+        # (U = 4: four rows a thread, strided by the block's row slots, with the batch
+        # correction and the q / k select per row)
         for rows_per_thread, share, plain in ((0, True, True), (2, True, True), (4, True, True), (0, False, True),
                                               (0, True, False), (0, False, False)):
             C.set_lean_rows_per_thread(rows_per_thread)

@@ -284,9 +284,6 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
   const int min_block = min_block_knob > 0 ? min_block_knob : cuda::kLeanMaxThreads;
   while (RB > 1 && (RB / 2) * chunks >= min_block && tokens * ceil_div(rows_u, int64_t(RB)) < sms) RB /= 2;
   lp.rows_per_block = static_cast<uint8_t>(RB);
-  // Every row of a block in one tensor (one tensor, or q's heads a multiple of the
-  // block's rows): the U >= 4 instances take a block's tensor once (rope_variants.cuh).
-  if (rows == p.t[0].H || p.t[0].H % (int64_t(RB) * U) == 0) lp.cshift |= cuda::kLeanBlockTensor;
   const dim3 grid(static_cast<unsigned>(ceil_div(rows_u, int64_t(RB))), static_cast<unsigned>(p.S),
                   static_cast<unsigned>(p.B));
   const int threads = RB * chunks;

@@ -548,7 +548,7 @@ __global__ void __launch_bounds__(kFlatMaxThreads) rope_flat_kernel(const __grid
 // (its batch stride less S token strides) read from the second line only where a bit in
 // line 0 says some tensor needs one (B > 1 and S > 1 in the sbhd and bhsd layouts).
 // Strides are 32-bit, head counts 16-bit (the host checks they fit); R / 2 is chunks * P.
-constexpr uint8_t kLeanShiftMask = 15, kLeanBlockTensor = 64, kLeanBatchFix = 128;  // LeanParams::cshift's bits
+constexpr uint8_t kLeanShiftMask = 15, kLeanBatchFix = 128;  // LeanParams::cshift's bits
 enum LeanFlags : uint16_t {
   kLeanPos = 1,     // a positions tensor
   kLeanPos64 = 2,
@@ -564,7 +564,7 @@ struct LeanParams {
   const float* inv_freq;   // unit stride
   int32_t in_ts[kMaxTensors];  // element stride of a token (b * S + s)
   int32_t in_hs[kMaxTensors];  // element stride of a head
-  uint8_t cshift;          // log2(chunks per row) | kLeanBatchFix where in_bfix is needed | kLeanBlockTensor
+  uint8_t cshift;          // log2(chunks per row) | kLeanBatchFix where in_bfix is needed
   uint8_t rows_per_block;  // RB
   int16_t rows;            // heads of q + k
   int16_t H0;              // q's heads (rows >= H0 are k's)
@@ -668,44 +668,24 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   if constexpr (kTable) f[0] = threadIdx.x < half ? p.inv_freq[threadIdx.x] : 0.f;
 
   // 1. The x loads. Selects, not p.in[t]: a runtime index into the parameters would
-  //    copy them to local memory. One offset, then the pointer: tok * ts alone may lie
-  //    past the tensor (sbhd).
-  //    kLeanBlockTensor (U >= 4; the host sets it where every row of a block lies in one
-  //    tensor: one tensor, or q's heads a multiple of the block's RB * U rows): the
-  //    tensor is chosen once and a thread's rows step by RB head strides, two 64-bit adds
-  //    a row, where the per-row select and offset cost ~21 instructions a row of loads
-  //    and as many of stores (U = 8, SASS sm_90: ~970 instructions a warp at 8 MB, Liger's
-  //    Triton kernel ~160; bench/NOTES.md, seventh session of 2026-11-26).
-  const bool block_tensor = U >= 4 && (p.cshift & kLeanBlockTensor);
-  const bool kb = blockIdx.x * (p.rows_per_block * U) >= p.H0;  // the block's tensor (block_tensor)
-  const int hb = r0 - (kb ? p.H0 : 0);                           // its first row's head
+  //    copy them to local memory. (Tried, seventh session of 2026-11-26, run G: at U >= 4,
+  //    where a block's rows lie in one tensor, the tensor chosen once and the rows stepped
+  //    by RB head strides: ~320 fewer instructions a warp of ~970 at U = 8, and no gain
+  //    measurable in turns: 8 MB -0.1 us, 32 MB +0.1, within the noise. Those calls are
+  //    DRAM-bound; reverted.)
   Word xa[U], xb[U];
-  if (block_tensor) {
-    const int64_t hs = kb ? p.in_hs[1] : p.in_hs[0];
-    int64_t off = tok * (kb ? p.in_ts[1] : p.in_ts[0]) + hb * hs;
-    if (p.cshift & kLeanBatchFix) off += b * (kb ? p.in_bfix[1] : p.in_bfix[0]);
-    const T* in = static_cast<const T*>(kb ? p.in[1] : p.in[0]) + off;
-    const int64_t step = p.rows_per_block * hs;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (r0 + u * p.rows_per_block >= p.rows) break;
-      xa[u] = *reinterpret_cast<const Word*>(in + d0);
-      if (!kInterleaved) xb[u] = *reinterpret_cast<const Word*>(in + d1);
-      in += step;
-    }
-  } else {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int r = r0 + u * p.rows_per_block;
-      if (r >= p.rows) break;
-      const bool k = r >= p.H0;
-      const int64_t h = k ? r - p.H0 : r;
-      int64_t off = tok * (k ? p.in_ts[1] : p.in_ts[0]) + h * (k ? p.in_hs[1] : p.in_hs[0]);
-      if (p.cshift & kLeanBatchFix) off += b * (k ? p.in_bfix[1] : p.in_bfix[0]);
-      const T* in = static_cast<const T*>(k ? p.in[1] : p.in[0]) + off;
-      xa[u] = *reinterpret_cast<const Word*>(in + d0);
-      if (!kInterleaved) xb[u] = *reinterpret_cast<const Word*>(in + d1);
-    }
+  for (int u = 0; u < U; ++u) {
+    const int r = r0 + u * p.rows_per_block;
+    if (r >= p.rows) break;
+    const bool k = r >= p.H0;
+    const int64_t h = k ? r - p.H0 : r;
+    // One offset, then the pointer: tok * ts alone may lie past the tensor (sbhd).
+    int64_t off = tok * (k ? p.in_ts[1] : p.in_ts[0]) + h * (k ? p.in_hs[1] : p.in_hs[0]);
+    if (p.cshift & kLeanBatchFix) off += b * (k ? p.in_bfix[1] : p.in_bfix[0]);
+    const T* in = static_cast<const T*>(k ? p.in[1] : p.in[0]) + off;
+    xa[u] = *reinterpret_cast<const Word*>(in + d0);
+    if (!kInterleaved) xb[u] = *reinterpret_cast<const Word*>(in + d1);
   }
 
   // 2. The frequencies' loads right behind x's: they depend on nothing but the chunk,
@@ -849,37 +829,21 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
     }
   }
 
-  // 4. Rotate and store (kLeanBlockTensor: as the loads, the block's tensor once).
-  const auto put = [&](T* out, int u) {
+  // 4. Rotate and store.
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int r = r0 + u * p.rows_per_block;
+    if (r >= p.rows) break;
+    const bool k = r >= p.H0;
+    const int64_t h = k ? r - p.H0 : r;
+    T* out = static_cast<T*>(k ? p.out[1] : p.out[0]) + b * (k ? p.out_s[1][0] : p.out_s[0][0]) +
+             s * (k ? p.out_s[1][1] : p.out_s[0][1]) + h * (k ? p.out_s[1][2] : p.out_s[0][2]);
     VecT va, vb;
     *reinterpret_cast<Word*>(&va) = xa[u];
     if (!kInterleaved) *reinterpret_cast<Word*>(&vb) = xb[u];
     rotate_chunk<T, kInterleaved>(va, vb, sn, cs);
     *reinterpret_cast<Word*>(out + d0) = *reinterpret_cast<const Word*>(&va);
     if (!kInterleaved) *reinterpret_cast<Word*>(out + d1) = *reinterpret_cast<const Word*>(&vb);
-  };
-  if (block_tensor) {
-    const int64_t hs = kb ? p.out_s[1][2] : p.out_s[0][2];
-    T* out = static_cast<T*>(kb ? p.out[1] : p.out[0]) + (b * (kb ? p.out_s[1][0] : p.out_s[0][0]) +
-                                                          s * (kb ? p.out_s[1][1] : p.out_s[0][1]) + hb * hs);
-    const int64_t step = p.rows_per_block * hs;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (r0 + u * p.rows_per_block >= p.rows) break;
-      put(out, u);
-      out += step;
-    }
-  } else {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int r = r0 + u * p.rows_per_block;
-      if (r >= p.rows) break;
-      const bool k = r >= p.H0;
-      const int64_t h = k ? r - p.H0 : r;
-      put(static_cast<T*>(k ? p.out[1] : p.out[0]) + b * (k ? p.out_s[1][0] : p.out_s[0][0]) +
-              s * (k ? p.out_s[1][1] : p.out_s[0][1]) + h * (k ? p.out_s[1][2] : p.out_s[0][2]),
-          u);
-    }
   }
 }
 
