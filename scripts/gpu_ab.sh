@@ -33,7 +33,8 @@ stamp "built"
 
 if [[ -n ${TESTS:-} ]]; then
   xd=""; $PY -c "import xdist" 2>/dev/null && xd="-n 8"
-  timeout ${TEST_TIMEOUT:-300} $PY -X faulthandler -m pytest -q $TESTS $xd -p no:cacheprovider > "$OUT/tests.log" 2>&1
+  # eval: quotes inside TESTS reach pytest whole (TESTS='tests/x.py -k "lean or append"')
+  eval "timeout ${TEST_TIMEOUT:-300} $PY -X faulthandler -m pytest -q $TESTS $xd -p no:cacheprovider" > "$OUT/tests.log" 2>&1
   echo "tests rc=$?"; grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20; tail -1 "$OUT/tests.log"
   stamp "tests"
 fi

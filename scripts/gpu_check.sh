@@ -6,7 +6,8 @@
 #   bash scripts/gpu_check.sh --tests tests/test_attention.py --bench "--suite attn --quick" --ncu-decode
 #   bash scripts/gpu_check.sh --no-tests --bench "--suite fp8" --ncu-cases "fp8_b8_8192 append_8192"
 #   bash scripts/gpu_check.sh --no-tests --bench "" --run "python bench/flush_study.py" --ncu-rope
-#   (--tests: what pytest runs, default the whole suite; --ncu-decode: ncu of the decode and
+#   (--tests: what pytest runs, default the whole suite (quotes inside it are kept:
+#   --tests 'tests/test_attention.py -k "lean or append"'); --ncu-decode: ncu of the decode and
 #   append kernels, bench/profile_decode.py (every case, or those of --ncu-cases), into
 #   $OUT/ncu_decode.txt; --ncu-rope: ncu of the small rope call, rope_ext's kernel and
 #   torch.compile's, into $OUT/ncu_rope.txt; both with the warp stall reasons per issued
@@ -46,7 +47,8 @@ echo "build: $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/build.log"
 test_rc=0; san_rc=0
 if [[ $run_tests == 1 ]]; then
   xd=""; $PY -c "import xdist" 2>/dev/null && xd="-n 8"  # 16 cores there; CUDA tests share the GPU fine
-  $PY -X faulthandler -m pytest -q $tests $xd -p no:cacheprovider > "$OUT/tests.log" 2>&1
+  # eval: quotes inside --tests reach pytest whole (--tests 'tests/x.py -k "lean or append"')
+  eval "$PY -X faulthandler -m pytest -q $tests $xd -p no:cacheprovider" > "$OUT/tests.log" 2>&1
   test_rc=$?
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20; tail -1 "$OUT/tests.log"
   $PY bench/accuracy.py > "$OUT/accuracy.txt" 2>&1; cat "$OUT/accuracy.txt"
