@@ -71,23 +71,19 @@ def main():
             qb, kb = xt[:h].unsqueeze(0).transpose(1, 2), xt[h:2 * h].unsqueeze(0).transpose(1, 2)
             c, s_ = cos[:h].unsqueeze(0).contiguous(), sin[:h].unsqueeze(0).contiguous()
             fns["Liger ip"] = lambda: liger.rope_forward(qb, kb, c, s_)
+        def column(W, U, inplace):
+            def f():
+                knobs(W, U)
+                try:
+                    return rope_ext.apply_rope(x, inplace=inplace)
+                finally:
+                    reset()
+            return f
+
         for W in widths:
             for U in rows:
-                def oop(W=W, U=U):
-                    knobs(W, U)
-                    try:
-                        return rope_ext.apply_rope(x)
-                    finally:
-                        reset()
-
-                def ip(W=W, U=U):
-                    knobs(W, U)
-                    try:
-                        return rope_ext.apply_rope(x, inplace=True)
-                    finally:
-                        reset()
-                fns[f"W{W} U{U or 'rule'} oop"] = oop
-                fns[f"W{W} U{U or 'rule'} ip"] = ip
+                for inplace, tag in ((False, "oop"), (True, "ip")):
+                    fns[f"W{W} U{U or 'rule'} {tag}"] = column(W, U, inplace)
         t, err = graph_us_interleaved(fns, args.reps)
         print(f"\nS {S} ({mb:.2f} MB): " + ", ".join(f"{n} {v:.2f}" for n, v in t.items()))
         for n, e in err.items():

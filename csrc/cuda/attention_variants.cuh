@@ -656,29 +656,6 @@ static_assert(offsetof(AppendLeanParams, in_s) == 48 && offsetof(AppendLeanParam
                   offsetof(AppendLeanParams, positions) == 176 && offsetof(AppendLeanParams, block_table) == 240,
               "AppendLeanParams: the constant-line layout above");
 
-// An index tensor's entry as raw 32-bit words, converted where it is first used: a
-// conversion next to its load (load_index's int32 sign extension, inside the branch on
-// the dtype) waits for the load there, and with in-order issue everything behind it
-// (two such loads in a row made two DRAM round trips: ncu source counters, run A of the
-// seventh session of 2026-11-26).
-struct RawIndex {
-  uint32_t lo = 0, hi = 0;
-};
-__device__ __forceinline__ RawIndex load_raw_index(const void* ptr, int64_t off, bool is64) {
-  RawIndex r;
-  if (is64) {
-    const uint2 v = static_cast<const uint2*>(ptr)[off];
-    r.lo = v.x;
-    r.hi = v.y;
-  } else {
-    r.lo = static_cast<const uint32_t*>(ptr)[off];
-  }
-  return r;
-}
-__device__ __forceinline__ int64_t raw_index(RawIndex r, bool is64) {
-  return is64 ? static_cast<int64_t>((uint64_t(r.hi) << 32) | r.lo) : int64_t(static_cast<int32_t>(r.lo));
-}
-
 template <typename T, bool kInterleaved, bool kFp8>
 __global__ void __launch_bounds__(128) append_kv_lean_kernel(const __grid_constant__ AppendLeanParams p) {
   constexpr int V = 8 / static_cast<int>(sizeof(T));  // elements per chunk (8 bytes)

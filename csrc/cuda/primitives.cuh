@@ -37,6 +37,30 @@ __device__ __forceinline__ void store_vec(T* p, const VecT& v) {
 // GPT-J pairs (a[2j], a[2j+1]) inside a; sn/cs hold the chunk's P sines/cosines.
 // fp32 math, one rounding at the end. Shared by variants 3-5 and the attention
 // kernels (which also use chunks narrower than 16 bytes).
+// An index tensor's entry (int32 or int64) as raw 32-bit words, converted where it is
+// first used: a conversion next to its load (load_index's int32 sign extension, inside
+// the branch on the dtype) waits for the load there, and with in-order issue everything
+// behind it (variant 6's position loads, night of 2026-11-25/26; append_kv's lean kernel,
+// whose two such loads in a row made two DRAM round trips: ncu source counters, run A of
+// the seventh session of 2026-11-26).
+struct RawIndex {
+  uint32_t lo = 0, hi = 0;
+};
+__device__ __forceinline__ RawIndex load_raw_index(const void* ptr, int64_t off, bool is64) {
+  RawIndex r;
+  if (is64) {
+    const uint2 v = static_cast<const uint2*>(ptr)[off];
+    r.lo = v.x;
+    r.hi = v.y;
+  } else {
+    r.lo = static_cast<const uint32_t*>(ptr)[off];
+  }
+  return r;
+}
+__device__ __forceinline__ int64_t raw_index(RawIndex r, bool is64) {
+  return is64 ? static_cast<int64_t>((uint64_t(r.hi) << 32) | r.lo) : int64_t(static_cast<int32_t>(r.lo));
+}
+
 template <typename T, bool kInterleaved, typename VecT>
 __device__ __forceinline__ void rotate_chunk(VecT& a, VecT& b, const float* sn, const float* cs) {
   using A = acc_t<T>;

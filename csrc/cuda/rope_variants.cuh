@@ -713,7 +713,7 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   const bool a64 = has_pos ? (fl & kLeanPos64) : has_off ? (fl & kLeanOff64) : (fl & kLeanSeq64);
   const bool b64 = fl & kLeanSeq64;
   const bool two = !has_pos && has_off && has_seq;  // load b: cu_seqlens[0] beside an offset
-  uint32_t a_lo = 0, a_hi = 0, b_lo = 0, b_hi = 0;
+  RawIndex ra, rb;  // (primitives.cuh)
   if (fl & (kLeanPos | kLeanOff | kLeanSeq)) {
     // Load a: the position, the offset, or cu_seqlens[0]. (+ threadIdx.x & lane_zero,
     // which is 0: the compiler moved a uniform load's value to a uniform register
@@ -722,28 +722,11 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
     const void* a_ptr = has_pos ? p.positions : has_off ? p.offsets : p.seq_start;
     const int64_t z = threadIdx.x & p.lane_zero;
     const int64_t a_at = (has_pos ? b * p.pos_stride_b + s * p.pos_stride : has_off && !has_seq ? b * p.off_stride : 0) + z;
-    if (a64) {
-      const uint2 v = static_cast<const uint2*>(a_ptr)[a_at];
-      a_lo = v.x;
-      a_hi = v.y;
-    } else {
-      a_lo = static_cast<const uint32_t*>(a_ptr)[a_at];
-    }
-    if (two) {
-      if (b64) {
-        const uint2 v = static_cast<const uint2*>(p.seq_start)[z];
-        b_lo = v.x;
-        b_hi = v.y;
-      } else {
-        b_lo = static_cast<const uint32_t*>(p.seq_start)[z];
-      }
-    }
+    ra = load_raw_index(a_ptr, a_at, a64);
+    if (two) rb = load_raw_index(p.seq_start, z, b64);
   }
   const auto loaded = [&] {
-    const auto word = [](uint32_t lo, uint32_t hi, bool is64) {
-      return is64 ? static_cast<int64_t>((uint64_t(hi) << 32) | lo) : static_cast<int64_t>(static_cast<int32_t>(lo));
-    };
-    const int64_t va = word(a_lo, a_hi, a64), vb = word(b_lo, b_hi, b64);  // 0 where not loaded
+    const int64_t va = raw_index(ra, a64), vb = raw_index(rb, b64);  // 0 where not loaded
     return has_pos ? va : has_off ? s + va - vb : s + p.offset - va;
   };
   float sn[P], cs[P];
@@ -776,7 +759,7 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
       }
       // (An empty asm that rewrites the raw words after the sin/cos: the compiler can
       // neither hoist loaded() out of the loop nor place it before them.)
-      asm volatile("" : "+r"(a_lo), "+r"(a_hi), "+r"(b_lo), "+r"(b_hi) : "f"(last));
+      asm volatile("" : "+r"(ra.lo), "+r"(ra.hi), "+r"(rb.lo), "+r"(rb.hi) : "f"(last));
       const int64_t want = loaded();
       if (at == want) break;
       at = want;
