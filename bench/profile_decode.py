@@ -16,7 +16,8 @@ calls), Hq 32, Hk 8, D 128, bf16 q, contiguous cache unless the case says paged.
   append_8192 (append_kv without q, T = 8192 tokens of one sequence), append_16 (16
   sequences of one token), both varlen as in the attn suite; append_16q (with q),
   append_16b (batched [16, 1], with q), append_16bp (the same over a paged(16) cache),
-  append_16f (varlen, with q, into fp8 caches)."""
+  append_16f (varlen, with q, into fp8 caches), append_64b / append_256b (batched [T, 1],
+  with q). CASE@4 / CASE@8: an append case with the lean kernel's chunk bytes forced."""
 import os
 import sys
 
@@ -50,10 +51,10 @@ def decode_case(cache, B, ctx, step=False, paged=False, Hq=Hq, Hk=Hk, splits=Non
 
 
 def append_case(T, q=False, batched=False, paged=False, fp8=False):
-    """As the attn suite's rows: T = 16 is 16 sequences of one token (varlen, or batched
-    [16, 1]), else one sequence of T; q: rotate q [T, Hq, D] in place too; paged: block
+    """As the attn suite's rows: T <= 256 is T sequences of one token (varlen, or batched
+    [T, 1]; the decode step's shape), else one sequence of T; q: rotate q [T, Hq, D] in place too; paged: block
     size 16, a shuffled block table; fp8: e4m3 caches, per-head k_scale, per-tensor v_scale."""
-    B = 16 if T == 16 else 1
+    B = T if T <= 256 else 1
     k = torch.randn(T, Hk, D, device=dev, dtype=torch.bfloat16)
     v = torch.randn_like(k)
     qq = torch.randn(T, Hq, D, device=dev, dtype=torch.bfloat16) if q else None
@@ -105,6 +106,8 @@ CASES = {
     "append_16b": lambda: append_case(16, q=True, batched=True),
     "append_16bp": lambda: append_case(16, q=True, batched=True, paged=True),
     "append_16f": lambda: append_case(16, q=True, fp8=True),
+    "append_64b": lambda: append_case(64, q=True, batched=True),
+    "append_256b": lambda: append_case(256, q=True, batched=True),
 }
 # --time CASE...: each case's graph_us (replayed back to back: its code and parameters
 # stay warm in the SM); --turns CASE...: all cases in turns (graph_us_interleaved, as the
@@ -112,7 +115,26 @@ CASES = {
 # profiling either way.
 mode = sys.argv[1] if sys.argv[1:2] in (["--time"], ["--turns"]) else None
 names = sys.argv[1 + bool(mode):] or list(CASES)
-calls = [CASES[n]() for n in names]
+
+
+def make(name):
+    """CASE, or CASE@W: the append case with the lean kernel's chunk bytes forced to W
+    (rope_ext._C.set_append_lean_bytes, read when the call launches: a graph keeps it)."""
+    case, _, w = name.partition("@")
+    fn = CASES[case]()
+    if not w:
+        return fn
+
+    def run():
+        rope_ext._C.set_append_lean_bytes(int(w))
+        try:
+            return fn()
+        finally:
+            rope_ext._C.set_append_lean_bytes(0)
+    return run
+
+
+calls = [make(n) for n in names]
 if mode:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from timing import graph_us, graph_us_interleaved

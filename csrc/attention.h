@@ -74,6 +74,9 @@ void set_append_shape(int shape);
 // bench/tests: the lean append kernel's fewest threads per block when it halves its rows
 // to cover the SMs (0: the default, down to one row; packed sequences keep a warp).
 void set_append_lean_min_block(int n);
+// bench/tests: the lean append kernel's chunk bytes, 4 or 8 (0: the rule); false (nothing
+// set) for another value.
+bool set_append_lean_bytes(int w);
 // tests: the kernel of this thread's last CUDA append_kv launch: 1 the register kernel,
 // 2 the bulk kernel (1b), 3 the lean kernel (1c); 0 none yet.
 int& last_append_kernel();

@@ -130,6 +130,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_append_lean_min_block", &rope_ext::set_append_lean_min_block,
         "tests/bench: the fewest threads a block of append_kv's lean kernel keeps when its rows are halved to "
         "cover the SMs (0 = the default: down to one row; packed sequences keep a warp)");
+  m.def(
+      "set_append_lean_bytes",
+      [](int w) {
+        if (!rope_ext::set_append_lean_bytes(w))
+          throw pybind11::value_error("rope_ext: set_append_lean_bytes: w must be 0, 4 or 8, got " + std::to_string(w));
+      },
+      "tests/bench: the chunk bytes of append_kv's lean kernel, 4 or 8 (0 = the rule; 4 falls back to 8 for fp32 "
+      "GPT-J, whose 4-byte chunk holds no whole pair)");
   m.def("set_append_shape", &rope_ext::set_append_shape,
         "tests/bench: append_kv's kernel and shape: the register kernel with 0 (4 items per thread, 3 blocks per "
         "SM), 1 (2, 4) or 2 (1, 6); the bulk kernel (where it applies) with ~8 KB (3) or ~16 KB (4) of rows per "

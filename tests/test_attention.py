@@ -438,10 +438,12 @@ LEAN_CASES = {  # append_kv cases the lean kernel (1c) covers, each against kern
 
 
 @cuda
+@pytest.mark.parametrize("lean_bytes", [8, 4])
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
 @pytest.mark.parametrize("case", list(LEAN_CASES))
-def test_append_lean_kernel_cuda(case, paged):
-    """The lean kernel (1c, auto's below 2 tokens per SM) writes the caches and q bit-equal
+def test_append_lean_kernel_cuda(case, paged, lean_bytes):
+    """The lean kernel (1c, auto's below 2 tokens per SM), with 8- and 4-byte chunks
+    (set_append_lean_bytes; fp32 GPT-J keeps 8), writes the caches and q bit-equal
     to kernel 1 (shape 1) over NaN-filled caches, and did run (last_append_kernel): GQA,
     no q, one kv head, GPT-J, fp32, fp8 with per-head scales, explicit positions, per-
     sequence offsets, a scalar offset with inv_freq and attention_factor, packed sequences
@@ -508,12 +510,14 @@ def test_append_lean_kernel_cuda(case, paged):
         kc, vc = kc0.clone(), vc0.clone()
         qq = q.clone() if q is not None else None
         rope_ext._C.set_append_shape(sh)
+        rope_ext._C.set_append_lean_bytes(lean_bytes)
         try:
             rope_ext.append_kv(k, v, kc, vc, spread(lens.to(idt).to(dev)), block_table=bt, q=qq, **kw, **scales)
             torch.cuda.synchronize()
             ran = rope_ext._C.last_append_kernel()
         finally:
             rope_ext._C.set_append_shape(-1)
+            rope_ext._C.set_append_lean_bytes(0)
         assert ran == (3 if sh == 5 else 1), f"{case}: shape {sh} ran kernel {ran}"
         out.append((kc, vc, qq))
     for a, b in zip(*out):
@@ -529,6 +533,14 @@ def test_append_lean_kernel_cuda(case, paged):
         rows_k = cache_rows(kc, bt, seq.to(dev), idx.to(dev))
         assert_close_f64(rows_k, ref.rope_float64(flat(k), pos.to(dev), layout="thd", **rkw), 8.0, f"{case}: k")
         assert torch.equal(cache_rows(vc, bt, seq.to(dev), idx.to(dev)), flat(v)), f"{case}: v copied exactly"
+
+
+def test_append_lean_bytes_checked():
+    """The lean append kernel's chunk-bytes knob takes 0 (the rule), 4 or 8, else a ValueError."""
+    for bad in (1, 2, 16, -4):
+        with pytest.raises(ValueError, match="set_append_lean_bytes"):
+            rope_ext._C.set_append_lean_bytes(bad)
+    rope_ext._C.set_append_lean_bytes(0)
 
 
 def cache_rows(cache, bt, seq, idx):

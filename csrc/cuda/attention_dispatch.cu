@@ -83,6 +83,9 @@ std::atomic<int> g_append_shape{-1};
 // the SMs (0: down to one row per block; the rope op's lean stops at 128, where smaller
 // blocks lost: bench/NOTES.md, issue 19). An A/B knob (set_append_lean_min_block).
 std::atomic<int> g_append_lean_min_block{0};
+// The lean append kernel's chunk bytes (W; 0: launch_append_lean's rule). A/B knob and
+// tests (set_append_lean_bytes).
+std::atomic<int> g_append_lean_bytes{0};
 
 template <typename T, bool kInterleaved, bool kVec, bool kFp8, int kItems, int kMinBlocks>
 void launch_append_shape(const AppendParams& params, int device, cudaStream_t stream) {
@@ -161,10 +164,10 @@ void launch_append_bulk(const AppendParams& params, int device, cudaStream_t str
 // (append_vector_ok: the 8-byte chunks are aligned), every index and stride within 32
 // bits and 2 Hk + Hq within 16 (AppendLeanParams' fields). Returns false (nothing
 // launched) otherwise.
-template <typename T, bool kInterleaved, bool kFp8>
-bool launch_append_lean(const AppendParams& p, int device, cudaStream_t stream) {
+template <typename T, bool kInterleaved, bool kFp8, int W>
+bool launch_append_lean_w(const AppendParams& p, int device, cudaStream_t stream) {
   const RopeParams& r = p.rope;
-  constexpr int V = 8 / static_cast<int>(sizeof(T));
+  constexpr int V = W / static_cast<int>(sizeof(T));
   if (r.R != r.D || p.Dv != r.D || !p.rotate_k || r.freq != FreqSource::kInvFreq || r.num_axes != 1 || r.cp_size != 1)
     return false;
   if (p.varlen && p.B > 31) return false;  // lanes 0..B hold cu_seqlens
@@ -251,9 +254,23 @@ bool launch_append_lean(const AppendParams& p, int device, cudaStream_t stream) 
   lp.rows_per_block = RB;
   const dim3 grid(static_cast<unsigned>(ceil_div(rows, int64_t(RB))), static_cast<unsigned>(gy),
                   static_cast<unsigned>(gz));
-  cuda::append_kv_lean_kernel<T, kInterleaved, kFp8><<<grid, RB * chunks, 0, stream>>>(lp);
+  cuda::append_kv_lean_kernel<T, kInterleaved, kFp8, W><<<grid, RB * chunks, 0, stream>>>(lp);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return true;
+}
+
+// Chunk bytes W: 8, or 4 (a thread's pairs halved: 2 for bf16 / fp16 neox, where a
+// Triton kernel of the same work took 4.26 us at 2 pairs a thread and 4.90 at 4, the
+// lean kernel's: run 3 of the eighth session of 2026-11-26). 4 needs a whole pair in a
+// GPT-J chunk (16-bit types).
+template <typename T, bool kInterleaved, bool kFp8>
+bool launch_append_lean(const AppendParams& p, int device, cudaStream_t stream) {
+  const int forced = g_append_lean_bytes.load(std::memory_order_relaxed);
+  const int wb = forced == 4 || forced == 8 ? forced : 8;
+  if constexpr (!kInterleaved || sizeof(T) == 2) {
+    if (wb == 4) return launch_append_lean_w<T, kInterleaved, kFp8, 4>(p, device, stream);
+  }
+  return launch_append_lean_w<T, kInterleaved, kFp8, 8>(p, device, stream);
 }
 
 template <typename T, bool kInterleaved, bool kVec, bool kFp8>
@@ -610,6 +627,11 @@ int decode_kv_per_cta(const DecodeParams& p, int64_t max_keys, DecodeImpl impl) 
 }
 void set_append_shape(int shape) { g_append_shape.store(shape); }
 void set_append_lean_min_block(int n) { g_append_lean_min_block.store(n < 0 ? 0 : n); }
+bool set_append_lean_bytes(int w) {
+  if (w != 0 && w != 4 && w != 8) return false;
+  g_append_lean_bytes.store(w);
+  return true;
+}
 int& last_append_kernel() {
   static thread_local int kernel = 0;
   return kernel;

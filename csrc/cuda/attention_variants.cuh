@@ -234,6 +234,11 @@ __device__ __forceinline__ void store_fp8_chunk(uint8_t* dst, const float* f, fl
       *reinterpret_cast<uint32_t*>(dst) = b[0] | (b[1] << 8) | (b[2] << 16) | (uint32_t(b[3]) << 24);
       return;
     }
+  } else if constexpr (V == 2) {
+    if (vec) {
+      *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(b[0] | (b[1] << 8));
+      return;
+    }
   }
 #pragma unroll
   for (int j = 0; j < V; ++j) dst[j] = b[j];
@@ -597,8 +602,8 @@ __global__ void __launch_bounds__(kAppendBulkThreads) append_kv_bulk_kernel(cons
 // small call's time on their block structure: a 1 KB parameter block (RopeParams and
 // its frequency table) read in dependent steps, the slot and sin/cos phases behind
 // barriers, then the stores (ncu at T = 16: barrier and constant-miss stalls first).
-// Here, as the rope op's lean kernel (variant 6): one thread per 8-byte chunk (and, neox,
-// its partner R/2 later) of one row of one token, rows = K heads, V heads, Q heads;
+// Here, as the rope op's lean kernel (variant 6): one thread per 8- or 4-byte chunk (W;
+// and, neox, its partner R/2 later) of one row of one token, rows = K heads, V heads, Q heads;
 // its own small params, the hot fields first; every load of the thread (its input
 // chunks, the sequence's cache length, its P frequencies, the position) goes out
 // before any is used, so the chain is the parameters, one DRAM round trip, the P
@@ -656,12 +661,15 @@ static_assert(offsetof(AppendLeanParams, in_s) == 48 && offsetof(AppendLeanParam
                   offsetof(AppendLeanParams, positions) == 176 && offsetof(AppendLeanParams, block_table) == 240,
               "AppendLeanParams: the constant-line layout above");
 
-template <typename T, bool kInterleaved, bool kFp8>
+// W: the chunk's bytes (8, or 4: half the pairs a thread, so half the sin/cos on its
+// chain; launch_append_lean's note has the measurements).
+template <typename T, bool kInterleaved, bool kFp8, int W>
 __global__ void __launch_bounds__(128) append_kv_lean_kernel(const __grid_constant__ AppendLeanParams p) {
-  constexpr int V = 8 / static_cast<int>(sizeof(T));  // elements per chunk (8 bytes)
+  constexpr int V = W / static_cast<int>(sizeof(T));  // elements per chunk
   constexpr int P = kInterleaved ? V / 2 : V;          // pairs per chunk
   static_assert(P >= 1, "a chunk holds at least one pair");
   using VecT = Vec<T, V>;
+  using Word = typename LeanWord<W>::type;
   const uint32_t fl = p.flags;
   const int c = threadIdx.x & ((1 << p.cshift) - 1);
   const int r = blockIdx.x * p.rows_per_block + (threadIdx.x >> p.cshift);
@@ -680,10 +688,10 @@ __global__ void __launch_bounds__(128) append_kv_lean_kernel(const __grid_consta
                  row_b * pick(p.in_s[0][0], p.in_s[1][0], p.in_s[2][0]) +
                  row_t * pick(p.in_s[0][1], p.in_s[1][1], p.in_s[2][1]) +
                  int64_t(h) * pick(p.in_s[0][2], p.in_s[1][2], p.in_s[2][2]);
-  uint2 xa = make_uint2(0, 0), xb = make_uint2(0, 0);
+  Word xa{}, xb{};
   if (live) {
-    xa = *reinterpret_cast<const uint2*>(src + d0);
-    if (!kInterleaved) xb = *reinterpret_cast<const uint2*>(src + d1);
+    xa = *reinterpret_cast<const Word*>(src + d0);
+    if (!kInterleaved) xb = *reinterpret_cast<const Word*>(src + d1);
   }
   const bool rot = live && kind != 1;
   float f[P];
@@ -727,8 +735,8 @@ __global__ void __launch_bounds__(128) append_kv_lean_kernel(const __grid_consta
 
   // 2. sin/cos of the chunk's pairs, the rotation (K, Q).
   VecT va, vb;
-  *reinterpret_cast<uint2*>(&va) = xa;
-  *reinterpret_cast<uint2*>(&vb) = xb;
+  *reinterpret_cast<Word*>(&va) = xa;
+  *reinterpret_cast<Word*>(&vb) = xb;
   float sn[P], cs[P];
   if (rot) {
     angle_sincos_chunk<P>(pos, f, sn, cs);
@@ -741,8 +749,8 @@ __global__ void __launch_bounds__(128) append_kv_lean_kernel(const __grid_consta
   }
   if (kind == 2) {  // Q: in place
     T* dst = const_cast<T*>(src);
-    *reinterpret_cast<uint2*>(dst + d0) = *reinterpret_cast<const uint2*>(&va);
-    if (!kInterleaved) *reinterpret_cast<uint2*>(dst + d1) = *reinterpret_cast<const uint2*>(&vb);
+    *reinterpret_cast<Word*>(dst + d0) = *reinterpret_cast<const Word*>(&va);
+    if (!kInterleaved) *reinterpret_cast<Word*>(dst + d1) = *reinterpret_cast<const Word*>(&vb);
     return;
   }
 
@@ -769,8 +777,8 @@ __global__ void __launch_bounds__(128) append_kv_lean_kernel(const __grid_consta
     }
   } else {
     T* row = static_cast<T*>(cache) + at;
-    *reinterpret_cast<uint2*>(row + d0) = *reinterpret_cast<const uint2*>(&va);
-    if (!kInterleaved) *reinterpret_cast<uint2*>(row + d1) = *reinterpret_cast<const uint2*>(&vb);
+    *reinterpret_cast<Word*>(row + d0) = *reinterpret_cast<const Word*>(&va);
+    if (!kInterleaved) *reinterpret_cast<Word*>(row + d1) = *reinterpret_cast<const Word*>(&vb);
   }
 }
 

@@ -33,6 +33,15 @@ __device__ __forceinline__ void store_vec(T* p, const VecT& v) {
   *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(&v);
 }
 
+// 16-, 8- or 4-byte accesses (W) of the lean kernels (rope variant 6, append_kv 1c):
+// narrower chunks give a thread fewer pairs, so fewer sin/cos on its path and less code
+// (the A/B of issue 19, bench/NOTES.md run 10; append_kv's, the eighth session of
+// 2026-11-26).
+template <int W> struct LeanWord;
+template <> struct LeanWord<16> { using type = uint4; };
+template <> struct LeanWord<8> { using type = uint2; };
+template <> struct LeanWord<4> { using type = uint32_t; };
+
 // Rotates one chunk in registers: neox pairs (a[j], b[j]) across the two halves, or
 // GPT-J pairs (a[2j], a[2j+1]) inside a; sn/cs hold the chunk's P sines/cosines.
 // fp32 math, one rounding at the end. Shared by variants 3-5 and the attention

@@ -589,13 +589,6 @@ static_assert(offsetof(LeanParams, out) == 48 && offsetof(LeanParams, positions)
               "LeanParams: the lines at 0x200, 0x240 and 0x280 in order of use");
 constexpr int kLeanMaxThreads = 128;
 
-// 16-, 8- or 4-byte accesses (W): narrower chunks give a thread fewer pairs, so fewer
-// sin/cos on its path and less code (the A/B of issue 19, bench/NOTES.md run 10).
-template <int W> struct LeanWord;
-template <> struct LeanWord<16> { using type = uint4; };
-template <> struct LeanWord<8> { using type = uint2; };
-template <> struct LeanWord<4> { using type = uint32_t; };
-
 // The block's sin/cos table (kSource 1): every lean block holds one token, so its R / 2
 // sin/cos are computed once, by one thread per pair, into shared memory, and each thread
 // reads its chunk's P from there after a barrier. Per-lane sin/cos (kSource 0) computes
