@@ -3,7 +3,7 @@ small rope ahead of torch.compile): what a launch costs, and what each DRAM roun
 on a kernel's dependent chain adds, timed as the suites time (one call in a CUDA graph,
 the L2 flushed before every replay, the median; bench/timing.py's graph_us).
 
-    python bench/latency_floor.py [--reps 200] [--refs]
+    python bench/latency_floor.py [--reps 200] [--refs [--ncu]]
 
 Rows (Triton kernels, one warp, 128 B stored):
   store only                 the launch, one store: nothing on the chain
@@ -241,6 +241,25 @@ def rope_ref_rows(S, inplace, peers):
     return rows, check
 
 
+def refs_ncu():
+    """--refs --ncu: each append row once inside the profiler range (after a warm-up), for
+    `ncu --profile-from-start off --cache-control all`: the kernels' own durations,
+    instructions and stalls, without the graph launch around them."""
+    rows, _ = append_ref_rows()
+    rows = {k: f for k, f in rows.items() if "copy" not in k and "store only" not in k}
+    for f in rows.values():
+        f()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for name, f in rows.items():
+        torch.cuda.nvtx.range_push(name)
+        f()
+        torch.cuda.nvtx.range_pop()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+    print("profiled, in order:", "; ".join(rows))
+
+
 def refs(reps):
     try:
         from run import Peers
@@ -267,10 +286,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--refs", action="store_true", help="the minimal Triton kernels, in turns (see above)")
+    ap.add_argument("--ncu", action="store_true", help="with --refs: the append rows once each, for ncu")
     args = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; triton {triton.__version__}")
     if args.refs:
-        refs(args.reps)
+        refs_ncu() if args.ncu else refs(args.reps)
         return
     print("us: one call in a CUDA graph after the suites' L2 flush, median of", args.reps)
     base = None

@@ -259,16 +259,25 @@ bool launch_append_lean_w(const AppendParams& p, int device, cudaStream_t stream
   return true;
 }
 
-// Chunk bytes W: 8, or 4 (a thread's pairs halved: 2 for bf16 / fp16 neox, where a
-// Triton kernel of the same work took 4.26 us at 2 pairs a thread and 4.90 at 4, the
-// lean kernel's: run 3 of the eighth session of 2026-11-26). 4 needs a whole pair in a
-// GPT-J chunk (16-bit types).
+// Chunk bytes W: 8, or 4 (a thread's pairs halved: 2 for bf16 / fp16 neox). A Triton
+// kernel of the same work took 4.26 us at 2 pairs a thread and 4.90 at 4 (run 3 of the
+// eighth session of 2026-11-26), but the lean kernel's sin/cos of 4 pairs already
+// interleave: W = 4 measured (run 4, us in turns, two passes, 8 -> 4 bytes) T = 16 varlen
+// 4.80 -> 4.67-4.77, with q 4.86-5.02 -> 4.83-4.99, batched with q 4.99 -> 4.99, paged(16)
+// with q 5.31-5.41 -> 5.18-5.22, fp8 with q 5.34-5.41 -> 5.02-5.22; batched with q T = 64
+// 5.34-5.44 -> 5.50-5.63, T = 256 7.39-7.52 -> 8.64-8.80 (twice the threads). So 4 bytes
+// where a thread's chain is longest (fp8's quantize, the paged block-id load) and the
+// doubled threads stay few (<= 32K: T = 16 with q and Hq 32, Hk 8, D 128 has 24,576);
+// elsewhere 8. 4 needs a whole pair in a GPT-J chunk (16-bit types).
+constexpr int64_t kAppendLeanNarrowThreads = 32 * 1024;
 template <typename T, bool kInterleaved, bool kFp8>
 bool launch_append_lean(const AppendParams& p, int device, cudaStream_t stream) {
-  const int forced = g_append_lean_bytes.load(std::memory_order_relaxed);
-  const int wb = forced == 4 || forced == 8 ? forced : 8;
   if constexpr (!kInterleaved || sizeof(T) == 2) {
-    if (wb == 4) return launch_append_lean_w<T, kInterleaved, kFp8, 4>(p, device, stream);
+    const int forced = g_append_lean_bytes.load(std::memory_order_relaxed);
+    const int64_t chunks4 = (p.rope.interleaved ? p.rope.D : p.rope.R / 2) / (4 / int64_t(sizeof(T)));
+    const int64_t threads4 = p.num_tokens * (2 * p.cache.Hk + p.Hq) * chunks4;
+    const bool narrow = forced ? forced == 4 : (kFp8 || p.cache.paged) && threads4 <= kAppendLeanNarrowThreads;
+    if (narrow) return launch_append_lean_w<T, kInterleaved, kFp8, 4>(p, device, stream);
   }
   return launch_append_lean_w<T, kInterleaved, kFp8, 8>(p, device, stream);
 }
