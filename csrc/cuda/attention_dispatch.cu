@@ -86,6 +86,9 @@ std::atomic<int> g_append_lean_min_block{0};
 // The lean append kernel's chunk bytes (W; 0: launch_append_lean's rule). A/B knob and
 // tests (set_append_lean_bytes).
 std::atomic<int> g_append_lean_bytes{0};
+// Whether plain calls take the lean kernel's plain instances (A/B knob and tests:
+// set_append_lean_plain).
+std::atomic<bool> g_append_lean_plain{true};
 
 template <typename T, bool kInterleaved, bool kVec, bool kFp8, int kItems, int kMinBlocks>
 void launch_append_shape(const AppendParams& params, int device, cudaStream_t stream) {
@@ -166,6 +169,9 @@ void launch_append_bulk(const AppendParams& params, int device, cudaStream_t str
 // launched) otherwise.
 template <typename T, bool kInterleaved, bool kFp8, int W>
 bool launch_append_lean_w(const AppendParams& p, int device, cudaStream_t stream) {
+  using cuda::kALBatched;
+  using cuda::kALGeneral;
+  using cuda::kALVarlen;
   const RopeParams& r = p.rope;
   constexpr int V = W / static_cast<int>(sizeof(T));
   if (r.R != r.D || p.Dv != r.D || !p.rotate_k || r.freq != FreqSource::kInvFreq || r.num_axes != 1 || r.cp_size != 1)
@@ -254,7 +260,14 @@ bool launch_append_lean_w(const AppendParams& p, int device, cudaStream_t stream
   lp.rows_per_block = RB;
   const dim3 grid(static_cast<unsigned>(ceil_div(rows, int64_t(RB))), static_cast<unsigned>(gy),
                   static_cast<unsigned>(gz));
-  cuda::append_kv_lean_kernel<T, kInterleaved, kFp8, W><<<grid, RB * chunks, 0, stream>>>(lp);
+  // The plain forms (attention_variants.cuh, kForm) where the call has no position or
+  // offsets tensor and a contiguous cache; the general instance otherwise (and under the
+  // A/B knob set_append_lean_plain(false)).
+  const bool plain = !r.positions.ptr && !r.offsets.ptr && !c.paged && g_append_lean_plain.load(std::memory_order_relaxed);
+  const auto kernel = !plain   ? cuda::append_kv_lean_kernel<T, kInterleaved, kFp8, W, kALGeneral>
+                      : p.varlen ? cuda::append_kv_lean_kernel<T, kInterleaved, kFp8, W, kALVarlen>
+                                 : cuda::append_kv_lean_kernel<T, kInterleaved, kFp8, W, kALBatched>;
+  kernel<<<grid, RB * chunks, 0, stream>>>(lp);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return true;
 }
@@ -636,6 +649,7 @@ int decode_kv_per_cta(const DecodeParams& p, int64_t max_keys, DecodeImpl impl) 
 }
 void set_append_shape(int shape) { g_append_shape.store(shape); }
 void set_append_lean_min_block(int n) { g_append_lean_min_block.store(n < 0 ? 0 : n); }
+void set_append_lean_plain(bool on) { g_append_lean_plain.store(on); }
 bool set_append_lean_bytes(int w) {
   if (w != 0 && w != 4 && w != 8) return false;
   g_append_lean_bytes.store(w);
