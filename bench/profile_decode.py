@@ -17,8 +17,8 @@ calls), Hq 32, Hk 8, D 128, bf16 q, contiguous cache unless the case says paged.
   sequences of one token), both varlen as in the attn suite; append_16q (with q),
   append_16b (batched [16, 1], with q), append_16bp (the same over a paged(16) cache),
   append_16f (varlen, with q, into fp8 caches), append_16bn (batched, no q), append_16bf
-  (batched, with q, fp8), append_64b / append_256b (batched [T, 1], with q). CASE@4, CASE@8,
-  CASE@g, CASE@8g: the lean kernel's chunk bytes forced and / or its general instance."""
+  (batched, with q, fp8), append_64b / append_256b (batched [T, 1], with q). CASE@4 /
+  CASE@8: an append case with the lean kernel's chunk bytes forced."""
 import os
 import sys
 
@@ -121,24 +121,19 @@ names = sys.argv[1 + bool(mode):] or list(CASES)
 
 
 def make(name):
-    """CASE, or CASE@W (W = 4 or 8), CASE@g, CASE@Wg: the append case with the lean kernel's
-    chunk bytes forced to W (set_append_lean_bytes) and / or its general instance
-    (set_append_lean_plain(False)); the knobs are read when the call launches, so a graph
-    keeps them."""
-    case, _, opt = name.partition("@")
+    """CASE, or CASE@W: the append case with the lean kernel's chunk bytes forced to W
+    (rope_ext._C.set_append_lean_bytes, read when the call launches: a graph keeps it)."""
+    case, _, w = name.partition("@")
     fn = CASES[case]()
-    if not opt:
+    if not w:
         return fn
-    w, general = int(opt.rstrip("g") or 0), opt.endswith("g")
 
     def run():
-        rope_ext._C.set_append_lean_bytes(w)
-        rope_ext._C.set_append_lean_plain(not general)
+        rope_ext._C.set_append_lean_bytes(int(w))
         try:
             return fn()
         finally:
             rope_ext._C.set_append_lean_bytes(0)
-            rope_ext._C.set_append_lean_plain(True)
     return run
 
 

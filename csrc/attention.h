@@ -77,9 +77,6 @@ void set_append_lean_min_block(int n);
 // bench/tests: the lean append kernel's chunk bytes, 4 or 8 (0: the rule); false (nothing
 // set) for another value.
 bool set_append_lean_bytes(int w);
-// bench/tests: whether plain calls (no position / offsets tensor, contiguous cache) take
-// the lean kernel's plain instances (default on; off: the general instance).
-void set_append_lean_plain(bool on);
 // tests: the kernel of this thread's last CUDA append_kv launch: 1 the register kernel,
 // 2 the bulk kernel (1b), 3 the lean kernel (1c); 0 none yet.
 int& last_append_kernel();

@@ -130,9 +130,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_append_lean_min_block", &rope_ext::set_append_lean_min_block,
         "tests/bench: the fewest threads a block of append_kv's lean kernel keeps when its rows are halved to "
         "cover the SMs (0 = the default: down to one row; packed sequences keep a warp)");
-  m.def("set_append_lean_plain", &rope_ext::set_append_lean_plain,
-        "tests/bench: whether append_kv's lean kernel takes its plain instances for calls without position or "
-        "offsets tensors into a contiguous cache (default on; off: the general instance)");
   m.def(
       "set_append_lean_bytes",
       [](int w) {

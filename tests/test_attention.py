@@ -438,14 +438,12 @@ LEAN_CASES = {  # append_kv cases the lean kernel (1c) covers, each against kern
 
 
 @cuda
-@pytest.mark.parametrize("lean", ["w8", "w4", "w8_general"])
+@pytest.mark.parametrize("lean_bytes", [8, 4])
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
 @pytest.mark.parametrize("case", list(LEAN_CASES))
-def test_append_lean_kernel_cuda(case, paged, lean):
+def test_append_lean_kernel_cuda(case, paged, lean_bytes):
     """The lean kernel (1c, auto's below 2 tokens per SM), with 8- and 4-byte chunks
-    (set_append_lean_bytes; fp32 GPT-J keeps 8) and in its plain instances (calls without
-    position / offsets tensors into a contiguous cache, batched or packed) and its general
-    one (set_append_lean_plain(False)), writes the caches and q bit-equal
+    (set_append_lean_bytes; fp32 GPT-J keeps 8), writes the caches and q bit-equal
     to kernel 1 (shape 1) over NaN-filled caches, and did run (last_append_kernel): GQA,
     no q, one kv head, GPT-J, fp32, fp8 with per-head scales, explicit positions, per-
     sequence offsets, a scalar offset with inv_freq and attention_factor, packed sequences
@@ -512,8 +510,7 @@ def test_append_lean_kernel_cuda(case, paged, lean):
         kc, vc = kc0.clone(), vc0.clone()
         qq = q.clone() if q is not None else None
         rope_ext._C.set_append_shape(sh)
-        rope_ext._C.set_append_lean_bytes(4 if lean == "w4" else 8)
-        rope_ext._C.set_append_lean_plain(lean != "w8_general")
+        rope_ext._C.set_append_lean_bytes(lean_bytes)
         try:
             rope_ext.append_kv(k, v, kc, vc, spread(lens.to(idt).to(dev)), block_table=bt, q=qq, **kw, **scales)
             torch.cuda.synchronize()
@@ -521,7 +518,6 @@ def test_append_lean_kernel_cuda(case, paged, lean):
         finally:
             rope_ext._C.set_append_shape(-1)
             rope_ext._C.set_append_lean_bytes(0)
-            rope_ext._C.set_append_lean_plain(True)
         assert ran == (3 if sh == 5 else 1), f"{case}: shape {sh} ran kernel {ran}"
         out.append((kc, vc, qq))
     for a, b in zip(*out):

@@ -86,9 +86,6 @@ std::atomic<int> g_append_lean_min_block{0};
 // The lean append kernel's chunk bytes (W; 0: launch_append_lean's rule). A/B knob and
 // tests (set_append_lean_bytes).
 std::atomic<int> g_append_lean_bytes{0};
-// Whether plain calls take the lean kernel's plain instances (A/B knob and tests:
-// set_append_lean_plain).
-std::atomic<bool> g_append_lean_plain{true};
 
 template <typename T, bool kInterleaved, bool kVec, bool kFp8, int kItems, int kMinBlocks>
 void launch_append_shape(const AppendParams& params, int device, cudaStream_t stream) {
@@ -169,9 +166,6 @@ void launch_append_bulk(const AppendParams& params, int device, cudaStream_t str
 // launched) otherwise.
 template <typename T, bool kInterleaved, bool kFp8, int W>
 bool launch_append_lean_w(const AppendParams& p, int device, cudaStream_t stream) {
-  using cuda::kALBatched;
-  using cuda::kALGeneral;
-  using cuda::kALVarlen;
   const RopeParams& r = p.rope;
   constexpr int V = W / static_cast<int>(sizeof(T));
   if (r.R != r.D || p.Dv != r.D || !p.rotate_k || r.freq != FreqSource::kInvFreq || r.num_axes != 1 || r.cp_size != 1)
@@ -260,14 +254,7 @@ bool launch_append_lean_w(const AppendParams& p, int device, cudaStream_t stream
   lp.rows_per_block = RB;
   const dim3 grid(static_cast<unsigned>(ceil_div(rows, int64_t(RB))), static_cast<unsigned>(gy),
                   static_cast<unsigned>(gz));
-  // The plain forms (attention_variants.cuh, kForm) where the call has no position or
-  // offsets tensor and a contiguous cache; the general instance otherwise (and under the
-  // A/B knob set_append_lean_plain(false)).
-  const bool plain = !r.positions.ptr && !r.offsets.ptr && !c.paged && g_append_lean_plain.load(std::memory_order_relaxed);
-  const auto kernel = !plain   ? cuda::append_kv_lean_kernel<T, kInterleaved, kFp8, W, kALGeneral>
-                      : p.varlen ? cuda::append_kv_lean_kernel<T, kInterleaved, kFp8, W, kALVarlen>
-                                 : cuda::append_kv_lean_kernel<T, kInterleaved, kFp8, W, kALBatched>;
-  kernel<<<grid, RB * chunks, 0, stream>>>(lp);
+  cuda::append_kv_lean_kernel<T, kInterleaved, kFp8, W><<<grid, RB * chunks, 0, stream>>>(lp);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return true;
 }
@@ -275,13 +262,18 @@ bool launch_append_lean_w(const AppendParams& p, int device, cudaStream_t stream
 // Chunk bytes W: 8, or 4 (a thread's pairs halved: 2 for bf16 / fp16 neox). A Triton
 // kernel of the same work took 4.26 us at 2 pairs a thread and 4.90 at 4 (run 3 of the
 // eighth session of 2026-11-26), but the lean kernel's sin/cos of 4 pairs already
-// interleave: W = 4 measured (run 4, us in turns, two passes, 8 -> 4 bytes) T = 16 varlen
-// 4.80 -> 4.67-4.77, with q 4.86-5.02 -> 4.83-4.99, batched with q 4.99 -> 4.99, paged(16)
-// with q 5.31-5.41 -> 5.18-5.22, fp8 with q 5.34-5.41 -> 5.02-5.22; batched with q T = 64
-// 5.34-5.44 -> 5.50-5.63, T = 256 7.39-7.52 -> 8.64-8.80 (twice the threads). So 4 bytes
-// where a thread's chain is longest (fp8's quantize, the paged block-id load) and the
-// doubled threads stay few (<= 32K: T = 16 with q and Hq 32, Hk 8, D 128 has 24,576);
-// elsewhere 8. 4 needs a whole pair in a GPT-J chunk (16-bit types).
+// interleave. Measured (H100, us in turns, two passes each, W 8 -> 4), run 4: T = 16
+// varlen 4.80 -> 4.67-4.77, with q 4.86-5.02 -> 4.83-4.99, batched with q 4.99 -> 4.99,
+// paged(16) with q 5.31-5.41 -> 5.18-5.22, fp8 with q 5.34-5.41 -> 5.02-5.22; batched with q
+// T = 64 5.34-5.44 -> 5.50-5.63, T = 256 7.39-7.52 -> 8.64-8.80 (twice the threads); run 6
+// (W 8 general instance -> W 4 in the plain instances tried below): batched without q 4.70
+// -> 4.48-4.54, varlen 4.83-4.90 -> 4.64-4.70, with q 4.96-5.06 -> 4.80-4.90. So 4 bytes while the doubled thread count stays
+// <= 32K (T = 16 with q at Hq 32, Hk 8, D 128: 24,576 threads), never slower there; 8 above.
+// (Tried, run 6: instances without the index-tensor / block-table code for plain calls,
+// 864 -> 536 SASS instructions at W 8: no gain in turns (batched with q +0.15 us, fp8 +0.13,
+// others within 0.05), though ncu had put the kernel's 0.67 us over a minimal Triton one
+// on instruction fetch; the skipped code was not what the warps fetched. Not kept.)
+// 4 needs a whole pair in a GPT-J chunk (16-bit types).
 constexpr int64_t kAppendLeanNarrowThreads = 32 * 1024;
 template <typename T, bool kInterleaved, bool kFp8>
 bool launch_append_lean(const AppendParams& p, int device, cudaStream_t stream) {
@@ -289,7 +281,7 @@ bool launch_append_lean(const AppendParams& p, int device, cudaStream_t stream) 
     const int forced = g_append_lean_bytes.load(std::memory_order_relaxed);
     const int64_t chunks4 = (p.rope.interleaved ? p.rope.D : p.rope.R / 2) / (4 / int64_t(sizeof(T)));
     const int64_t threads4 = p.num_tokens * (2 * p.cache.Hk + p.Hq) * chunks4;
-    const bool narrow = forced ? forced == 4 : (kFp8 || p.cache.paged) && threads4 <= kAppendLeanNarrowThreads;
+    const bool narrow = forced ? forced == 4 : threads4 <= kAppendLeanNarrowThreads;
     if (narrow) return launch_append_lean_w<T, kInterleaved, kFp8, 4>(p, device, stream);
   }
   return launch_append_lean_w<T, kInterleaved, kFp8, 8>(p, device, stream);
@@ -649,7 +641,6 @@ int decode_kv_per_cta(const DecodeParams& p, int64_t max_keys, DecodeImpl impl) 
 }
 void set_append_shape(int shape) { g_append_shape.store(shape); }
 void set_append_lean_min_block(int n) { g_append_lean_min_block.store(n < 0 ? 0 : n); }
-void set_append_lean_plain(bool on) { g_append_lean_plain.store(on); }
 bool set_append_lean_bytes(int w) {
   if (w != 0 && w != 4 && w != 8) return false;
   g_append_lean_bytes.store(w);

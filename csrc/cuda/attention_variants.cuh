@@ -27,7 +27,7 @@
 //                       rows); the same step 2 (slots, sin/cos). T = 8192 29.9 us, 90%
 //                       of a same-size copy (run 4 of 2026-11-25).
 //   1c. append_kv, lean  (auto's choice below 2 tokens per SM where it applies) one
-//                       thread per 8-byte chunk (4-byte for small fp8 / paged calls) of
+//                       thread per 8-byte chunk (4-byte for calls of <= 32K threads) of
 //                       one K / V / Q row of one token, its own small params, no shared
 //                       memory, no barrier: T = 16 4.7 us against kernel 1's 6.9 (run 1
 //                       of the night of 2026-11-25).
@@ -664,14 +664,7 @@ static_assert(offsetof(AppendLeanParams, in_s) == 48 && offsetof(AppendLeanParam
 
 // W: the chunk's bytes (8, or 4: half the pairs a thread, so half the sin/cos on its
 // chain; launch_append_lean's note has the measurements).
-// kForm: kALGeneral (every case, by the flags) or a plain call, without position or
-// offsets tensors into a contiguous cache (the position: the cache index + the scalar
-// offset), batched (kALBatched) or packed (kALVarlen): the index-tensor and block-table
-// code, and the other form's, are not in the instance (eighth session of 2026-11-26:
-// ncu put the kernel 0.67 us behind a minimal Triton kernel of the same work, with
-// instruction-fetch stalls the largest; bf16 neox 864 SASS instructions -> 536 / 600).
-enum : int { kALGeneral = 0, kALBatched = 1, kALVarlen = 2 };
-template <typename T, bool kInterleaved, bool kFp8, int W, int kForm>
+template <typename T, bool kInterleaved, bool kFp8, int W>
 __global__ void __launch_bounds__(128) append_kv_lean_kernel(const __grid_constant__ AppendLeanParams p) {
   constexpr int V = W / static_cast<int>(sizeof(T));  // elements per chunk
   constexpr int P = kInterleaved ? V / 2 : V;          // pairs per chunk
@@ -689,8 +682,7 @@ __global__ void __launch_bounds__(128) append_kv_lean_kernel(const __grid_consta
   // 1. Every load first: the input chunks (rows need only the grid), the frequencies,
   //    the position, the sequence's length (and start, and offset), the fp8 scale; all
   //    kept raw until every one is in flight.
-  const bool varlen = kForm == kALVarlen || (kForm == kALGeneral && p.nseq);
-  const int64_t row_b = varlen ? 0 : blockIdx.z, row_t = blockIdx.y;
+  const int64_t row_b = p.nseq ? 0 : blockIdx.z, row_t = blockIdx.y;
   // Selects, not p.in[kind]: a run-time index into the parameters (variant 6's note).
   auto pick = [&](auto x0, auto x1, auto x2) { return kind == 0 ? x0 : kind == 1 ? x1 : x2; };
   const T* src = static_cast<const T*>(pick(p.in[0], p.in[1], p.in[2])) +
@@ -708,14 +700,13 @@ __global__ void __launch_bounds__(128) append_kv_lean_kernel(const __grid_consta
 #pragma unroll
     for (int e = 0; e < P; ++e) f[e] = p.inv_freq[(c * P + e) * static_cast<int64_t>(p.inv_freq_stride)];
   }
-  const bool has_pos = kForm == kALGeneral && (fl & kALPos), has_off = kForm == kALGeneral && (fl & kALOff);
-  const int nseq = p.nseq;
+  const bool has_pos = fl & kALPos, has_off = fl & kALOff;
   RawIndex pos_r, len_r, cu_r, off_r;
   if (rot && has_pos) pos_r = load_raw_index(p.positions, row_b * p.pos_stride_b + row_t * p.pos_stride, fl & kALPos64);
   const int lane = threadIdx.x & 31;
-  if (varlen) {  // lane l: sequence l's start, cache length and offset
-    if (lane <= nseq) cu_r = load_raw_index(p.cu_seqlens, int64_t(lane) * p.cu_stride, fl & kALCu64);
-    if (lane < nseq) {
+  if (p.nseq) {  // lane l: sequence l's start, cache length and offset
+    if (lane <= p.nseq) cu_r = load_raw_index(p.cu_seqlens, int64_t(lane) * p.cu_stride, fl & kALCu64);
+    if (lane < p.nseq) {
       len_r = load_raw_index(p.seqlens, int64_t(lane) * p.seqlens_stride, fl & kALLen64);
       if (has_off) off_r = load_raw_index(p.offsets, int64_t(lane) * p.off_stride, fl & kALOff64);
     }
@@ -728,10 +719,10 @@ __global__ void __launch_bounds__(128) append_kv_lean_kernel(const __grid_consta
     if (live && kind != 2) scale = kind == 0 ? p.scale[0][h * p.scale_stride[0]] : p.scale[1][h * p.scale_stride[1]];
   }
   int64_t b = row_b, j = row_t, len = raw_index(len_r, fl & kALLen64), off = raw_index(off_r, fl & kALOff64);
-  if (varlen) {  // the token's sequence by ballot (seq_of_token's rule: the last n < nseq with cu[n] <= t, 0 if none)
+  if (p.nseq) {  // the token's sequence by ballot (seq_of_token's rule: the last n < nseq with cu[n] <= t, 0 if none)
     const unsigned mask = blockDim.x >= 32 ? 0xffffffffu : (1u << blockDim.x) - 1u;
     const int64_t cu_l = raw_index(cu_r, fl & kALCu64);
-    const unsigned ball = __ballot_sync(mask, lane < nseq && cu_l <= row_t);
+    const unsigned ball = __ballot_sync(mask, lane < p.nseq && cu_l <= row_t);
     const int n = ball ? 31 - __clz(ball) : 0;
     b = n;
     j = row_t - __shfl_sync(mask, cu_l, n);
@@ -767,7 +758,7 @@ __global__ void __launch_bounds__(128) append_kv_lean_kernel(const __grid_consta
   // 3. K / V into the token's slot (cache_slot's rule: a slot that does not exist is dropped).
   if (idx < 0 || idx >= p.capacity) return;
   int64_t d0c = b, d1c = idx;
-  if (kForm == kALGeneral && (fl & kALPaged)) {
+  if (fl & kALPaged) {
     const int64_t n = div_small(idx, p.block_size);
     d0c = raw_index(load_raw_index(p.block_table, b * p.bt_stride_b + n * p.bt_stride, fl & kALBt64), fl & kALBt64);
     if (d0c < 0 || d0c >= p.num_blocks) return;
