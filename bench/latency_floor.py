@@ -183,7 +183,7 @@ def append_ref_rows():
     rows = {}
     for name, mode in SIN_MODES:
         for hb, warps in ((Hk, 4), (1, 1)):
-            rows[f"Triton append, {name}, {B}x{Hk // hb} programs x {warps} warps"] = (
+            rows[f"Triton append, {name}, {B}x{Hk // hb} programs x {warps} warp{'s' if warps > 1 else ''}"] = (
                 lambda mode=mode, hb=hb, warps=warps: _append_ref[(B, Hk // hb)](
                     k, v, kc, vc, lens, cs, hi, lo, cap, HK=Hk, HB=hb, D=D, MODE=mode, num_warps=warps))
     rows["rope_ext append_kv batched [16, 1]"] = lambda: rope_ext.append_kv(k, v, kc, vc, lens)
@@ -288,6 +288,8 @@ def main():
     ap.add_argument("--refs", action="store_true", help="the minimal Triton kernels, in turns (see above)")
     ap.add_argument("--ncu", action="store_true", help="with --refs: the append rows once each, for ncu")
     args = ap.parse_args()
+    if args.ncu and not args.refs:
+        ap.error("--ncu goes with --refs")
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; triton {triton.__version__}")
     if args.refs:
         refs_ncu() if args.ncu else refs(args.reps)

@@ -80,6 +80,8 @@ bool set_append_lean_bytes(int w);
 // tests: the kernel of this thread's last CUDA append_kv launch: 1 the register kernel,
 // 2 the bulk kernel (1b), 3 the lean kernel (1c); 0 none yet.
 int& last_append_kernel();
+// tests: the chunk bytes (4 or 8) of this thread's last lean append launch; 0 none yet.
+int& last_append_lean_bytes();
 // Whether the vector kernels can read the caches (16-byte aligned rows); why not, if not.
 bool decode_cache_aligned(const KVCacheView& c, int64_t elem_size, std::string* why);
 void attention_decode_cuda(const DecodeParams& p, at::ScalarType dtype, c10::Device device, DecodeImpl impl);

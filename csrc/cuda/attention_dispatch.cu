@@ -161,9 +161,9 @@ void launch_append_bulk(const AppendParams& params, int device, cudaStream_t str
 }
 
 // Kernel 1c (lean): the cases it covers (attention_variants.cuh) with 16-byte vectors
-// (append_vector_ok: the 8-byte chunks are aligned), every index and stride within 32
-// bits and 2 Hk + Hq within 16 (AppendLeanParams' fields). Returns false (nothing
-// launched) otherwise.
+// (append_vector_ok: the W-byte chunks are aligned), at most 128 chunks a row, every
+// index and stride within 32 bits and 2 Hk + Hq within 16 (AppendLeanParams' fields).
+// Returns false (nothing launched) otherwise.
 template <typename T, bool kInterleaved, bool kFp8, int W>
 bool launch_append_lean_w(const AppendParams& p, int device, cudaStream_t stream) {
   const RopeParams& r = p.rope;
@@ -171,7 +171,7 @@ bool launch_append_lean_w(const AppendParams& p, int device, cudaStream_t stream
   if (r.R != r.D || p.Dv != r.D || !p.rotate_k || r.freq != FreqSource::kInvFreq || r.num_axes != 1 || r.cp_size != 1)
     return false;
   if (p.varlen && p.B > 31) return false;  // lanes 0..B hold cu_seqlens
-  const int chunks = r.interleaved ? r.D / V : r.R / 2 / V;
+  const int chunks = rot_chunks(r, V);
   if (chunks < 1 || chunks > 128 || (chunks & (chunks - 1)) || (r.interleaved ? r.D % V : (r.R / 2) % V)) return false;
   const int64_t rows = 2 * p.cache.Hk + p.Hq, tokens = p.num_tokens;
   const int64_t gy = p.varlen ? tokens : p.T, gz = p.varlen ? 1 : p.B;
@@ -256,33 +256,34 @@ bool launch_append_lean_w(const AppendParams& p, int device, cudaStream_t stream
                   static_cast<unsigned>(gz));
   cuda::append_kv_lean_kernel<T, kInterleaved, kFp8, W><<<grid, RB * chunks, 0, stream>>>(lp);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  last_append_lean_bytes() = W;
   return true;
 }
 
 // Chunk bytes W: 8, or 4 (a thread's pairs halved: 2 for bf16 / fp16 neox). A Triton
 // kernel of the same work took 4.26 us at 2 pairs a thread and 4.90 at 4 (run 3 of the
 // eighth session of 2026-11-26), but the lean kernel's sin/cos of 4 pairs already
-// interleave. Measured (H100, us in turns, two passes each, W 8 -> 4), run 4: T = 16
-// varlen 4.80 -> 4.67-4.77, with q 4.86-5.02 -> 4.83-4.99, batched with q 4.99 -> 4.99,
-// paged(16) with q 5.31-5.41 -> 5.18-5.22, fp8 with q 5.34-5.41 -> 5.02-5.22; batched with q
-// T = 64 5.34-5.44 -> 5.50-5.63, T = 256 7.39-7.52 -> 8.64-8.80 (twice the threads); run 6
-// (W 8 general instance -> W 4 in the plain instances tried below): batched without q 4.70
-// -> 4.48-4.54, varlen 4.83-4.90 -> 4.64-4.70, with q 4.96-5.06 -> 4.80-4.90. So 4 bytes while the doubled thread count stays
-// <= 32K (T = 16 with q at Hq 32, Hk 8, D 128: 24,576 threads), never slower there; 8 above.
+// interleave. Measured (H100, us in turns, W 8 -> 4): run 4, T = 16 paged(16) with q
+// 5.31-5.41 -> 5.18-5.22, fp8 with q 5.34-5.41 -> 5.02-5.22, the bf16 rows within 0.15;
+// batched with q T = 64 5.34-5.44 -> 5.50-5.63, T = 256 7.39-7.52 -> 8.64-8.80 (twice the
+// threads); run 7 (the final code, auto against forced 8) T = 16 varlen 4.67 / 4.70, with q
+// 4.86 / 4.86, batched 4.70 / 4.83, batched with q 4.88 / 5.02, paged with q 5.22 / 5.34, fp8
+// with q 5.06 / 5.38. So 4 bytes while the doubled thread count stays <= 32K (T = 16 with q
+// at Hq 32, Hk 8, D 128: 24,576 threads), never slower there; 8 above, and where 4 does not
+// apply (a GPT-J fp32 chunk holds no whole pair; more than 128 chunks a row: the call
+// takes W 8 then, not kernel 1).
 // (Tried, run 6: instances without the index-tensor / block-table code for plain calls,
-// 864 -> 536 SASS instructions at W 8: no gain in turns (batched with q +0.15 us, fp8 +0.13,
-// others within 0.05), though ncu had put the kernel's 0.67 us over a minimal Triton one
-// on instruction fetch; the skipped code was not what the warps fetched. Not kept.)
-// 4 needs a whole pair in a GPT-J chunk (16-bit types).
+// 864 -> 536 SASS instructions at W 8: no gain in turns (-0.06 to +0.19 us against the
+// general instance at W 8), though ncu had put the kernel's 0.67 us over a minimal Triton
+// one on instruction fetch; the skipped code was not what the warps fetched. Not kept.)
 constexpr int64_t kAppendLeanNarrowThreads = 32 * 1024;
 template <typename T, bool kInterleaved, bool kFp8>
 bool launch_append_lean(const AppendParams& p, int device, cudaStream_t stream) {
   if constexpr (!kInterleaved || sizeof(T) == 2) {
     const int forced = g_append_lean_bytes.load(std::memory_order_relaxed);
-    const int64_t chunks4 = (p.rope.interleaved ? p.rope.D : p.rope.R / 2) / (4 / int64_t(sizeof(T)));
-    const int64_t threads4 = p.num_tokens * (2 * p.cache.Hk + p.Hq) * chunks4;
+    const int64_t threads4 = p.num_tokens * (2 * p.cache.Hk + p.Hq) * rot_chunks(p.rope, 4 / int(sizeof(T)));
     const bool narrow = forced ? forced == 4 : threads4 <= kAppendLeanNarrowThreads;
-    if (narrow) return launch_append_lean_w<T, kInterleaved, kFp8, 4>(p, device, stream);
+    if (narrow && launch_append_lean_w<T, kInterleaved, kFp8, 4>(p, device, stream)) return true;
   }
   return launch_append_lean_w<T, kInterleaved, kFp8, 8>(p, device, stream);
 }
@@ -645,6 +646,10 @@ bool set_append_lean_bytes(int w) {
   if (w != 0 && w != 4 && w != 8) return false;
   g_append_lean_bytes.store(w);
   return true;
+}
+int& last_append_lean_bytes() {
+  static thread_local int w = 0;
+  return w;
 }
 int& last_append_kernel() {
   static thread_local int kernel = 0;

@@ -27,10 +27,11 @@
 //                       rows); the same step 2 (slots, sin/cos). T = 8192 29.9 us, 90%
 //                       of a same-size copy (run 4 of 2026-11-25).
 //   1c. append_kv, lean  (auto's choice below 2 tokens per SM where it applies) one
-//                       thread per 8-byte chunk (4-byte for calls of <= 32K threads) of
-//                       one K / V / Q row of one token, its own small params, no shared
-//                       memory, no barrier: T = 16 4.7 us against kernel 1's 6.9 (run 1
-//                       of the night of 2026-11-25).
+//                       thread per 8-byte chunk (4-byte for calls of <= 32K threads,
+//                       where a chunk holds a pair and a row <= 128 chunks) of one K / V
+//                       / Q row of one token, its own small params, no shared memory, no
+//                       barrier: T = 16 4.7 us against kernel 1's 6.9 (run 1 of the
+//                       night of 2026-11-25; run 7 of 2026-11-26's eighth session: 4.7).
 //   2. decode, hybrid_simt (impl="hybrid_simt"; auto takes variant 5, decode_mma.cuh,
 //                       which needs 0.70-0.93x of this one's time on the H100: this
 //                       kernel spends ~60 warp instructions per key and kv head on
