@@ -43,7 +43,8 @@ import triton.language as tl
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import rope_ext  # noqa: E402
-from timing import graph_us, graph_us_interleaved, same_size_copy  # noqa: E402
+from rope_ext import reference as ref  # noqa: E402
+from timing import graph_us, graph_us_interleaved, profile_once, same_size_copy  # noqa: E402
 
 try:  # triton >= 3.0 (the portable path; .cuda before it)
     from triton.language.extra import libdevice
@@ -162,14 +163,12 @@ def _rope_ref(x_ptr, o_ptr, cs_ptr, hi_ptr, lo_ptr, H: tl.constexpr, D: tl.const
 
 
 def _freq_tables(D, max_pos):
-    """HF's float32 inverse frequencies in turns as a hi/lo pair, and the fp32 cos/sin table."""
-    f = 1.0 / (10000.0 ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
-    turns = f.double() / (2 * torch.pi)
+    """HF's float32 inverse frequencies (rope_ext.inv_freq) in turns as a hi/lo pair, and
+    the fp32 cos/sin table the peers read (reference.cos_sin_table: cos, then sin)."""
+    turns = rope_ext.inv_freq(D, 10000.0).double() / (2 * torch.pi)
     hi = turns.float()
     lo = (turns - hi.double()).float()
-    ang = torch.arange(max_pos, dtype=torch.float32)[:, None] * f
-    cs = torch.cat([ang.cos(), ang.sin()], -1)
-    return hi.to(DEV), lo.to(DEV), cs.to(DEV)
+    return hi.to(DEV), lo.to(DEV), ref.cos_sin_table(D, 10000.0, max_pos, DEV)
 
 
 def append_ref_rows():
@@ -223,7 +222,6 @@ def rope_ref_rows(S, inplace, peers):
         pos = torch.arange(S, device=DEV)
         rows.update({k: f for k, f in peers.x_fns(x.view(S, H, D), cos, sin, pos, cs).items() if k == "Liger"})
     if not inplace:
-        from rope_ext import reference as ref
         from run import hf_cos_sin
         cos, sin = hf_cos_sin(S, D, x.dtype)
         torch._dynamo.reset()
@@ -247,16 +245,7 @@ def refs_ncu():
     instructions and stalls, without the graph launch around them."""
     rows, _ = append_ref_rows()
     rows = {k: f for k, f in rows.items() if "copy" not in k and "store only" not in k}
-    for f in rows.values():
-        f()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStart()
-    for name, f in rows.items():
-        torch.cuda.nvtx.range_push(name)
-        f()
-        torch.cuda.nvtx.range_pop()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
+    profile_once(rows)
     print("profiled, in order:", "; ".join(rows))
 
 

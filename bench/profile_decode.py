@@ -154,14 +154,7 @@ if mode:
         for n, e in err.items():
             print(f"{n:<16}n/a: {e}")
     sys.exit(0)
-for f in calls:
-    f()
-torch.cuda.synchronize()
-torch.cuda.cudart().cudaProfilerStart()
-for n, f in zip(names, calls):
-    torch.cuda.nvtx.range_push(n)
-    f()
-    torch.cuda.nvtx.range_pop()
-torch.cuda.synchronize()
-torch.cuda.cudart().cudaProfilerStop()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import profile_once  # noqa: E402
+profile_once(dict(zip(names, calls)))
 print("profiled:", " ".join(names))

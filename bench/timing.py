@@ -218,6 +218,21 @@ def graph_us_interleaved(fns, reps=200, flush=None, clean=None, captures=2):
     return {n: statistics.median(v) for n, v in ts.items()}, errors
 
 
+def profile_once(fns):
+    """{name: fn}: each fn once to warm it, then once more each inside the profiler range
+    (for `ncu --profile-from-start off`), under an NVTX range named after it."""
+    for f in fns.values():
+        f()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for name, f in fns.items():
+        torch.cuda.nvtx.range_push(name)
+        f()
+        torch.cuda.nvtx.range_pop()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
 _FLUSH = []
 
 
