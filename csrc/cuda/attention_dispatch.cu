@@ -86,6 +86,9 @@ std::atomic<int> g_append_lean_min_block{0};
 // The lean append kernel's chunk bytes (W; 0: launch_append_lean's rule). A/B knob and
 // tests (set_append_lean_bytes).
 std::atomic<int> g_append_lean_bytes{0};
+// The lean append kernel: 1 (1c), 2 (1d, straight-line), 0 auto (A/B knob and tests:
+// set_append_lean_version).
+std::atomic<int> g_append_lean_version{0};
 
 template <typename T, bool kInterleaved, bool kVec, bool kFp8, int kItems, int kMinBlocks>
 void launch_append_shape(const AppendParams& params, int device, cudaStream_t stream) {
@@ -189,10 +192,10 @@ bool launch_append_lean_w(const AppendParams& p, int device, cudaStream_t stream
     return false;
   cuda::AppendLeanParams lp{};
   uint16_t flags = c.seqlens.is64 ? cuda::kALLen64 : 0;
-  lp.rows = static_cast<int16_t>(rows);
-  lp.Hk = static_cast<int16_t>(c.Hk);
-  lp.half = static_cast<int16_t>(r.R / 2);
-  lp.nseq = p.varlen ? static_cast<int16_t>(p.B) : 0;
+  lp.rows = static_cast<uint16_t>(rows);
+  lp.Hk = static_cast<uint16_t>(c.Hk);
+  lp.half = static_cast<uint16_t>(r.R / 2);
+  lp.nseq = p.varlen ? static_cast<uint16_t>(p.B) : 0;
   const int64_t* in_s[3] = {p.k_stride, p.v_stride, p.q_stride};
   for (int t = 0; t < 3; ++t)
     for (int d = 0; d < 3; ++d) lp.in_s[t][d] = static_cast<int32_t>(in_s[t][d]);
@@ -254,7 +257,25 @@ bool launch_append_lean_w(const AppendParams& p, int device, cudaStream_t stream
   lp.rows_per_block = RB;
   const dim3 grid(static_cast<unsigned>(ceil_div(rows, int64_t(RB))), static_cast<unsigned>(gy),
                   static_cast<unsigned>(gz));
-  cuda::append_kv_lean_kernel<T, kInterleaved, kFp8, W><<<grid, RB * chunks, 0, stream>>>(lp);
+  // Kernel 1d takes 32-bit element offsets into the inputs and index tensors: every
+  // offset it forms (a lane up to 31 indexes the per-sequence tensors of a packed call)
+  // within 31 bits, else 1c.
+  const int64_t nb = p.varlen ? 1 : p.B, nt = gy, lanes = std::max<int64_t>(p.B, 32) + 1;
+  const auto extent = [&](const int64_t* s, int64_t heads) {
+    return heads ? (nb - 1) * s[0] + (nt - 1) * s[1] + (heads - 1) * s[2] + r.D : 0;
+  };
+  const bool off32 = extent(p.k_stride, c.Hk) < INT32_MAX && extent(p.v_stride, c.Hk) < INT32_MAX &&
+                     extent(p.q_stride, p.Hq) < INT32_MAX && int64_t(r.D) * r.inv_freq_stride < INT32_MAX &&
+                     lanes * std::max({c.seqlens.stride, r.cu_seqlens.stride, r.offsets.stride}) < INT32_MAX &&
+                     nb * r.pos_stride_b + nt * r.positions.stride < INT32_MAX;
+  const int version = g_append_lean_version.load(std::memory_order_relaxed);
+  if (version != 1 && off32) {
+    cuda::append_kv_lean2_kernel<T, kInterleaved, kFp8, W><<<grid, RB * chunks, 0, stream>>>(lp);
+    last_append_lean_version() = 2;
+  } else {
+    cuda::append_kv_lean_kernel<T, kInterleaved, kFp8, W><<<grid, RB * chunks, 0, stream>>>(lp);
+    last_append_lean_version() = 1;
+  }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   last_append_lean_bytes() = W;
   return true;
@@ -650,6 +671,15 @@ bool set_append_lean_bytes(int w) {
 int& last_append_lean_bytes() {
   static thread_local int w = 0;
   return w;
+}
+bool set_append_lean_version(int v) {
+  if (v < 0 || v > 2) return false;
+  g_append_lean_version.store(v);
+  return true;
+}
+int& last_append_lean_version() {
+  static thread_local int v = 0;
+  return v;
 }
 int& last_append_kernel() {
   static thread_local int kernel = 0;
