@@ -270,7 +270,10 @@ bool launch_append_lean_w(const AppendParams& p, int device, cudaStream_t stream
                      nb * r.pos_stride_b + nt * r.positions.stride < INT32_MAX;
   const int version = g_append_lean_version.load(std::memory_order_relaxed);
   if (version != 1 && off32) {
-    cuda::append_kv_lean2_kernel<T, kInterleaved, kFp8, W><<<grid, RB * chunks, 0, stream>>>(lp);
+    if (p.varlen)
+      cuda::append_kv_lean2_kernel<T, kInterleaved, kFp8, W, true><<<grid, RB * chunks, 0, stream>>>(lp);
+    else
+      cuda::append_kv_lean2_kernel<T, kInterleaved, kFp8, W, false><<<grid, RB * chunks, 0, stream>>>(lp);
     last_append_lean_version() = 2;
   } else {
     cuda::append_kv_lean_kernel<T, kInterleaved, kFp8, W><<<grid, RB * chunks, 0, stream>>>(lp);

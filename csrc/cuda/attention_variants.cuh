@@ -793,10 +793,10 @@ __global__ void __launch_bounds__(128) append_kv_lean_kernel(const __grid_consta
 // 2026-11-26, runs 5 and 8). Here: the row's source (k, v or q) and its strides by a
 // register index into the parameters (one LDC each, no three-way selects); 32-bit element
 // offsets for the inputs and index tensors (the host checks their extents); the index
-// loads predicated, not branched (the batched form loads its own entry in every lane;
-// the packed form's ballot and shuffles run for both, a batched call's ballot is empty);
-// the stores' address from one register-indexed cache descriptor.
-template <typename T, bool kInterleaved, bool kFp8, int W>
+// loads predicated, not branched; the form (kPacked: up to 31 packed sequences, found by
+// the warp's ballot; else batched, b = blockIdx.z) a template argument; the stores'
+// address from one register-indexed cache descriptor.
+template <typename T, bool kInterleaved, bool kFp8, int W, bool kPacked>
 __global__ void __launch_bounds__(128) append_kv_lean2_kernel(const __grid_constant__ AppendLeanParams p) {
   constexpr int V = W / static_cast<int>(sizeof(T));
   constexpr int P = kInterleaved ? V / 2 : V;
@@ -807,12 +807,12 @@ __global__ void __launch_bounds__(128) append_kv_lean2_kernel(const __grid_const
   const int lane = threadIdx.x & 31;
   const int c = threadIdx.x & ((1 << p.cshift) - 1);
   const int r = blockIdx.x * p.rows_per_block + (threadIdx.x >> p.cshift);
-  const int Hk = p.Hk, nseq = p.nseq;
+  const int Hk = p.Hk, nseq = kPacked ? p.nseq : 0;
   const bool live = r < p.rows;
   const int kind = (r >= Hk) + (r >= 2 * Hk);  // K, V, Q (rows past the end: 2, never loaded)
   const int h = r - kind * Hk;
   const int d0 = c * V, d1 = d0 + p.half;
-  const int row_b = nseq ? 0 : blockIdx.z, row_t = blockIdx.y;
+  const int row_b = kPacked ? 0 : blockIdx.z, row_t = blockIdx.y;
 
   // 1. Every load, predicated.
   const T* src = static_cast<const T*>(p.in[kind]) +
@@ -827,11 +827,11 @@ __global__ void __launch_bounds__(128) append_kv_lean2_kernel(const __grid_const
 #pragma unroll
   for (int e = 0; e < P; ++e) f[e] = rot ? p.inv_freq[(c * P + e) * p.inv_freq_stride] : 0.f;
   const bool has_pos = fl & kALPos, has_off = fl & kALOff;
-  const int ia = nseq ? lane : row_b;          // the sequence entry this lane loads
-  const bool own = nseq ? lane < nseq : true;  // batched: every lane its own sequence's
+  const int ia = kPacked ? lane : row_b;          // the sequence entry this lane loads
+  const bool own = kPacked ? lane < nseq : true;  // batched: every lane its own sequence's
   const RawIndex len_r = load_raw_index_if(own, p.seqlens, ia * p.seqlens_stride, fl & kALLen64);
   const RawIndex off_r = load_raw_index_if(own && has_off, p.offsets, ia * p.off_stride, fl & kALOff64);
-  const RawIndex cu_r = load_raw_index_if(nseq && lane <= nseq, p.cu_seqlens, lane * p.cu_stride, fl & kALCu64);
+  const RawIndex cu_r = load_raw_index_if(kPacked && lane <= nseq, p.cu_seqlens, lane * p.cu_stride, fl & kALCu64);
   const RawIndex pos_r = load_raw_index_if(rot && has_pos, p.positions, row_b * p.pos_stride_b + row_t * p.pos_stride,
                                            fl & kALPos64);
   float scale = 1.0f;
@@ -839,17 +839,19 @@ __global__ void __launch_bounds__(128) append_kv_lean2_kernel(const __grid_const
     if (live && kind != 2) scale = p.scale[kind][h * p.scale_stride[kind]];
   }
 
-  // 2. The token's sequence (seq_of_token's rule: the last n < nseq with cu[n] <= t, 0 if
-  //    none), its cache index and position.
-  const unsigned mask = blockDim.x >= 32 ? 0xffffffffu : (1u << blockDim.x) - 1u;
-  const int64_t cu_l = raw_index(cu_r, fl & kALCu64);
-  const unsigned ball = __ballot_sync(mask, lane < nseq && cu_l <= row_t);
-  const int n = ball ? 31 - __clz(ball) : 0;
-  const int64_t len = __shfl_sync(mask, raw_index(len_r, fl & kALLen64), n);
-  const int64_t off = __shfl_sync(mask, raw_index(off_r, fl & kALOff64), n);
-  const int64_t j = row_t - __shfl_sync(mask, cu_l, n);  // batched: cu_l = 0
+  // 2. The token's sequence (packed: seq_of_token's rule, the last n < nseq with cu[n] <=
+  //    t, 0 if none; the host keeps whole warps), its cache index and position.
+  int64_t len = raw_index(len_r, fl & kALLen64), off = raw_index(off_r, fl & kALOff64), j = row_t, b = row_b;
+  if constexpr (kPacked) {
+    const int64_t cu_l = raw_index(cu_r, fl & kALCu64);
+    const unsigned ball = __ballot_sync(0xffffffffu, lane < nseq && cu_l <= row_t);
+    const int n = ball ? 31 - __clz(ball) : 0;
+    len = __shfl_sync(0xffffffffu, len, n);
+    off = __shfl_sync(0xffffffffu, off, n);
+    j = row_t - __shfl_sync(0xffffffffu, cu_l, n);
+    b = n;
+  }
   if (!live) return;
-  const int64_t b = nseq ? n : row_b;
   const int64_t idx = len + j;
   const int64_t pos = has_pos ? raw_index(pos_r, fl & kALPos64) : idx + (has_off ? off : p.offset);
 
