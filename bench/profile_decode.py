@@ -121,24 +121,19 @@ names = sys.argv[1 + bool(mode):] or list(CASES)
 
 
 def make(name):
-    """CASE, or CASE@W, CASE@vN, CASE@W@vN: the append case with the lean kernel's chunk
-    bytes forced to W (set_append_lean_bytes) and / or its kernel to N (1 = 1c, 2 = 1d:
-    set_append_lean_version); both read when the call launches, so a graph keeps them."""
-    case, *opts = name.split("@")
+    """CASE, or CASE@W: the append case with the lean kernel's chunk bytes forced to W
+    (rope_ext._C.set_append_lean_bytes, read when the call launches: a graph keeps it)."""
+    case, _, w = name.partition("@")
     fn = CASES[case]()
-    if not opts:
+    if not w:
         return fn
-    w = next((int(o) for o in opts if o.isdigit()), 0)
-    ver = next((int(o[1:]) for o in opts if o.startswith("v")), 0)
 
     def run():
-        rope_ext._C.set_append_lean_bytes(w)
-        rope_ext._C.set_append_lean_version(ver)
+        rope_ext._C.set_append_lean_bytes(int(w))
         try:
             return fn()
         finally:
             rope_ext._C.set_append_lean_bytes(0)
-            rope_ext._C.set_append_lean_version(0)
     return run
 
 

@@ -82,11 +82,6 @@ bool set_append_lean_bytes(int w);
 int& last_append_kernel();
 // tests: the chunk bytes (4 or 8) of this thread's last lean append launch; 0 none yet.
 int& last_append_lean_bytes();
-// bench/tests: the lean append kernel, 1 (1c) or 2 (1d, where its 32-bit offsets fit;
-// else 1c); 0 auto. False (nothing set) for another value.
-bool set_append_lean_version(int v);
-// tests: the lean kernel (1 or 2) of this thread's last lean append launch; 0 none yet.
-int& last_append_lean_version();
 // Whether the vector kernels can read the caches (16-byte aligned rows); why not, if not.
 bool decode_cache_aligned(const KVCacheView& c, int64_t elem_size, std::string* why);
 void attention_decode_cuda(const DecodeParams& p, at::ScalarType dtype, c10::Device device, DecodeImpl impl);

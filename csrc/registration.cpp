@@ -138,17 +138,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       "tests/bench: the chunk bytes of append_kv's lean kernel, 4 or 8 (0 = the rule; 4 falls back to 8 for fp32 "
       "GPT-J, whose 4-byte chunk holds no whole pair, and for rows of more than 128 chunks at 4 bytes)");
-  m.def(
-      "set_append_lean_version",
-      [](int v) {
-        if (!rope_ext::set_append_lean_version(v))
-          throw pybind11::value_error("rope_ext: set_append_lean_version: v must be 0, 1 or 2, got " +
-                                      std::to_string(v));
-      },
-      "tests/bench: append_kv's lean kernel, 1 (1c) or 2 (1d, straight-line; where its 32-bit offsets fit, else "
-      "1c); 0 = auto");
-  m.def("last_append_lean_version", [] { return rope_ext::last_append_lean_version(); },
-        "tests: the lean kernel (1 = 1c, 2 = 1d) of this thread's last lean append_kv launch (0: none yet)");
   m.def("set_append_shape", &rope_ext::set_append_shape,
         "tests/bench: append_kv's kernel and shape: the register kernel with 0 (4 items per thread, 3 blocks per "
         "SM), 1 (2, 4) or 2 (1, 6); the bulk kernel (where it applies) with ~8 KB (3) or ~16 KB (4) of rows per "

@@ -441,13 +441,12 @@ LEAN_CASES = {  # append_kv cases the lean kernel (1c) covers, each against kern
 
 
 @cuda
-@pytest.mark.parametrize("lean_version", [1, 2], ids=["1c", "1d"])
 @pytest.mark.parametrize("lean_bytes", [8, 4])
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
 @pytest.mark.parametrize("case", list(LEAN_CASES))
-def test_append_lean_kernel_cuda(case, paged, lean_bytes, lean_version):
-    """The lean kernels (1c and 1d, auto's below 2 tokens per SM; set_append_lean_version),
-    with 8- and 4-byte chunks (set_append_lean_bytes; fp32 GPT-J keeps 8), write the caches and q bit-equal
+def test_append_lean_kernel_cuda(case, paged, lean_bytes):
+    """The lean kernel (1c, auto's below 2 tokens per SM), with 8- and 4-byte chunks
+    (set_append_lean_bytes; fp32 GPT-J keeps 8), writes the caches and q bit-equal
     to kernel 1 (shape 1) over NaN-filled caches, and did run (last_append_kernel): GQA,
     no q, one kv head, GPT-J, fp32, fp8 with per-head scales, explicit positions, per-
     sequence offsets, a scalar offset with inv_freq and attention_factor, packed sequences
@@ -515,7 +514,6 @@ def test_append_lean_kernel_cuda(case, paged, lean_bytes, lean_version):
         qq = q.clone() if q is not None else None
         rope_ext._C.set_append_shape(sh)
         rope_ext._C.set_append_lean_bytes(lean_bytes)
-        rope_ext._C.set_append_lean_version(lean_version)
         try:
             rope_ext.append_kv(k, v, kc, vc, spread(lens.to(idt).to(dev)), block_table=bt, q=qq, **kw, **scales)
             torch.cuda.synchronize()
@@ -523,14 +521,11 @@ def test_append_lean_kernel_cuda(case, paged, lean_bytes, lean_version):
         finally:
             rope_ext._C.set_append_shape(-1)
             rope_ext._C.set_append_lean_bytes(0)
-            rope_ext._C.set_append_lean_version(0)
         assert ran == (3 if sh == 5 else 1), f"{case}: shape {sh} ran kernel {ran}"
         if sh == 5:  # the width it ran at: 4 where asked and a 4-byte chunk holds a pair in <= 128 chunks a row
             w4_ok = not (dt == torch.float32 and kw["interleaved"]) and (D if kw["interleaved"] else D // 2) // (4 // dt.itemsize) <= 128
             want_w = 4 if lean_bytes == 4 and w4_ok else 8
             assert rope_ext._C.last_append_lean_bytes() == want_w, (case, rope_ext._C.last_append_lean_bytes(), want_w)
-            # these tensors are small: 1d's 32-bit offsets always fit
-            assert rope_ext._C.last_append_lean_version() == lean_version, (case, lean_version)
         out.append((kc, vc, qq))
     for a, b in zip(*out):
         if a is not None:
@@ -554,15 +549,6 @@ def test_append_lean_bytes_checked():
         with pytest.raises(ValueError, match="set_append_lean_bytes"):
             rope_ext._C.set_append_lean_bytes(bad)
     rope_ext._C.set_append_lean_bytes(0)
-
-
-@pytest.mark.skipif(not rope_ext.WITH_CUDA, reason="the knob is in CUDA builds")
-def test_append_lean_version_checked():
-    """The lean append kernel knob takes 0 (auto), 1 (1c) or 2 (1d), else a ValueError."""
-    for bad in (-1, 3, 7):
-        with pytest.raises(ValueError, match="set_append_lean_version"):
-            rope_ext._C.set_append_lean_version(bad)
-    rope_ext._C.set_append_lean_version(0)
 
 
 def cache_rows(cache, bt, seq, idx):

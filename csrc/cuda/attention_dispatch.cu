@@ -86,9 +86,6 @@ std::atomic<int> g_append_lean_min_block{0};
 // The lean append kernel's chunk bytes (W; 0: launch_append_lean's rule). A/B knob and
 // tests (set_append_lean_bytes).
 std::atomic<int> g_append_lean_bytes{0};
-// The lean append kernel: 1 (1c), 2 (1d, straight-line), 0 auto (A/B knob and tests:
-// set_append_lean_version).
-std::atomic<int> g_append_lean_version{0};
 
 template <typename T, bool kInterleaved, bool kVec, bool kFp8, int kItems, int kMinBlocks>
 void launch_append_shape(const AppendParams& params, int device, cudaStream_t stream) {
@@ -257,28 +254,7 @@ bool launch_append_lean_w(const AppendParams& p, int device, cudaStream_t stream
   lp.rows_per_block = RB;
   const dim3 grid(static_cast<unsigned>(ceil_div(rows, int64_t(RB))), static_cast<unsigned>(gy),
                   static_cast<unsigned>(gz));
-  // Kernel 1d takes 32-bit element offsets into the inputs and index tensors: every
-  // offset it forms (a lane up to 31 indexes the per-sequence tensors of a packed call)
-  // within 31 bits, else 1c.
-  const int64_t nb = p.varlen ? 1 : p.B, nt = gy, lanes = std::max<int64_t>(p.B, 32) + 1;
-  const auto extent = [&](const int64_t* s, int64_t heads) {
-    return heads ? (nb - 1) * s[0] + (nt - 1) * s[1] + (heads - 1) * s[2] + r.D : 0;
-  };
-  const bool off32 = extent(p.k_stride, c.Hk) < INT32_MAX && extent(p.v_stride, c.Hk) < INT32_MAX &&
-                     extent(p.q_stride, p.Hq) < INT32_MAX && int64_t(r.D) * r.inv_freq_stride < INT32_MAX &&
-                     lanes * std::max({c.seqlens.stride, r.cu_seqlens.stride, r.offsets.stride}) < INT32_MAX &&
-                     nb * r.pos_stride_b + nt * r.positions.stride < INT32_MAX;
-  const int version = g_append_lean_version.load(std::memory_order_relaxed);
-  if (version != 1 && off32) {
-    if (p.varlen)
-      cuda::append_kv_lean2_kernel<T, kInterleaved, kFp8, W, true><<<grid, RB * chunks, 0, stream>>>(lp);
-    else
-      cuda::append_kv_lean2_kernel<T, kInterleaved, kFp8, W, false><<<grid, RB * chunks, 0, stream>>>(lp);
-    last_append_lean_version() = 2;
-  } else {
-    cuda::append_kv_lean_kernel<T, kInterleaved, kFp8, W><<<grid, RB * chunks, 0, stream>>>(lp);
-    last_append_lean_version() = 1;
-  }
+  cuda::append_kv_lean_kernel<T, kInterleaved, kFp8, W><<<grid, RB * chunks, 0, stream>>>(lp);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   last_append_lean_bytes() = W;
   return true;
@@ -300,6 +276,14 @@ bool launch_append_lean_w(const AppendParams& p, int device, cudaStream_t stream
 // 864 -> 536 SASS instructions at W 8: no gain in turns (-0.06 to +0.19 us against the
 // general instance at W 8), though ncu had put the kernel's 0.67 us over a minimal Triton
 // one on instruction fetch; the skipped code was not what the warps fetched. Not kept.)
+// (Tried, ninth session of 2026-11-26, runs 1-3: kernel 1d, this work as straight-line
+// code: the row's source and strides by a register index into the parameters (nvcc 13
+// keeps a __grid_constant__ array indexed at run time in the constant bank: one LDC),
+// 32-bit offsets, the index loads predicated instead of behind branches on the lane and
+// the flags, the form a template argument. Every load went out by instruction ~150 with
+// no branch before it, yet T = 16 was level with this kernel in turns (-0.2 to +0.2 us over
+// two runs; ncu batched 3.74-3.81 vs 3.87-3.90) and T = 64 / 256 lost 0.3 (ncu T = 64 4.93
+// vs 4.48, long-scoreboard stalls doubled). Not kept.)
 constexpr int64_t kAppendLeanNarrowThreads = 32 * 1024;
 template <typename T, bool kInterleaved, bool kFp8>
 bool launch_append_lean(const AppendParams& p, int device, cudaStream_t stream) {
@@ -674,15 +658,6 @@ bool set_append_lean_bytes(int w) {
 int& last_append_lean_bytes() {
   static thread_local int w = 0;
   return w;
-}
-bool set_append_lean_version(int v) {
-  if (v < 0 || v > 2) return false;
-  g_append_lean_version.store(v);
-  return true;
-}
-int& last_append_lean_version() {
-  static thread_local int v = 0;
-  return v;
 }
 int& last_append_kernel() {
   static thread_local int kernel = 0;

@@ -635,7 +635,7 @@ struct AppendLeanParams {
   // bytes 48-111: their strides (elements) and the launch shape
   int32_t in_s[3][3];       // k, v, q: row b, row t, head
   int32_t seqlens_stride, cu_stride, inv_freq_stride;
-  uint16_t rows;            // 2 * Hk + Hq (unsigned: no sign extension on load)
+  uint16_t rows;            // 2 * Hk + Hq (unsigned: no sign-extension PRMT after the load)
   uint16_t Hk;
   uint16_t half;            // R / 2
   uint16_t nseq;            // packed sequences (varlen), or 0: batched (b = blockIdx.z, j = blockIdx.y)
@@ -779,123 +779,6 @@ __global__ void __launch_bounds__(128) append_kv_lean_kernel(const __grid_consta
     }
   } else {
     T* row = static_cast<T*>(cache) + at;
-    *reinterpret_cast<Word*>(row + d0) = *reinterpret_cast<const Word*>(&va);
-    if (!kInterleaved) *reinterpret_cast<Word*>(row + d1) = *reinterpret_cast<const Word*>(&vb);
-  }
-}
-
-// ---------------------------------------------------------------- 1d. append_kv, lean straight-line
-// Kernel 1c's work and parameters, its code rearranged so that a warp runs straight to
-// its loads (A/B against 1c: set_append_lean_version). ncu had 1c at 325 instructions a
-// warp stalled ~4 cycles each on instruction fetch and constant misses (a minimal Triton
-// kernel of the same work: 188 at ~2) with its input loads ~75 instructions in and its
-// index loads ~130-150 in, behind branches on the lane and the flags (eighth session of
-// 2026-11-26, runs 5 and 8). Here: the row's source (k, v or q) and its strides by a
-// register index into the parameters (one LDC each, no three-way selects); 32-bit element
-// offsets for the inputs and index tensors (the host checks their extents); the index
-// loads predicated, not branched; the form (kPacked: up to 31 packed sequences, found by
-// the warp's ballot; else batched, b = blockIdx.z) a template argument; the stores'
-// address from one register-indexed cache descriptor.
-template <typename T, bool kInterleaved, bool kFp8, int W, bool kPacked>
-__global__ void __launch_bounds__(128) append_kv_lean2_kernel(const __grid_constant__ AppendLeanParams p) {
-  constexpr int V = W / static_cast<int>(sizeof(T));
-  constexpr int P = kInterleaved ? V / 2 : V;
-  static_assert(P >= 1, "a chunk holds at least one pair");
-  using VecT = Vec<T, V>;
-  using Word = typename LeanWord<W>::type;
-  const uint32_t fl = p.flags;
-  const int lane = threadIdx.x & 31;
-  const int c = threadIdx.x & ((1 << p.cshift) - 1);
-  const int r = blockIdx.x * p.rows_per_block + (threadIdx.x >> p.cshift);
-  const int Hk = p.Hk, nseq = kPacked ? p.nseq : 0;
-  const bool live = r < p.rows;
-  const int kind = (r >= Hk) + (r >= 2 * Hk);  // K, V, Q (rows past the end: 2, never loaded)
-  const int h = r - kind * Hk;
-  const int d0 = c * V, d1 = d0 + p.half;
-  const int row_b = kPacked ? 0 : blockIdx.z, row_t = blockIdx.y;
-
-  // 1. Every load, predicated.
-  const T* src = static_cast<const T*>(p.in[kind]) +
-                 (row_b * p.in_s[kind][0] + row_t * p.in_s[kind][1] + h * p.in_s[kind][2]);
-  Word xa{}, xb{};
-  if (live) {
-    xa = *reinterpret_cast<const Word*>(src + d0);
-    if (!kInterleaved) xb = *reinterpret_cast<const Word*>(src + d1);
-  }
-  const bool rot = live && kind != 1;
-  float f[P];
-#pragma unroll
-  for (int e = 0; e < P; ++e) f[e] = rot ? p.inv_freq[(c * P + e) * p.inv_freq_stride] : 0.f;
-  const bool has_pos = fl & kALPos, has_off = fl & kALOff;
-  const int ia = kPacked ? lane : row_b;          // the sequence entry this lane loads
-  const bool own = kPacked ? lane < nseq : true;  // batched: every lane its own sequence's
-  const RawIndex len_r = load_raw_index_if(own, p.seqlens, ia * p.seqlens_stride, fl & kALLen64);
-  const RawIndex off_r = load_raw_index_if(own && has_off, p.offsets, ia * p.off_stride, fl & kALOff64);
-  const RawIndex cu_r = load_raw_index_if(kPacked && lane <= nseq, p.cu_seqlens, lane * p.cu_stride, fl & kALCu64);
-  const RawIndex pos_r = load_raw_index_if(rot && has_pos, p.positions, row_b * p.pos_stride_b + row_t * p.pos_stride,
-                                           fl & kALPos64);
-  float scale = 1.0f;
-  if constexpr (kFp8) {
-    if (live && kind != 2) scale = p.scale[kind][h * p.scale_stride[kind]];
-  }
-
-  // 2. The token's sequence (packed: seq_of_token's rule, the last n < nseq with cu[n] <=
-  //    t, 0 if none; the host keeps whole warps), its cache index and position.
-  int64_t len = raw_index(len_r, fl & kALLen64), off = raw_index(off_r, fl & kALOff64), j = row_t, b = row_b;
-  if constexpr (kPacked) {
-    const int64_t cu_l = raw_index(cu_r, fl & kALCu64);
-    const unsigned ball = __ballot_sync(0xffffffffu, lane < nseq && cu_l <= row_t);
-    const int n = ball ? 31 - __clz(ball) : 0;
-    len = __shfl_sync(0xffffffffu, len, n);
-    off = __shfl_sync(0xffffffffu, off, n);
-    j = row_t - __shfl_sync(0xffffffffu, cu_l, n);
-    b = n;
-  }
-  if (!live) return;
-  const int64_t idx = len + j;
-  const int64_t pos = has_pos ? raw_index(pos_r, fl & kALPos64) : idx + (has_off ? off : p.offset);
-
-  // 3. sin/cos and the rotation (K, Q).
-  VecT va, vb;
-  *reinterpret_cast<Word*>(&va) = xa;
-  *reinterpret_cast<Word*>(&vb) = xb;
-  float sn[P], cs[P];
-  if (rot) {
-    angle_sincos_chunk<P>(pos, f, sn, cs);
-#pragma unroll
-    for (int e = 0; e < P; ++e) {
-      sn[e] *= p.sin_scale;
-      cs[e] *= p.cos_scale;
-    }
-    if (!kFp8 || kind == 2) rotate_chunk<T, kInterleaved>(va, vb, sn, cs);
-  }
-  if (kind == 2) {  // Q: in place
-    T* dst = const_cast<T*>(src);
-    *reinterpret_cast<Word*>(dst + d0) = *reinterpret_cast<const Word*>(&va);
-    if (!kInterleaved) *reinterpret_cast<Word*>(dst + d1) = *reinterpret_cast<const Word*>(&vb);
-    return;
-  }
-
-  // 4. K / V into the token's slot (cache_slot's rule: a slot that does not exist is dropped).
-  if (idx < 0 || idx >= p.capacity) return;
-  int64_t d0c = b, d1c = idx;
-  if (fl & kALPaged) {
-    const int64_t nb = div_small(idx, p.block_size);
-    d0c = raw_index(load_raw_index(p.block_table, b * p.bt_stride_b + nb * p.bt_stride, fl & kALBt64), fl & kALBt64);
-    if (d0c < 0 || d0c >= p.num_blocks) return;
-    d1c = idx - nb * p.block_size;
-  }
-  const int64_t at = d0c * p.cache_s[kind][0] + d1c * p.cache_s[kind][1] + int64_t(h) * p.cache_s[kind][2];
-  if constexpr (kFp8) {
-    uint8_t* row = static_cast<uint8_t*>(p.cache[kind]) + at;
-    if (kind == 0) {
-      store_fp8_item<kInterleaved, V, P>(row + d0, p.half, va, vb, true, sn, cs, scale, true);
-    } else {
-      store_fp8_item<kInterleaved, V, P>(row + d0, p.half, va, vb, false, nullptr, nullptr, scale, true);
-      if (!kInterleaved) store_fp8_item<kInterleaved, V, P>(row + d1, p.half, vb, va, false, nullptr, nullptr, scale, true);
-    }
-  } else {
-    T* row = static_cast<T*>(p.cache[kind]) + at;
     *reinterpret_cast<Word*>(row + d0) = *reinterpret_cast<const Word*>(&va);
     if (!kInterleaved) *reinterpret_cast<Word*>(row + d1) = *reinterpret_cast<const Word*>(&vb);
   }

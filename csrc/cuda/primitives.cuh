@@ -66,23 +66,6 @@ __device__ __forceinline__ RawIndex load_raw_index(const void* ptr, int64_t off,
   }
   return r;
 }
-// The same by predicated 32-bit loads, never a branch (append_kv's kernel 1d: the branch
-// on the dtype and on whether the tensor is there kept 1c's index loads ~130 instructions
-// in). off: the entry's 32-bit element offset (the host checks the tensor's extent).
-__device__ __forceinline__ uint32_t load_u32_if(bool pred, const void* a) {
-  uint32_t v;
-  asm("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %2, 0;\n\tmov.b32 %0, 0;\n\t@q ld.global.u32 %0, [%1];\n\t}"
-      : "=r"(v)
-      : "l"(a), "r"(static_cast<int>(pred)));
-  return v;
-}
-__device__ __forceinline__ RawIndex load_raw_index_if(bool pred, const void* ptr, int32_t off, bool is64) {
-  const char* a = static_cast<const char*>(ptr) + (static_cast<int64_t>(off) << (is64 ? 3 : 2));
-  RawIndex r;
-  r.lo = load_u32_if(pred, a);
-  r.hi = load_u32_if(pred && is64, a + 4);
-  return r;
-}
 __device__ __forceinline__ int64_t raw_index(RawIndex r, bool is64) {
   return is64 ? static_cast<int64_t>((uint64_t(r.hi) << 32) | r.lo) : int64_t(static_cast<int32_t>(r.lo));
 }
