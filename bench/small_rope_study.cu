@@ -67,6 +67,11 @@
 //                  ncu, which does not flush the TLBs, saw no difference.)
 //  20 lean_ld      as 19 by a load of the row's first word (a prefetch may be dropped on a
 //                  TLB miss).
+//  21 nopos_const  lean_nopos with the launch shape (cshift, rows per block, rows, H0) as
+//                  constants: what runtime shapes cost (issue 19's "runtime shapes and
+//                  selects ~0.3 us" split in two; the ninth session of 2026-11-26).
+//  22 nopos_one    lean_nopos with one tensor: no q / k selects, shapes at run time.
+//  23 nopos_both   both: lean_nopos's address math with neither.
 //  (21 real_pf, removed: real_k2 with lean's kLeanWarmOut flag, a prefetch; the flag
 //                  was reverted.) Run 2 of 2026-11-26 (second), H100, graph medians, two
 //                  passes, us: 0.12 MB lean_global 4.06 / 3.97, far 4.29 / 4.26; lean_pf 4.29
@@ -243,17 +248,23 @@ void launch_smem(const StudyParams& p) {
 }
 
 // rope_lean_kernel<bf16, neox, U = 1, W = 8, kSource = 0> with its position code cut
-// (the x loads, frequency loads, sin/cos and stores as there).
+// (the x loads, frequency loads, sin/cos and stores as there). kMode (variants 16, 21-23;
+// what splits lean_nopos's ~0.35 us over lean_global, ncu run 3 of 2026-11-26):
+// bit 0 the launch shape (cshift, rows per block, rows, H0) as constants instead of
+// parameters; bit 1 one tensor (q's pointers and strides, no q/k selects).
+template <int kMode>
 __global__ void __launch_bounds__(128) lean_nopos_kernel(const __grid_constant__ rope_ext::cuda::LeanParams p) {
   using T = c10::BFloat16;
-  const int cshift = p.cshift & rope_ext::cuda::kLeanShiftMask;
+  constexpr bool kConst = kMode & 1, kOne = kMode & 2;
+  const int cshift = kConst ? 4 : (p.cshift & rope_ext::cuda::kLeanShiftMask);
+  const int rb = kConst ? 8 : p.rows_per_block, rows = kConst ? kH : p.rows, H0 = kConst ? kH : p.H0;
   const int c = threadIdx.x & ((1 << cshift) - 1);
-  const int r = blockIdx.x * p.rows_per_block + (threadIdx.x >> cshift);
+  const int r = blockIdx.x * rb + (threadIdx.x >> cshift);
   const int64_t b = blockIdx.z, s = blockIdx.y, tok = b * gridDim.y + s;
   const int d0 = c * kV, d1 = d0 + (kV << cshift);
-  if (r >= p.rows) return;
-  const bool k = r >= p.H0;
-  const int64_t h = k ? r - p.H0 : r;
+  if (r >= rows) return;
+  const bool k = !kOne && r >= H0;
+  const int64_t h = k ? r - H0 : r;
   const T* in = static_cast<const T*>(k ? p.in[1] : p.in[0]) + tok * (k ? p.in_ts[1] : p.in_ts[0]) +
                 h * (k ? p.in_hs[1] : p.in_hs[0]);
   T* out = static_cast<T*>(k ? p.out[1] : p.out[0]) + b * (k ? p.out_s[1][0] : p.out_s[0][0]) +
@@ -296,8 +307,9 @@ void launch_real(const StudyParams& sp) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+template <int kMode>
 void launch_nopos(const StudyParams& sp) {
-  lean_nopos_kernel<<<dim3(kH / 8, sp.S, 1), 128, 0, c10::cuda::getCurrentCUDAStream()>>>(real_params(sp));
+  lean_nopos_kernel<kMode><<<dim3(kH / 8, sp.S, 1), 128, 0, c10::cuda::getCurrentCUDAStream()>>>(real_params(sp));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -337,12 +349,15 @@ void run(int64_t variant, torch::Tensor x, torch::Tensor out, torch::Tensor freq
     case 13: launch_real<0>(p); break;
     case 14: launch_lines<2>(p); break;
     case 15: launch_lines<4>(p); break;
-    case 16: launch_nopos(p); break;
+    case 16: launch_nopos<0>(p); break;
     case 17: launch_smem<1>(p); break;
     case 18: launch_smem<4>(p); break;
     case 19: launch<19>(p); break;
     case 20: launch<20>(p); break;
-    default: TORCH_CHECK(false, "variant: 0..20");
+    case 21: launch_nopos<1>(p); break;
+    case 22: launch_nopos<2>(p); break;
+    case 23: launch_nopos<3>(p); break;
+    default: TORCH_CHECK(false, "variant: 0..23");
   }
 }
 }  // namespace

@@ -21,11 +21,12 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, ".."))
 import rope_ext  # noqa: E402
 from rope_ext import reference as ref  # noqa: E402
-from timing import graph_us, same_size_copy  # noqa: E402
+from timing import graph_us, graph_us_interleaved, same_size_copy  # noqa: E402
 
 VARIANTS = ["copy_lean", "lean_global", "lean_param", "lean_fake", "lean_table", "uni_global", "uni_param",
             "copy_uni", "uni_fake", "lean_rb2", "lean_seq", "lean_rb2_seq", "real_k2", "real_k1",
-            "lines2", "lines4", "lean_nopos", "lean_smem", "lean_smem4", "lean_pf", "lean_ld"]
+            "lines2", "lines4", "lean_nopos", "lean_smem", "lean_smem4", "lean_pf", "lean_ld", "nopos_const",
+            "nopos_one", "nopos_both"]
 # Python-side variants: a kernel above with its output (and frequencies) in other memory.
 # The op's launch of lean took ~0.2-0.3 us more than the study's launch of the same
 # instance (ncu, runs 3 and 5 of 2026-11-26); the parameters differ only in the
@@ -39,7 +40,8 @@ VARIANTS = ["copy_lean", "lean_global", "lean_param", "lean_fake", "lean_table",
 FAR = {"lean_global_far": "lean_global", "real_k2_far": "real_k2", "lean_pf_far": "lean_pf",
        "lean_ld_far": "lean_ld"}
 EXACT = {"lean_global", "lean_param", "uni_global", "uni_param", "lean_rb2", "lean_seq", "lean_rb2_seq", "real_k2",
-         "real_k1", "lines2", "lines4", "lean_nopos", "lean_smem", "lean_smem4", "lean_pf", "lean_ld", *FAR}  # bit-equal to rope_ext's sin/cos
+         "real_k1", "lines2", "lines4", "lean_nopos", "lean_smem", "lean_smem4", "lean_pf", "lean_ld", "nopos_const",
+         "nopos_one", "nopos_both", *FAR}  # bit-equal to rope_ext's sin/cos
 
 
 def main():
@@ -47,6 +49,10 @@ def main():
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--only", default="", help="comma-separated variants to time (default: all)")
     ap.add_argument("--sizes", default="16,64,256,1024", help="comma-separated S (tokens)")
+    ap.add_argument("--turns", action="store_true",
+                    help="time the variants, rope_ext and the peers in turns (timing.graph_us_interleaved: each "
+                         "replay after other kernels, as in a model) instead of one column after another, where "
+                         "a kernel replayed back to back keeps its code in the SM's caches; no knob rows")
     args = ap.parse_args()
     only = set(args.only.split(",")) - {""}
     unknown = only - set(VARIANTS) - set(FAR)
@@ -76,7 +82,7 @@ def main():
                                                                              device="cuda"))
         spacers.append(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"))
         out_far = torch.empty(max(x.numel(), 4 << 20), dtype=x.dtype, device="cuda")[: x.numel()].view_as(x)
-        cells = []
+        cells, fns = [], {}
         for v in shown:
             i = VARIANTS.index(FAR.get(v, v))
             o, f = (out_far, freq_far) if v in FAR else (out, freq)
@@ -93,9 +99,26 @@ def main():
                 note = "" if bad <= 2 ** -7 * x.abs().max().item() else f"(!{bad:.1e})"
             else:
                 note = "" if not o.isnan().any() else "(!nan)"
-            t = graph_us(lambda i=i, o=o, f=f: mod.run(i, x, o, f, inv, tcos, tsin, seq0), args.reps)
-            cells.append(f"{t:.2f}{note}")
+            fns[v] = lambda i=i, o=o, f=f: mod.run(i, x, o, f, inv, tcos, tsin, seq0)
+            cells.append(note)
         cu = torch.tensor([0, S], dtype=torch.int32, device="cuda")
+        if args.turns:
+            emb = torch.arange(S, device="cuda").float()[:, None] * freq
+            emb = torch.cat([emb, emb], -1)
+            c, s_ = emb.cos().bfloat16().view(S, 1, D), emb.sin().bfloat16().view(S, 1, D)
+            torch._dynamo.reset()
+            comp = torch.compile(ref.apply_cos_sin, dynamic=False)
+            fns.update({"rope auto": lambda: rope_ext.apply_rope(x, layout="thd", cu_seqlens=cu),
+                        "compile": lambda: comp(x, c, s_), "copy": same_size_copy(x.numel(), x.dtype)})
+            t, err = graph_us_interleaved(fns, reps=args.reps)
+            print(f"{S:>6}{x.numel() * 2 / 2**20:>7.2f}" +
+                  "".join(f"{t.get(v, float('nan')):>9.2f}{n:<4}" for v, n in zip(shown, cells)) +
+                  f"{t['rope auto']:>11.2f}{'-':>9}{t['compile']:>9.2f}{t['copy']:>8.2f}  (in turns)", flush=True)
+            for n, e in err.items():
+                print(f"  {n}: n/a: {e}")
+            continue
+        for j, v in enumerate(shown):
+            cells[j] = f"{graph_us(fns[v], args.reps):.2f}{cells[j]}"
         t_auto = graph_us(lambda: rope_ext.apply_rope(x, layout="thd", cu_seqlens=cu), args.reps)
         t_ip = graph_us(lambda: rope_ext.apply_rope(x, layout="thd", cu_seqlens=cu, inplace=True), args.reps)
         t_copy = graph_us(same_size_copy(x.numel(), x.dtype), args.reps)
@@ -124,6 +147,8 @@ def main():
         C.set_lean_min_block(0)
         C.set_lean_share(True)
         print("        rope_ext lean knobs: " + "; ".join(line), flush=True)
+    if args.turns:
+        return
     # Decode-sized calls (q + k in place at random positions, W5's form) under lean's block
     # rule (128 threads) and the old one (set_lean_min_block(1): halved to cover the SMs):
     # the rule was measured at 0.12-8 MB only.
