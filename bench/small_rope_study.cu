@@ -72,6 +72,14 @@
 //                  selects ~0.3 us" split in two; the ninth session of 2026-11-26).
 //  22 nopos_one    lean_nopos with one tensor: no q / k selects, shapes at run time.
 //  23 nopos_both   both: lean_nopos's address math with neither.
+//  24 plain_k0     rope_ext's lean kernel, the instance of calls without position tensors
+//                  (kPlain), per-lane sin/cos (kSource 0), with lean_nopos's parameters.
+//                  Run 4 of the ninth session (H100, ncu alone, 0.12 MB): lean_nopos 3.14
+//                  us, nopos_const 3.14, nopos_one 3.17, nopos_both 3.14, lean_global
+//                  3.07 (runtime shapes and selects ~0.07 here, not H200's 0.35); the op
+//                  itself 3.52-3.58 (the table) but 4.32 with per-lane sin/cos (K = 1):
+//                  this row asks whether that 1.2 us is the kernel's code or the op's call.
+//  25 plain_k1     the same instance with the block's table (kSource 1, auto's choice).
 //  (21 real_pf, removed: real_k2 with lean's kLeanWarmOut flag, a prefetch; the flag
 //                  was reverted.) Run 2 of 2026-11-26 (second), H100, graph medians, two
 //                  passes, us: 0.12 MB lean_global 4.06 / 3.97, far 4.29 / 4.26; lean_pf 4.29
@@ -307,6 +315,17 @@ void launch_real(const StudyParams& sp) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// rope_ext's lean kernel's instance for calls without position tensors (kPlain), per-lane
+// sin/cos (kSource 0) or the block's table (1), launched from here with lean_nopos's
+// parameters (variants 24, 25).
+template <int kSource>
+void launch_real_plain(const StudyParams& sp) {
+  const size_t smem = kSource == 1 ? 2 * sizeof(float) * kHalf : 0;
+  rope_ext::cuda::rope_lean_kernel<c10::BFloat16, false, 1, 8, kSource, true>
+      <<<dim3(kH / 8, sp.S, 1), 128, smem, c10::cuda::getCurrentCUDAStream()>>>(real_params(sp));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 template <int kMode>
 void launch_nopos(const StudyParams& sp) {
   lean_nopos_kernel<kMode><<<dim3(kH / 8, sp.S, 1), 128, 0, c10::cuda::getCurrentCUDAStream()>>>(real_params(sp));
@@ -357,7 +376,9 @@ void run(int64_t variant, torch::Tensor x, torch::Tensor out, torch::Tensor freq
     case 21: launch_nopos<1>(p); break;
     case 22: launch_nopos<2>(p); break;
     case 23: launch_nopos<3>(p); break;
-    default: TORCH_CHECK(false, "variant: 0..23");
+    case 24: launch_real_plain<0>(p); break;
+    case 25: launch_real_plain<1>(p); break;
+    default: TORCH_CHECK(false, "variant: 0..25");
   }
 }
 }  // namespace

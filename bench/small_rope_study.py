@@ -26,7 +26,7 @@ from timing import graph_us, graph_us_interleaved, same_size_copy  # noqa: E402
 VARIANTS = ["copy_lean", "lean_global", "lean_param", "lean_fake", "lean_table", "uni_global", "uni_param",
             "copy_uni", "uni_fake", "lean_rb2", "lean_seq", "lean_rb2_seq", "real_k2", "real_k1",
             "lines2", "lines4", "lean_nopos", "lean_smem", "lean_smem4", "lean_pf", "lean_ld", "nopos_const",
-            "nopos_one", "nopos_both"]
+            "nopos_one", "nopos_both", "plain_k0", "plain_k1"]
 # Python-side variants: a kernel above with its output (and frequencies) in other memory.
 # The op's launch of lean took ~0.2-0.3 us more than the study's launch of the same
 # instance (ncu, runs 3 and 5 of 2026-11-26); the parameters differ only in the
@@ -41,7 +41,7 @@ FAR = {"lean_global_far": "lean_global", "real_k2_far": "real_k2", "lean_pf_far"
        "lean_ld_far": "lean_ld"}
 EXACT = {"lean_global", "lean_param", "uni_global", "uni_param", "lean_rb2", "lean_seq", "lean_rb2_seq", "real_k2",
          "real_k1", "lines2", "lines4", "lean_nopos", "lean_smem", "lean_smem4", "lean_pf", "lean_ld", "nopos_const",
-         "nopos_one", "nopos_both", *FAR}  # bit-equal to rope_ext's sin/cos
+         "nopos_one", "nopos_both", "plain_k0", "plain_k1", *FAR}  # bit-equal to rope_ext's sin/cos
 
 
 def main():
@@ -108,12 +108,23 @@ def main():
             c, s_ = emb.cos().bfloat16().view(S, 1, D), emb.sin().bfloat16().view(S, 1, D)
             torch._dynamo.reset()
             comp = torch.compile(ref.apply_cos_sin, dynamic=False)
-            fns.update({"rope auto": lambda: rope_ext.apply_rope(x, layout="thd", cu_seqlens=cu),
+            def k1(fn):  # the op with per-lane sin/cos (set_lean_share(False), read at launch)
+                def run():
+                    C.set_lean_share(False)
+                    try:
+                        return fn()
+                    finally:
+                        C.set_lean_share(True)
+                return run
+            xb = x.view(1, S, H, D)
+            fns.update({"op bshd": lambda: rope_ext.apply_rope(xb), "op bshd K=1": k1(lambda: rope_ext.apply_rope(xb)),
+                        "rope auto": lambda: rope_ext.apply_rope(x, layout="thd", cu_seqlens=cu),
                         "compile": lambda: comp(x, c, s_), "copy": same_size_copy(x.numel(), x.dtype)})
             t, err = graph_us_interleaved(fns, reps=args.reps)
             print(f"{S:>6}{x.numel() * 2 / 2**20:>7.2f}" +
                   "".join(f"{t.get(v, float('nan')):>9.2f}{n:<4}" for v, n in zip(shown, cells)) +
-                  f"{t['rope auto']:>11.2f}{'-':>9}{t['compile']:>9.2f}{t['copy']:>8.2f}  (in turns)", flush=True)
+                  f"{t['rope auto']:>11.2f}{'-':>9}{t['compile']:>9.2f}{t['copy']:>8.2f}  (in turns; op bshd "
+                  f"{t['op bshd']:.2f}, K=1 {t['op bshd K=1']:.2f})", flush=True)
             for n, e in err.items():
                 print(f"  {n}: n/a: {e}")
             continue
