@@ -659,6 +659,17 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   //    ~170 instructions, run 4 of 2026-11-26).
   float f[kTable ? 1 : P];  // the table: pair threadIdx.x's; else the chunk's P
   if constexpr (kTable) f[0] = threadIdx.x < half ? p.inv_freq[threadIdx.x] : 0.f;
+  // Per-lane sin/cos at U = 1: the chunk's frequencies first too. Behind x's load they
+  // waited for x: the compiler unpacks x (PRMT) right after its load, and with in-order
+  // issue the frequency loads behind that stall went out one DRAM round trip later (this
+  // instance 3.62 us against 3.14 for the study's lean_nopos, which loads them first:
+  // ncu, 0.12 MB, run 5 of the ninth session of 2026-11-26). At U > 1 loading them first
+  // lost 20-25% at 8-32 MB (the note at step 2).
+  constexpr bool kFreqFirst = !kTable && !kCache && U == 1;
+  if constexpr (kFreqFirst) {
+#pragma unroll
+    for (int j = 0; j < P; ++j) f[j] = p.inv_freq[c * P + j];
+  }
 
   // 1. The x loads. Selects, not p.in[t]: a runtime index into the parameters would
   //    copy them to local memory. (Tried, seventh session of 2026-11-26, run G: at U >= 4,
@@ -690,7 +701,7 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   //    lost 20-25% at 8-32 MB: run 6 of the night of 2026-11-24, reverted.)
   //    (The table's threads loaded the frequency of pair threadIdx.x above; more pairs
   //    than threads, at most P per thread, load theirs in lean_table_rest.)
-  if constexpr (!kTable && !kCache) {
+  if constexpr (!kTable && !kCache && !kFreqFirst) {
 #pragma unroll
     for (int j = 0; j < P; ++j) f[j] = p.inv_freq[c * P + j];
   }
@@ -805,11 +816,14 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
     }
   }
 
-  // 4. Rotate and store.
+  // 4. Rotate and store. x unpacked only here (pin_word): next to its load, the
+  //    unpack's wait for x held back the position loads behind it.
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const int r = r0 + u * p.rows_per_block;
     if (r >= p.rows) break;
+    pin_word(xa[u]);
+    if (!kInterleaved) pin_word(xb[u]);
     const bool k = r >= p.H0;
     const int64_t h = k ? r - p.H0 : r;
     T* out = static_cast<T*>(k ? p.out[1] : p.out[0]) + b * (k ? p.out_s[1][0] : p.out_s[0][0]) +
