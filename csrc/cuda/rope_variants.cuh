@@ -660,11 +660,10 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   float f[kTable ? 1 : P];  // the table: pair threadIdx.x's; else the chunk's P
   if constexpr (kTable) f[0] = threadIdx.x < half ? p.inv_freq[threadIdx.x] : 0.f;
   // Per-lane sin/cos at U = 1: the chunk's frequencies first too. Behind x's load they
-  // waited for x: the compiler unpacks x (PRMT) right after its load, and with in-order
-  // issue the frequency loads behind that stall went out one DRAM round trip later (this
-  // instance 3.62 us against 3.14 for the study's lean_nopos, which loads them first:
-  // ncu, 0.12 MB, run 5 of the ninth session of 2026-11-26). At U > 1 loading them first
-  // lost 20-25% at 8-32 MB (the note at step 2).
+  // waited for x (the compiler unpacked x right after its load; step 4's pin_word), so
+  // they went out one DRAM round trip late: the kPlain per-lane instance 3.62 -> 3.46 us
+  // (ncu, 0.12 MB, runs 5-6 of the ninth session of 2026-11-26; the table, auto's choice,
+  // 3.26). At U > 1 loading them first lost 20-25% at 8-32 MB (the note at step 2).
   constexpr bool kFreqFirst = !kTable && !kCache && U == 1;
   if constexpr (kFreqFirst) {
 #pragma unroll
@@ -816,8 +815,13 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
     }
   }
 
-  // 4. Rotate and store. x unpacked only here (pin_word): next to its load, the
-  //    unpack's wait for x held back the position loads behind it.
+  // 4. Rotate and store. x unpacked only here (pin_word): the compiler had put the
+  //    unpack right behind x's load, where its wait for x held back everything after it
+  //    (in-order issue): the position loads of calls with cu_seqlens / positions /
+  //    offsets went out a DRAM round trip late. 0.12 MB thd with cu_seqlens 3.94 -> 3.65
+  //    us (ncu), W5 (q + k at positions) 5.0 -> 4.8 in the latency suite; calls without
+  //    position tensors unchanged (their sin/cos wait for the frequency load, which
+  //    returns with x's). Runs 5-6 of the ninth session of 2026-11-26.
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const int r = r0 + u * p.rows_per_block;
