@@ -69,18 +69,24 @@
 //                  TLB miss).
 //  21 nopos_const  lean_nopos with the launch shape (cshift, rows per block, rows, H0) as
 //                  constants: what runtime shapes cost (issue 19's "runtime shapes and
-//                  selects ~0.3 us" split in two; the ninth session of 2026-11-26).
+//                  selects ~0.35 us", H200, split in two; the ninth session of 2026-11-26).
 //  22 nopos_one    lean_nopos with one tensor: no q / k selects, shapes at run time.
 //  23 nopos_both   both: lean_nopos's address math with neither.
-//  24 plain_k0     rope_ext's lean kernel, the instance of calls without position tensors
-//                  (kPlain), per-lane sin/cos (kSource 0), with lean_nopos's parameters.
 //                  Run 4 of the ninth session (H100, ncu alone, 0.12 MB): lean_nopos 3.14
 //                  us, nopos_const 3.14, nopos_one 3.17, nopos_both 3.14, lean_global
-//                  3.07 (runtime shapes and selects ~0.07 here, not H200's 0.35); the op
-//                  itself 3.52-3.58 (the table) but 4.32 with per-lane sin/cos (K = 1):
-//                  this row asks whether that 1.2 us is the kernel's code or the op's call.
-//  25 plain_k1     the same instance with the block's table (kSource 1, auto's choice).
-//  (21 real_pf, removed: real_k2 with lean's kLeanWarmOut flag, a prefetch; the flag
+//                  3.07: constant shapes and one tensor cost nothing here; the ~0.07 over
+//                  lean_global is LeanParams and its index math (the H200's 0.35 did
+//                  not reproduce).
+//  24 plain_k0     rope_ext's lean kernel, the instance of calls without position tensors
+//                  (kPlain), per-lane sin/cos (kSource 0), with lean_nopos's parameters.
+//                  Asked after run 4, where the op's bshd call took 3.46-3.58 us with the
+//                  table but 4.32 per-lane (run 5: 3.55 / 3.94): the kernel's code or the
+//                  op's call? Run 5: 3.62 here against nopos's 3.14, so the code: the
+//                  kernel unpacked x right behind its load, holding back what followed.
+//                  Run 6 (pin_word, frequencies first at U = 1): 3.46.
+//  25 plain_k1     the same instance with the block's table (kSource 1, auto's choice):
+//                  run 5 3.30, run 6 3.26 (the op's bshd call 3.55 / 3.58).
+//  (real_pf, removed: real_k2 with lean's kLeanWarmOut flag, a prefetch; the flag
 //                  was reverted.) Run 2 of 2026-11-26 (second), H100, graph medians, two
 //                  passes, us: 0.12 MB lean_global 4.06 / 3.97, far 4.29 / 4.26; lean_pf 4.29
 //                  / 4.29, far 4.30 / 4.29; lean_ld 4.29 / 4.27, far 4.51 / 4.29; real_k2 4.51
@@ -256,7 +262,8 @@ void launch_smem(const StudyParams& p) {
 }
 
 // rope_lean_kernel<bf16, neox, U = 1, W = 8, kSource = 0> with its position code cut
-// (the x loads, frequency loads, sin/cos and stores as there). kMode (variants 16, 21-23;
+// (the loads, sin/cos and stores as there; the frequencies loaded first, as the lean
+// kernel does at U = 1 since the ninth session of 2026-11-26). kMode (variants 16, 21-23;
 // what splits lean_nopos's ~0.35 us over lean_global, ncu run 3 of 2026-11-26):
 // bit 0 the launch shape (cshift, rows per block, rows, H0) as constants instead of
 // parameters; bit 1 one tensor (q's pointers and strides, no q/k selects).

@@ -8,6 +8,11 @@ S = 16, 64, 256, 1024 (0.12, 0.5, 2, 8 MB). Each variant's output is checked aga
 rope_ext's (the fake sin/cos and copy variants excepted) before it is timed.
 
     python bench/small_rope_study.py [--reps 200] [--only lean_global,real_k2,lean_global_far,real_k2_far] [--sizes 16,64]
+    python bench/small_rope_study.py --turns --only lean_global,lean_nopos,plain_k1 --sizes 16,64
+
+--turns times the chosen variants, the op (thd with cu_seqlens; bshd with and without the
+block's sin/cos table), torch.compile and the copy in turns (timing.graph_us_interleaved),
+as the suites do, and prints nothing else (no knob, decode or profiler rows).
 """
 import argparse
 import os
@@ -52,7 +57,8 @@ def main():
     ap.add_argument("--turns", action="store_true",
                     help="time the variants, rope_ext and the peers in turns (timing.graph_us_interleaved: each "
                          "replay after other kernels, as in a model) instead of one column after another, where "
-                         "a kernel replayed back to back keeps its code in the SM's caches; no knob rows")
+                         "a kernel replayed back to back keeps its code in the SM's caches; no knob, decode or "
+                         "profiler rows")
     args = ap.parse_args()
     only = set(args.only.split(",")) - {""}
     unknown = only - set(VARIANTS) - set(FAR)
@@ -121,10 +127,11 @@ def main():
                         "rope auto": lambda: rope_ext.apply_rope(x, layout="thd", cu_seqlens=cu),
                         "compile": lambda: comp(x, c, s_), "copy": same_size_copy(x.numel(), x.dtype)})
             t, err = graph_us_interleaved(fns, reps=args.reps)
+            g = lambda n: t.get(n, float("nan"))  # noqa: E731 (a column that failed: nan, its error below)
             print(f"{S:>6}{x.numel() * 2 / 2**20:>7.2f}" +
-                  "".join(f"{t.get(v, float('nan')):>9.2f}{n:<4}" for v, n in zip(shown, cells)) +
-                  f"{t['rope auto']:>11.2f}{'-':>9}{t['compile']:>9.2f}{t['copy']:>8.2f}  (in turns; op bshd "
-                  f"{t['op bshd']:.2f}, K=1 {t['op bshd K=1']:.2f})", flush=True)
+                  "".join(f"{g(v) :>9.2f}{n:<4}" if len(n) <= 4 else f"{g(v):>7.2f}{n}" for v, n in zip(shown, cells)) +
+                  f"{g('rope auto'):>11.2f}{'-':>9}{g('compile'):>9.2f}{g('copy'):>8.2f}  (in turns; op bshd "
+                  f"{g('op bshd'):.2f}, K=1 {g('op bshd K=1'):.2f})", flush=True)
             for n, e in err.items():
                 print(f"  {n}: n/a: {e}")
             continue

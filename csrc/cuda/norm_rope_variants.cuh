@@ -162,8 +162,8 @@ __global__ void __launch_bounds__(kNormRopeThreads) norm_rope_kernel(const __gri
       group_token(p, g, &b0, &s);
       const RowCoord c = row_coord(p, NB, b0, r - g * rows_g);
       t = c.t;
-      // Selects, not p.t[c.t]: a runtime index into the parameters makes the
-      // compiler copy them to local memory (rope_variants.cuh).
+      // Selects, not p.t[c.t]: a runtime index into the parameters made older
+      // compilers copy them to local memory (rope_variants.cuh, step 1 of variant 6).
       const TensorView& v = t ? p.t[1] : p.t[0];
       const T* in = static_cast<const T*>(v.in) + c.b * v.in_stride[0] + s * v.in_stride[1] + c.h * v.in_stride[2];
       orow = static_cast<T*>(v.out) + c.b * v.out_stride[0] + s * v.out_stride[1] + c.h * v.out_stride[2];

@@ -38,16 +38,17 @@ __device__ __forceinline__ void store_vec(T* p, const VecT& v) {
 // (the A/B of issue 19, bench/NOTES.md run 10; append_kv's, the eighth session of
 // 2026-11-26).
 template <int W> struct LeanWord;
-// Keeps a loaded word packed until this point: an empty asm that takes and rewrites it,
-// so the compiler cannot unpack it (PRMT, shifts) right behind its load, where, with
-// in-order issue, the unpack's wait for the load holds back every later instruction
-// (the rope lean kernel's later loads went out one DRAM round trip late).
-__device__ __forceinline__ void pin_word(uint32_t& w) { asm volatile("" : "+r"(w)); }
-__device__ __forceinline__ void pin_word(uint2& w) { asm volatile("" : "+r"(w.x), "+r"(w.y)); }
-__device__ __forceinline__ void pin_word(uint4& w) { asm volatile("" : "+r"(w.x), "+r"(w.y), "+r"(w.z), "+r"(w.w)); }
 template <> struct LeanWord<16> { using type = uint4; };
 template <> struct LeanWord<8> { using type = uint2; };
 template <> struct LeanWord<4> { using type = uint32_t; };
+
+// Keeps a loaded word packed until this point: an empty asm that takes and rewrites it,
+// so the compiler cannot unpack it (PRMT, shifts) right behind its load, where, with
+// in-order issue, the unpack's wait for the load holds back every later instruction
+// (the rope lean kernel's position loads went out one DRAM round trip late).
+__device__ __forceinline__ void pin_word(uint32_t& w) { asm volatile("" : "+r"(w)); }
+__device__ __forceinline__ void pin_word(uint2& w) { asm volatile("" : "+r"(w.x), "+r"(w.y)); }
+__device__ __forceinline__ void pin_word(uint4& w) { asm volatile("" : "+r"(w.x), "+r"(w.y), "+r"(w.z), "+r"(w.w)); }
 
 // Rotates one chunk in registers: neox pairs (a[j], b[j]) across the two halves, or
 // GPT-J pairs (a[2j], a[2j+1]) inside a; sn/cs hold the chunk's P sines/cosines.

@@ -78,6 +78,12 @@
 //              vs 4.51-4.66, torch.compile 4.2-4.3). Tried and reverted: thread 0 touching
 //              its output row early (the out page's translation: no gain), one load of
 //              cu_seqlens[0] per block (not the cost).
+//              Then (ninth session of 2026-11-26, H100, bench/small_rope_study.py): x
+//              kept packed until the rotation (pin_word; the compiler had unpacked it
+//              right behind its load, which held back the position loads): 0.12 MB thd
+//              with cu_seqlens 3.94 -> 3.65 us under ncu; plain calls unchanged. Left at
+//              0.12 MB (ncu): torch.compile 3.01, a minimal kernel of the same loads and
+//              sin/cos 3.04-3.10, this kernel from the study 3.26, from the op 3.58.
 //
 // What was learned on the H100 (bench/NOTES.md has the numbers and the method):
 //   - Variant 3's x loads must be uint4: a struct copy of Vec<bf16, 8> compiled to
@@ -327,8 +333,9 @@ struct TileRows {
       int64_t b0, s;
       group_token(p, g_first + gl[u], &b0, &s);
       const RowOffsets o = row_offsets(p, NB, b0, s, x - gl[u] * rows_g);
-      // Selects, not p.t[o.t]: a runtime index into the kernel's parameters makes
-      // the compiler copy them to local memory.
+      // Selects, not p.t[o.t]: a runtime index into the kernel's parameters made the
+      // compiler copy them to local memory when this was written (nvcc 13 can index a
+      // __grid_constant__ array with one LDC: variant 6's step 1; not re-checked here).
       const T* in = static_cast<const T*>(o.t ? p.t[1].in : p.t[0].in) + o.in;
       out[u] = static_cast<T*>(o.t ? p.t[1].out : p.t[0].out) + o.out;
       a[u] = load_vec<VecT>(in + d0);
@@ -509,8 +516,7 @@ __global__ void __launch_bounds__(kFlatMaxThreads) rope_flat_kernel(const __grid
       const uint32_t r = r0 + u * RS;
       if (r >= rows_g) break;
       const RowOffsets o = row_offsets(p, NB, b0, s, r);
-      // Selects, not p.t[o.t]: a runtime index into the parameters copies them to
-      // local memory (as in variant 4).
+      // Selects, not p.t[o.t] (variant 4's note).
       const T* in = static_cast<const T*>(o.t ? p.t[1].in : p.t[0].in) + o.in;
       out[u] = static_cast<T*>(o.t ? p.t[1].out : p.t[0].out) + o.out;
       a[u] = load_vec<VecT>(in + d0);
@@ -661,17 +667,20 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   if constexpr (kTable) f[0] = threadIdx.x < half ? p.inv_freq[threadIdx.x] : 0.f;
   // Per-lane sin/cos at U = 1: the chunk's frequencies first too. Behind x's load they
   // waited for x (the compiler unpacked x right after its load; step 4's pin_word), so
-  // they went out one DRAM round trip late: the kPlain per-lane instance 3.62 -> 3.46 us
-  // (ncu, 0.12 MB, runs 5-6 of the ninth session of 2026-11-26; the table, auto's choice,
-  // 3.26). At U > 1 loading them first lost 20-25% at 8-32 MB (the note at step 2).
+  // they went out one DRAM round trip late. With this and pin_word together the kPlain
+  // per-lane instance went 3.62 -> 3.46 us (ncu, 0.12 MB, runs 5-6 of the ninth session
+  // of 2026-11-26; the table, auto's choice, 3.26). At U > 1 loading them first lost
+  // 20-25% at 8-32 MB (the note at step 2).
   constexpr bool kFreqFirst = !kTable && !kCache && U == 1;
   if constexpr (kFreqFirst) {
 #pragma unroll
     for (int j = 0; j < P; ++j) f[j] = p.inv_freq[c * P + j];
   }
 
-  // 1. The x loads. Selects, not p.in[t]: a runtime index into the parameters would
-  //    copy them to local memory. (Tried, seventh session of 2026-11-26, run G: at U >= 4,
+  // 1. The x loads. Selects, not p.in[t] (older compilers copied the parameters to
+  //    local memory for a runtime index; nvcc 13 reads a __grid_constant__ array
+  //    indexed at run time with one LDC, ninth session of 2026-11-26, but the selects
+  //    were not re-measured against it). (Tried, seventh session of 2026-11-26, run G: at U >= 4,
   //    where a block's rows lie in one tensor, the tensor chosen once and the rows stepped
   //    by RB head strides: ~320 fewer instructions a warp of ~970 at U = 8, and no gain
   //    measurable in turns: 8 MB -0.1 us, 32 MB +0.1, within the noise. Those calls are
@@ -691,13 +700,14 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
     if (!kInterleaved) xb[u] = *reinterpret_cast<const Word*>(in + d1);
   }
 
-  // 2. The frequencies' loads right behind x's: they depend on nothing but the chunk,
-  //    so they go out before the position code's branches and loads (which had put a
-  //    second constant miss and, for packed sequences, the cu_seqlens[0] load in front
-  //    of them: issue 19, bench/NOTES.md night of 2026-11-25/26). (ncu's SASS page
-  //    shows x unpacked inside the loop above before later loads issue; loading the
-  //    frequencies before x's with the x loop predicated gained 0.1 us at 0.12 MB and
-  //    lost 20-25% at 8-32 MB: run 6 of the night of 2026-11-24, reverted.)
+  // 2. The frequencies' loads right behind x's (at U > 1; at U = 1 above): they depend
+  //    on nothing but the chunk, so they go out before the position code's branches and
+  //    loads (which had put a second constant miss and, for packed sequences, the
+  //    cu_seqlens[0] load in front of them: issue 19, bench/NOTES.md night of
+  //    2026-11-25/26). (ncu's SASS page showed x unpacked inside the loop above before
+  //    later loads issued, until step 4's pin_word; loading the frequencies before x's
+  //    with the x loop predicated gained 0.1 us at 0.12 MB and lost 20-25% at 8-32 MB:
+  //    run 6 of the night of 2026-11-24, reverted.)
   //    (The table's threads loaded the frequency of pair threadIdx.x above; more pairs
   //    than threads, at most P per thread, load theirs in lean_table_rest.)
   if constexpr (!kTable && !kCache && !kFreqFirst) {
@@ -818,16 +828,16 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   // 4. Rotate and store. x unpacked only here (pin_word): the compiler had put the
   //    unpack right behind x's load, where its wait for x held back everything after it
   //    (in-order issue): the position loads of calls with cu_seqlens / positions /
-  //    offsets went out a DRAM round trip late. 0.12 MB thd with cu_seqlens 3.94 -> 3.65
-  //    us (ncu), W5 (q + k at positions) 5.0 -> 4.8 in the latency suite; calls without
-  //    position tensors unchanged (their sin/cos wait for the frequency load, which
-  //    returns with x's). Runs 5-6 of the ninth session of 2026-11-26.
+  //    offsets went out a DRAM round trip late. 0.12 MB thd with cu_seqlens, the table
+  //    instance, 3.94 -> 3.65 us (ncu, runs 5-6 of the ninth session of 2026-11-26); the
+  //    table instance of calls without position tensors unchanged (3.55 -> 3.58: its
+  //    sin/cos wait for the frequency load, which returns with x's).
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const int r = r0 + u * p.rows_per_block;
     if (r >= p.rows) break;
     pin_word(xa[u]);
-    if (!kInterleaved) pin_word(xb[u]);
+    if constexpr (!kInterleaved) pin_word(xb[u]);
     const bool k = r >= p.H0;
     const int64_t h = k ? r - p.H0 : r;
     T* out = static_cast<T*>(k ? p.out[1] : p.out[0]) + b * (k ? p.out_s[1][0] : p.out_s[0][0]) +
