@@ -50,10 +50,6 @@ __device__ __forceinline__ void pin_word(uint32_t& w) { asm volatile("" : "+r"(w
 __device__ __forceinline__ void pin_word(uint2& w) { asm volatile("" : "+r"(w.x), "+r"(w.y)); }
 __device__ __forceinline__ void pin_word(uint4& w) { asm volatile("" : "+r"(w.x), "+r"(w.y), "+r"(w.z), "+r"(w.w)); }
 
-// Rotates one chunk in registers: neox pairs (a[j], b[j]) across the two halves, or
-// GPT-J pairs (a[2j], a[2j+1]) inside a; sn/cs hold the chunk's P sines/cosines.
-// fp32 math, one rounding at the end. Shared by variants 3-5 and the attention
-// kernels (which also use chunks narrower than 16 bytes).
 // An index tensor's entry (int32 or int64) as raw 32-bit words, converted where it is
 // first used: a conversion next to its load (load_index's int32 sign extension, inside
 // the branch on the dtype) waits for the load there, and with in-order issue everything
@@ -78,6 +74,10 @@ __device__ __forceinline__ int64_t raw_index(RawIndex r, bool is64) {
   return is64 ? static_cast<int64_t>((uint64_t(r.hi) << 32) | r.lo) : int64_t(static_cast<int32_t>(r.lo));
 }
 
+// Rotates one chunk in registers: neox pairs (a[j], b[j]) across the two halves, or
+// GPT-J pairs (a[2j], a[2j+1]) inside a; sn/cs hold the chunk's P sines/cosines.
+// fp32 math, one rounding at the end. Shared by variants 3-5 and the attention
+// kernels (which also use chunks narrower than 16 bytes).
 template <typename T, bool kInterleaved, typename VecT>
 __device__ __forceinline__ void rotate_chunk(VecT& a, VecT& b, const float* sn, const float* cs) {
   using A = acc_t<T>;
