@@ -619,7 +619,11 @@ def main():
         results += llm_suite(timer, bw, peers)
     if args.suite in ("variants", "all") and CUDA:  # issue 12's ops vs torch.compile (bench/variants.py)
         from variants import variants_suite
-        rows = variants_suite(timer, bw, time_rows, print_table)
+
+        def variants_timer(fn):  # every call in a CUDA graph, cold L2; a table's rows in turns
+            return graph_us(fn, args.graph_reps)
+        variants_timer.many = lambda fns: graph_us_interleaved(fns, args.graph_reps)
+        rows = variants_suite(variants_timer, bw, time_rows, print_table)
         results += [dict(workload=w, rows=[r for r in rows if r["workload"] == w])
                     for w in dict.fromkeys(r["workload"] for r in rows)]
     if args.suite in ("attn", "fp8", "all"):  # issues 9, 18, 20: bench/attn.py, every call in a CUDA graph, cold L2

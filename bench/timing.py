@@ -86,20 +86,28 @@ def same_size_copy(numel, dtype):
     return lambda: y.copy_(x)
 
 
-def time_rows(fns, nbytes, timer, bw, base, outs=None, want=None, ss_us=None):
+def time_rows(fns, nbytes, timer, bw, base, outs=None, want=None, ss_us=None, eager=False):
     """Times each (name, fn): µs, GB/s, % of copy, speedup over the row named `base`
     (and max |out - want| where `outs` gives the output; % of the same-size copy where
-    its time ss_us is given). A variant that refuses the input gets a row saying why;
-    the sweep goes on."""
+    its time ss_us is given; with eager, the µs of back-to-back eager calls, host
+    included, as `eager_us`). A timer with `many` ({name: fn} -> ({name: µs}, {name:
+    error}), e.g. graph_us_interleaved) times the rows together, in turns. A variant that
+    refuses the input gets a row saying why; the sweep goes on."""
     rows = []
+    many = getattr(timer, "many", None)
+    got, errs = many(dict(fns)) if many else ({}, {})
     for name, fn in fns:
         try:
-            us = timer(fn)
+            if name in errs:
+                raise errs[name]
+            us = got[name] if many else timer(fn)
         except Exception as e:
-            rows.append(dict(impl=name, error=str(e).splitlines()[0][:80]))
+            rows.append(dict(impl=name, error=(str(e).splitlines() or [type(e).__name__])[0][:80]))
             continue
         gbs = nbytes / us / 1e3
         row = dict(impl=name, us=us, gbs=gbs, pct_copy=100 * gbs / bw)
+        if eager:
+            row["eager_us"] = eager_us(fn, n=200)
         if ss_us:
             row["pct_ss"] = 100 * ss_us / us
         if outs is not None and name in outs:
@@ -120,8 +128,9 @@ def print_table(title, rows, ratio="x naive", err=False, ss_us=None):
     """ss_us: the same-size copy's time, printed first and as each row's "% ss copy"."""
     print(f"\n{title}")
     ss = ss_us is not None
+    eg = any("eager_us" in r for r in rows)
     print(f"  {'impl':<36}{'time us':>10}{'GB/s':>8}{'% copy':>8}" + (f"{'% ss copy':>10}" if ss else "") +
-          f"{ratio:>10}" + ("  max err vs f64" if err else ""))
+          f"{ratio:>10}" + (f"{'eager us':>10}" if eg else "") + ("  max err vs f64" if err else ""))
     if ss:
         print(f"  {'same-size copy (y.copy_(x))':<36}{ss_us:>10.1f}")
     for r in rows:
@@ -130,7 +139,8 @@ def print_table(title, rows, ratio="x naive", err=False, ss_us=None):
         else:
             e = f"  {r['err']:.3g}" if "err" in r else ""
             pss = f"{r['pct_ss']:>9.1f}%" if ss and "pct_ss" in r else (" " * 10 if ss else "")
-            print(f"  {r['impl']:<36}{r['us']:>10.1f}{r['gbs']:>8.0f}{r['pct_copy']:>7.1f}%{pss}{r['speedup']:>9.2f}x{e}")
+            eu = (f"{r['eager_us']:>10.1f}" if "eager_us" in r else " " * 10) if eg else ""
+            print(f"  {r['impl']:<36}{r['us']:>10.1f}{r['gbs']:>8.0f}{r['pct_copy']:>7.1f}%{pss}{r['speedup']:>9.2f}x{eu}{e}")
 
 
 def graph_us(fn, reps=200, flush=None, clean=None):

@@ -2,8 +2,10 @@
 
     python bench/run.py --suite variants        (or: python bench/variants.py)
 
-Rows (bf16, sizes above L2, timed like every other suite: CUDA events, L2 flushed,
-median): the fused q/k RMSNorm + RoPE of Qwen3 (HF's formula: RMSNorm in fp32, weight,
+Rows (bf16, sizes above L2; on the GPU each call captured in a CUDA graph, L2 flushed
+before every replay, the rows of a table in turns (timing.graph_us_interleaved), median;
+plus "eager us": back-to-back eager calls, host included, what an eager training loop
+pays): the fused q/k RMSNorm + RoPE of Qwen3 (HF's formula: RMSNorm in fp32, weight,
 then the cached rotate_half form), M-RoPE of Qwen2-VL (HF's section selection of a
 [3, B, S, D] cos/sin inside the formula), and 2-D axial RoPE (a [S, D] cos/sin built
 from both axes outside the timed call). Forward, and forward + backward. cos/sin of
@@ -74,7 +76,7 @@ def variants_suite(timer, bw, time_rows, print_table, dev="cuda", small=False):
     rows_all = []
 
     def table(title, nbytes, fns):
-        rows = time_rows(fns, nbytes, timer, bw, base="torch.compile")
+        rows = time_rows(fns, nbytes, timer, bw, base="torch.compile", eager=dev == "cuda")
         print_table(title, rows, ratio="x compile")
         for r in rows:
             r["workload"] = title
@@ -143,5 +145,7 @@ if __name__ == "__main__":
     import timing as T
     timer = T.Timer(reps=50)
     bw = T.copy_bandwidth(timer)
+    timer = lambda fn: T.graph_us(fn)  # noqa: E731
+    timer.many = T.graph_us_interleaved
     print(f"copy bandwidth (1 GiB): {bw:.0f} GB/s")
     variants_suite(timer, bw, T.time_rows, T.print_table)
