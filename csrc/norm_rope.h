@@ -36,6 +36,8 @@ void run_norm_rope_cpu(const NormRopeParams& np, at::ScalarType dtype);
 bool norm_rope_tile_eligible(const NormRopeParams& np, int64_t elem_size, std::string* why);
 // Rows of dw partial sums the launch writes (its blocks), for the backward's buffer.
 int64_t norm_rope_cuda_partial_rows(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int device);
+// tests/bench: rows per team of a tile (0: the rule; -1: one resident wave of blocks).
+void set_norm_rope_rows_per_team(int rows);
 void run_norm_rope_cuda(const NormRopeParams& np, NormRopeImpl impl, at::ScalarType dtype, c10::Device device);
 #endif
 

@@ -83,6 +83,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "tuning: rows per thread of variant 4's tiles (0 = default)");
   m.def("set_flat_rows_per_thread", &rope_ext::set_flat_rows_per_thread,
         "tuning: rows per thread of variant 5, flat (0 = default)");
+  m.def("set_norm_rope_rows_per_team", &rope_ext::set_norm_rope_rows_per_team,
+        "tests/bench: rows per team of the fused norm + rope kernels' tiles (0 = the rule, -1 = one resident wave of "
+        "blocks)");
   m.def("set_lean_max_bytes", &rope_ext::set_lean_max_bytes,
         "tests/bench: largest tensor (bytes) auto runs with variant 6, lean (-1 = defaults, 0 = never)");
   m.def("set_lean_bytes", &rope_ext::set_lean_bytes,

@@ -10,6 +10,7 @@ TESTS=${SANITIZE_TESTS:-"tests/test_kernels.py tests/test_options.py tests/test_
 # variant, layout, view and option; not the 2.2e9-element test (minutes under the
 # sanitizer: it runs in the plain suite). Narrow it with SANITIZE_SELECT, e.g.
 # "cuda and (tile or auto) and not 2_31" (test ids name the variant, not the dtype).
+export ROPE_EXT_SANITIZER=1  # tests/test_kernels.py cuda_kernels_of: no profiler under the sanitizer
 SEL=${SANITIZE_SELECT:-"cuda and not 2_31"}
 rc=0
 for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck}; do

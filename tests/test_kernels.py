@@ -1,5 +1,7 @@
 """Every variant x dtype x layout x memory view, forward and backward, against the
 float64 truth and both PyTorch references. CPU always; CUDA where there is a GPU."""
+import os
+
 import pytest
 import torch
 
@@ -268,7 +270,14 @@ def test_lean_small_tensor_path(case, dtype, tokens):
 
 
 def cuda_kernels_of(fn):
-    """Names of the CUDA kernels one call of fn launches."""
+    """Names of the CUDA kernels one call of fn launches; None under compute-sanitizer
+    (scripts/sanitize.sh sets ROPE_EXT_SANITIZER=1: the sanitizer's CUPTI subscription
+    leaves none for the profiler), where fn still runs for the sanitizer and the callers
+    leave out their checks of which kernel ran (the plain runs make them)."""
+    if os.environ.get("ROPE_EXT_SANITIZER") == "1":
+        fn()
+        torch.cuda.synchronize()
+        return None
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
@@ -308,7 +317,8 @@ def test_lean_packed_position_guess(dtype, tokens, start, cu_dtype, offsets):
     try:
         C.set_lean_max_bytes(32 << 20)
         C.set_lean_share(True)
-        assert any("rope_lean_kernel" in n for n in cuda_kernels_of(lambda: rope_ext.apply_rope(x, **kw))), \
+        names = cuda_kernels_of(lambda: rope_ext.apply_rope(x, **kw))
+        assert names is None or any("rope_lean_kernel" in n for n in names), \
             "auto did not take lean here: the test would not test it"
         for min_block in (0, 1):
             C.set_lean_min_block(min_block)
@@ -353,10 +363,11 @@ def test_lean_token_strides(layout, B, S, positions):
     try:
         C.set_lean_max_bytes(32 << 20)
         names = cuda_kernels_of(lambda: rope_ext.apply_rope_qk(q, k, pos, **kw))
-        assert any("rope_lean_kernel" in n for n in names), "auto did not take lean here: the test would not test it"
-        # The instance's last template argument is kPlain: true exactly without positions.
-        assert any(("true>" in n) == (pos is None) for n in names if "rope_lean_kernel" in n), \
-            f"plain instance {'not ' if pos is None else ''}taken: {names}"
+        if names is not None:
+            assert any("rope_lean_kernel" in n for n in names), "auto did not take lean here: the test would not test it"
+            # The instance's last template argument is kPlain: true exactly without positions.
+            assert any(("true>" in n) == (pos is None) for n in names if "rope_lean_kernel" in n), \
+                f"plain instance {'not ' if pos is None else ''}taken: {names}"
         pairs = [(q, k)]
         if layout == "bshd":  # k [B, S, 8, D] over [B, 8, S, D] memory
             pairs.append((q, randn((B, 8, S, D), dtype, dev).transpose(1, 2)))
@@ -381,7 +392,8 @@ def test_lean_token_strides(layout, B, S, positions):
         C.set_lean_plain(True)
         f = torch.empty(D, device=dev)[::2]
         f.copy_(rope_ext.inv_freq(D, device=dev))
-        assert not any("rope_lean_kernel" in n for n in cuda_kernels_of(lambda: rope_ext.apply_rope(q, pos, inv_freq=f, **kw)))
+        names = cuda_kernels_of(lambda: rope_ext.apply_rope(q, pos, inv_freq=f, **kw))
+        assert names is None or not any("rope_lean_kernel" in n for n in names)
         assert torch.equal(rope_ext.apply_rope(q, pos, inv_freq=f, **kw),
                            rope_ext.apply_rope(q, pos, inv_freq=f.contiguous(), **kw)), "strided inv_freq: lean's bits"
     finally:

@@ -49,41 +49,79 @@ def _weights(D, device, wdtype=torch.float32):
     return [(1 + 0.5 * torch.randn(D, device=device)).to(wdtype) for _ in range(2)]
 
 
+def _check_vs_float64(device, dtype, case, impl):
+    """One call of rms_norm_rope_qk and its backward against float64 autograd; returns
+    (dq, dk, dq_weight, dk_weight), or None where impl refuses the rows (said so)."""
+    name, shape, Hk, layout, kw = case
+    torch.manual_seed(hash((name, str(dtype), impl)) % 2**31)
+    kw = _kw(kw, shape, layout, device)
+    D = shape[-1]
+    offset = 1.0 if "gemma" in name else 0.0
+    q = randn(shape, dtype, device).requires_grad_()
+    k = randn(_k_shape(shape, Hk, layout), dtype, device).requires_grad_()
+    qw, kw_ = [w.requires_grad_() for w in _weights(D, device)]
+    try:
+        qo, ko = rope_ext.rms_norm_rope_qk(q, k, qw, kw_, eps=1e-6, weight_offset=offset, layout=layout,
+                                           impl=impl, **kw)
+    except ValueError as e:  # 'tile' on rows it cannot vector-load: said so, nothing else
+        assert impl == "tile" and "16-byte" in str(e), e
+        return None
+    q64, k64 = q.detach().double().requires_grad_(), k.detach().double().requires_grad_()
+    qw64, kw64 = qw.detach().double().requires_grad_(), kw_.detach().double().requires_grad_()
+    rq = rms_norm_rope_float64(q64, qw64, eps=1e-6, weight_offset=offset, layout=layout, **kw)
+    rk = rms_norm_rope_float64(k64, kw64, eps=1e-6, weight_offset=offset, layout=layout, **kw)
+    what = f"{name} {dtype} {impl}"
+    assert_close_f64(qo, rq, rq.abs().max().item(), what + " q")
+    assert_close_f64(ko, rk, rk.abs().max().item(), what + " k")
+
+    gq, gk = randn(qo.shape, dtype, device), randn(ko.shape, dtype, device)
+    dq, dk, dqw, dkw = torch.autograd.grad((qo, ko), (q, k, qw, kw_), (gq, gk))
+    rdq, rdk, rdqw, rdkw = torch.autograd.grad((rq, rk), (q64, k64, qw64, kw64), (gq.double(), gk.double()))
+    assert_close_f64(dq, rdq, rdq.abs().max().item(), what + " dq")
+    assert_close_f64(dk, rdk, rdk.abs().max().item(), what + " dk")
+    for got, want, nm in ((dqw, rdqw, "dq_weight"), (dkw, rdkw, "dk_weight")):
+        assert torch.isfinite(got).all(), f"{what} {nm}: non-finite"
+        err = (got.double().cpu() - want.cpu()).abs().max().item()
+        assert err <= 1e-5 * want.abs().max().item(), f"{what} {nm}: max err {err:.3e}"
+    return dq, dk, dqw, dkw
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_forward_backward_vs_float64(device, dtype, case):
-    name, shape, Hk, layout, kw = case
-    kw = _kw(kw, shape, layout, device)
-    D = shape[-1]
-    offset = 1.0 if "gemma" in name else 0.0
     for impl in NORM_IMPLS:
-        q = randn(shape, dtype, device).requires_grad_()
-        k = randn(_k_shape(shape, Hk, layout), dtype, device).requires_grad_()
-        qw, kw_ = [w.requires_grad_() for w in _weights(D, device)]
-        try:
-            qo, ko = rope_ext.rms_norm_rope_qk(q, k, qw, kw_, eps=1e-6, weight_offset=offset, layout=layout,
-                                               impl=impl, **kw)
-        except ValueError as e:  # 'tile' on rows it cannot vector-load: said so, nothing else
-            assert impl == "tile" and "16-byte" in str(e), e
-            continue
-        q64, k64 = q.detach().double().requires_grad_(), k.detach().double().requires_grad_()
-        qw64, kw64 = qw.detach().double().requires_grad_(), kw_.detach().double().requires_grad_()
-        rq = rms_norm_rope_float64(q64, qw64, eps=1e-6, weight_offset=offset, layout=layout, **kw)
-        rk = rms_norm_rope_float64(k64, kw64, eps=1e-6, weight_offset=offset, layout=layout, **kw)
-        what = f"{name} {dtype} {impl}"
-        assert_close_f64(qo, rq, rq.abs().max().item(), what + " q")
-        assert_close_f64(ko, rk, rk.abs().max().item(), what + " k")
+        _check_vs_float64(device, dtype, case, impl)
 
-        gq, gk = randn(qo.shape, dtype, device), randn(ko.shape, dtype, device)
-        dq, dk, dqw, dkw = torch.autograd.grad((qo, ko), (q, k, qw, kw_), (gq, gk))
-        rdq, rdk, rdqw, rdkw = torch.autograd.grad((rq, rk), (q64, k64, qw64, kw64), (gq.double(), gk.double()))
-        assert_close_f64(dq, rdq, rdq.abs().max().item(), what + " dq")
-        assert_close_f64(dk, rdk, rdk.abs().max().item(), what + " dk")
-        for got, want, nm in ((dqw, rdqw, "dq_weight"), (dkw, rdkw, "dk_weight")):
-            assert torch.isfinite(got).all(), f"{what} {nm}: non-finite"
-            err = (got.double().cpu() - want.cpu()).abs().max().item()
-            assert err <= 1e-5 * want.abs().max().item(), f"{what} {nm}: max err {err:.3e}"
+
+# Shapes whose tiles hold many rows: with the tile size forced (rows per team of a
+# block's tile, past the SM rule; -1: one resident wave of blocks) a team takes several
+# rows, its next row's loads in flight, and a tile spans many token groups and both
+# tensors.
+TILE_CASES = [
+    ("qwen3 bshd", (2, 67, 6, 128), 2, "bshd", {}),
+    ("gemma3 partial interleaved", (1, 45, 5, 64), 3, "bshd", dict(rotary_dim=32, interleaved=True)),
+    ("thd varlen", (93, 4, 128), 1, "thd", dict(cu_seqlens=[0, 17, 93])),
+]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("rows_per_team", [1, 3, 16, -1])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", TILE_CASES, ids=[c[0] for c in TILE_CASES])
+def test_tile_sizes_cuda(case, dtype, rows_per_team):
+    """Every tile size gives the float64 truth, and dx bit for bit the rule's (the same
+    arithmetic per row; dw is summed in another order)."""
+    for impl in NORM_IMPLS:
+        want = _check_vs_float64("cuda", dtype, case, impl)
+        rope_ext._C.set_norm_rope_rows_per_team(rows_per_team)
+        try:
+            got = _check_vs_float64("cuda", dtype, case, impl)
+        finally:
+            rope_ext._C.set_norm_rope_rows_per_team(0)
+        if want is not None:
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), \
+                f"{case[0]} {dtype} {impl}: dx differs between tile sizes"
 
 
 @pytest.mark.parametrize("device", DEVICES)

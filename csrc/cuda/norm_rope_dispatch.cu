@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "launch_utils.h"
 #include "../norm_rope.h"
@@ -17,6 +18,12 @@ namespace {
 using cuda_launch::ceil_div;
 using cuda_launch::sm_count;
 
+
+// Rows per team of a tile (the plan's rule; 0 in the knob). Rope variant 4's sweet spot
+// was 2 rows per thread; TODO(tenth session): measured values.
+constexpr int kFwdRowsPerTeam = 2;
+constexpr int kBwdRowsPerTeam = -1;
+std::atomic<int> g_rows_per_team{0};
 
 // Registers per thread: kMaxU units of 2V floats = 16 floats of x (and as many of dy
 // and of each dw sum in the backward). 32 lanes x kMaxU units bound the row: D <= 512.
@@ -45,11 +52,23 @@ Plan plan(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int de
   const int64_t rows_g = rows_per_group(p);
   const int64_t total = num_groups(p) * rows_g;
   const int teams = cuda::kNormRopeThreads / tpr;
-  // Tiles: about 2 rows per team (rope variant 4's measured sweet spot), fewer when
-  // that would leave SMs idle, never a token group cut when one tile can hold it,
-  // and a table that fits in 32 KB.
-  int64_t tile = std::min<int64_t>(2 * teams, ceil_div(total, 2L * sm_count(device)));
-  tile = std::max<int64_t>({tile, std::min<int64_t>(rows_g, 2 * teams), 1});
+  // Tiles: `per_team` rows per team, fewer when that would leave SMs idle, never a
+  // token group cut when one tile can hold it (-1: one resident wave of blocks), and a
+  // table that fits in 32 KB. The knob (set_norm_rope_rows_per_team, tests and bench)
+  // sets rows per team exactly, past the SM rule, or -1.
+  const int knob = g_rows_per_team.load();
+  const int per_team = knob ? knob : (np.backward ? kBwdRowsPerTeam : kFwdRowsPerTeam);
+  const int64_t sms = sm_count(device);
+  int64_t tile;
+  if (per_team < 0) {
+    tile = ceil_div(total, sms * (np.backward ? cuda::norm_rope_min_blocks<true>() : cuda::norm_rope_min_blocks<false>()));
+  } else if (knob > 0) {
+    tile = int64_t{knob} * teams;
+  } else {
+    tile = std::min<int64_t>(int64_t{per_team} * teams, ceil_div(total, 2 * sms));
+    tile = std::max<int64_t>(tile, std::min<int64_t>(rows_g, int64_t{per_team} * teams));
+  }
+  tile = std::max<int64_t>(tile, 1);
   const int half = p.R / 2;
   auto table_rows = [&](int64_t t) { return (t + rows_g - 2) / rows_g + 1; };
   while (tile > 1 && table_rows(tile) * half * 8 > 32 * 1024) tile = (tile + 1) / 2;
@@ -112,6 +131,8 @@ bool norm_rope_tile_eligible(const NormRopeParams& np, int64_t elem_size, std::s
   }
   return true;
 }
+
+void set_norm_rope_rows_per_team(int rows) { g_rows_per_team.store(rows); }
 
 int64_t norm_rope_cuda_partial_rows(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int device) {
   return plan(np, resolve(np, impl, elem_size), elem_size, device).blocks;

@@ -8,13 +8,14 @@
 //            (norm_rope_tile_eligible). auto's choice when it applies.
 //
 // Both take the shape of rope variant 4 (the tile kernel), which is what made the
-// plain RoPE reach the copy bandwidth (rope_variants.cuh): a block owns a short tile
-// of consecutive rows (token-group-major) and exits. It fills a shared table of
-// sin/cos for the tile's token groups and the fp32 weights (+ offset), one barrier,
-// then each team of TPR threads takes whole rows: loads the row, reduces mean(x^2)
-// with shuffles inside the team, normalises, rotates from the table, stores. A row
-// is read once and written once; sin/cos are computed once per (token, pair), not
-// per head.
+// plain RoPE reach the copy bandwidth (rope_variants.cuh): a block owns a tile of
+// consecutive rows (token-group-major) and exits. Each team of TPR threads issues the
+// loads of its first row, then the block fills a shared table of sin/cos for the
+// tile's token groups and the fp32 weights (+ offset), one barrier; then each team
+// takes whole rows, the next row's loads in flight while it reduces mean(x^2) with
+// shuffles inside the team, normalises, rotates from the table and stores. A row is
+// read once and written once; sin/cos are computed once per (token, pair) and tile,
+// not per head. The tile sizes (norm_rope_dispatch.cu) were measured.
 //
 // Work unit: V pairs of the rotary part (neox: V features of each half; GPT-J: 2V
 // consecutive features), or 2V consecutive pass-through features of [R, D). Unit u
@@ -23,8 +24,10 @@
 // dw partial sums stay in registers until the block reduces them in shared memory
 // and writes one [D] row per block (the op layer sums the rows).
 #pragma once
+#include <type_traits>
+
 #include "../norm_rope_params.h"
-#include "primitives.cuh"  // Vec, load_vec/store_vec, fill_sincos_table
+#include "primitives.cuh"  // Vec, store_vec, pin_word, fill_sincos_table
 
 namespace rope_ext {
 namespace cuda {
@@ -72,12 +75,30 @@ __device__ __forceinline__ void rotate_unit(float* e, int i0, const float* ct, c
   }
 }
 
+// A segment of V elements as loaded: 16 bytes kept packed until used (converted right
+// behind its load, the conversion's wait for the load would hold back every later
+// instruction, in-order issue: the next row's loads too); the scalar variant's one
+// element as a float (as before the prefetch; raw 16-bit scalars made it spill).
 template <typename T, int V>
-__device__ __forceinline__ void load_segment(const T* base, int64_t stride, int f, int D, float* dst) {
+using RawSeg = std::conditional_t<V == 1, float, uint4>;
+
+template <typename T, int V>
+__device__ __forceinline__ RawSeg<T, V> load_segment(const T* base, int64_t stride, int f, int D) {
   if constexpr (V == 1) {
-    dst[0] = f < D ? static_cast<float>(base[f * stride]) : 0.f;
+    return f < D ? static_cast<float>(base[f * stride]) : 0.f;
   } else {
-    const Vec<T, V> v = load_vec<Vec<T, V>>(base + f);
+    return *reinterpret_cast<const uint4*>(base + f);
+  }
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void unpack_segment(RawSeg<T, V> w, float* dst) {
+  if constexpr (V == 1) {
+    dst[0] = w;
+  } else {
+    pin_word(w);
+    Vec<T, V> v;
+    *reinterpret_cast<uint4*>(&v) = w;
 #pragma unroll
     for (int j = 0; j < V; ++j) dst[j] = static_cast<float>(v.v[j]);
   }
@@ -101,11 +122,42 @@ __device__ __forceinline__ float team_sum(float v, int tpr) {
   return v;
 }
 
+// One row of a team as a thread holds it: its units' segments of x (backward: and of
+// dy) as loaded, and where the row goes.
+template <typename T, int V, int kMaxU, bool kBwd>
+struct NormRopeRow {
+  RawSeg<T, V> xa[kMaxU], xb[kMaxU];
+  RawSeg<T, V> ga[kMaxU], gb[kMaxU];  // backward only
+  T* out = nullptr;
+  int64_t os3 = 1;
+  int t = 0;
+  int gl = 0;  // the row's token group within the tile (table row)
+  bool active = false;
+};
+
+// Registers: the forward at 64 (4 blocks of 256 per SM); the backward holds dy and two
+// dw sums besides x, and two rows in flight: 128 (2 blocks per SM).
+template <bool kBwd>
+constexpr int norm_rope_min_blocks() { return kBwd ? 2 : 4; }
+
 // kMaxU: units per thread kept in registers (2V floats each).
+// Each team keeps two rows in flight (kAhead): the loads of its next row go out before
+// the current one is normalised, rotated and stored; and the first row's before the
+// block's sin/cos table and weights are filled (rope variant 4's order). The first
+// version loaded a row only after the table's barrier and the previous row's stores,
+// and with 2 rows per team per block spent most of each block's life waiting for one
+// row's DRAM round trip: the Qwen3 shape's forward ran at 70% of copy (0.88x
+// torch.compile) and the backward took ~520 us for 240 MB (bench/NOTES.md, tenth
+// session of 2026-11-26).
 template <typename T, int V, int kMaxU, bool kInterleaved, bool kBwd>
-__global__ void __launch_bounds__(kNormRopeThreads) norm_rope_kernel(const __grid_constant__ NormRopeParams np,
-                                                                     const NormRopeShape sh) {
+__global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks<kBwd>())
+    norm_rope_kernel(const __grid_constant__ NormRopeParams np, const NormRopeShape sh) {
   constexpr int E = 2 * V;  // elements of a unit
+  // The first row's loads before the table and the next row's before this row's work
+  // where two rows fit the registers (16-bit 16-byte units); else each row loaded after
+  // the previous one's stores (fp32 and the scalar variant spilled with two).
+  constexpr bool kAhead = V > 1 && sizeof(T) == 2;
+  using Row = NormRopeRow<T, V, kMaxU, kBwd>;
   const RopeParams& p = np.rope;
   extern __shared__ float smem[];
   float* cos_tab = smem;
@@ -121,7 +173,51 @@ __global__ void __launch_bounds__(kNormRopeThreads) norm_rope_kernel(const __gri
   const int64_t n = min(total, r_begin + sh.rows) - r_begin;
   const int64_t g_first = r_begin / rows_g;
   const int groups = static_cast<int>((r_begin + n - 1) / rows_g - g_first + 1);
+  const int tpr = sh.tpr, lane = tid % tpr, team = tid / tpr, nteams = nthreads / tpr;
 
+  // Issues the loads of local row lr (nothing past the tile's end).
+  auto fetch = [&](int64_t lr, Row& row) {
+    row.active = lr < n;
+    if (!row.active) return;
+    const int64_t r = r_begin + lr;
+    const int64_t g = r / rows_g;
+    row.gl = static_cast<int>(g - g_first);
+    int64_t b0, s;
+    group_token(p, g, &b0, &s);
+    const RowCoord c = row_coord(p, NB, b0, r - g * rows_g);
+    row.t = c.t;
+    // Selects, not p.t[c.t]: a runtime index into the parameters made older
+    // compilers copy them to local memory (rope_variants.cuh, step 1 of variant 6).
+    const TensorView& v = c.t ? p.t[1] : p.t[0];
+    const T* in = static_cast<const T*>(v.in) + c.b * v.in_stride[0] + s * v.in_stride[1] + c.h * v.in_stride[2];
+    row.out = static_cast<T*>(v.out) + c.b * v.out_stride[0] + s * v.out_stride[1] + c.h * v.out_stride[2];
+    row.os3 = v.out_stride[3];
+    const T* xrow = in;
+    int64_t xs3 = v.in_stride[3];
+    if (kBwd) {  // in = dy; x is the saved input
+      const int64_t* xs = c.t ? np.x_stride[1] : np.x_stride[0];
+      xrow = static_cast<const T*>(c.t ? np.x[1] : np.x[0]) + c.b * xs[0] + s * xs[1] + c.h * xs[2];
+      xs3 = xs[3];
+    }
+#pragma unroll
+    for (int k = 0; k < kMaxU; ++k) {
+      const int u = lane + k * tpr;
+      if (u >= sh.units) continue;
+      int fa, fb;
+      unit_segments(p, u, sh.rot_units, V, &fa, &fb);
+      row.xa[k] = load_segment<T, V>(xrow, xs3, fa, D);
+      row.xb[k] = load_segment<T, V>(xrow, xs3, fb, D);
+      if (kBwd) {
+        row.ga[k] = load_segment<T, V>(in, v.in_stride[3], fa, D);
+        row.gb[k] = load_segment<T, V>(in, v.in_stride[3], fb, D);
+      }
+    }
+  };
+
+  // 1. The first row's loads, then the block's sin/cos table and weights (their
+  //    latency hidden behind the loads').
+  Row cur;
+  if (kAhead) fetch(team, cur);
   fill_sincos_table(p, g_first, groups, cos_tab, sin_tab);
   for (int i = tid; i < nt * D; i += nthreads) {
     const int t = i / D, d = i - t * D;
@@ -132,7 +228,6 @@ __global__ void __launch_bounds__(kNormRopeThreads) norm_rope_kernel(const __gri
   }
   __syncthreads();
 
-  const int tpr = sh.tpr, lane = tid % tpr, team = tid / tpr, nteams = nthreads / tpr;
   float acc[2][kMaxU][E];  // backward: dw partial sums per tensor (registers)
   if (kBwd) {
 #pragma unroll
@@ -143,68 +238,36 @@ __global__ void __launch_bounds__(kNormRopeThreads) norm_rope_kernel(const __gri
         for (int j = 0; j < E; ++j) acc[t][k][j] = 0.f;
   }
 
-  // Every thread runs the same number of iterations: the team reductions are warp
-  // shuffles, so idle teams take part with zeros.
+  // 2. Every thread runs the same number of iterations: the team reductions are warp
+  //    shuffles, so idle teams take part with zeros.
   for (int64_t lr0 = 0; lr0 < n; lr0 += nteams) {
-    const int64_t lr = lr0 + team;
-    const bool active = lr < n;
-    int t = 0;
-    int64_t gl = 0;
-    const T* xrow = nullptr;   // x (forward input, backward's saved x)
-    const T* grow = nullptr;   // backward: dy
-    T* orow = nullptr;
-    int64_t xs3 = 1, gs3 = 1, os3 = 1;
-    if (active) {
-      const int64_t r = r_begin + lr;
-      const int64_t g = r / rows_g;
-      gl = g - g_first;
-      int64_t b0, s;
-      group_token(p, g, &b0, &s);
-      const RowCoord c = row_coord(p, NB, b0, r - g * rows_g);
-      t = c.t;
-      // Selects, not p.t[c.t]: a runtime index into the parameters made older
-      // compilers copy them to local memory (rope_variants.cuh, step 1 of variant 6).
-      const TensorView& v = t ? p.t[1] : p.t[0];
-      const T* in = static_cast<const T*>(v.in) + c.b * v.in_stride[0] + s * v.in_stride[1] + c.h * v.in_stride[2];
-      orow = static_cast<T*>(v.out) + c.b * v.out_stride[0] + s * v.out_stride[1] + c.h * v.out_stride[2];
-      os3 = v.out_stride[3];
-      if (kBwd) {
-        const int64_t* xs = t ? np.x_stride[1] : np.x_stride[0];
-        xrow = static_cast<const T*>(t ? np.x[1] : np.x[0]) + c.b * xs[0] + s * xs[1] + c.h * xs[2];
-        xs3 = xs[3];
-        grow = in;
-        gs3 = v.in_stride[3];
-      } else {
-        xrow = in;
-        xs3 = v.in_stride[3];
-      }
-    }
+    if (!kAhead) fetch(lr0 + team, cur);
+    Row nxt;
+    if (kAhead) fetch(lr0 + nteams + team, nxt);
 
     float e[kMaxU][E];
     float ss = 0.f;
 #pragma unroll
     for (int k = 0; k < kMaxU; ++k) {
       const int u = lane + k * tpr;
-      if (active && u < sh.units) {
-        int fa, fb;
-        unit_segments(p, u, sh.rot_units, V, &fa, &fb);
-        load_segment<T, V>(xrow, xs3, fa, D, e[k]);
-        load_segment<T, V>(xrow, xs3, fb, D, e[k] + V);
+      if (cur.active && u < sh.units) {
+        unpack_segment<T, V>(cur.xa[k], e[k]);
+        unpack_segment<T, V>(cur.xb[k], e[k] + V);
 #pragma unroll
         for (int j = 0; j < E; ++j) ss += e[k][j] * e[k][j];
       }
     }
     ss = team_sum(ss, tpr);
     const float rstd = 1.f / sqrtf(ss / D + np.eps);
-    const float* w = w_s + t * D;
-    const float* ct = cos_tab + gl * half;
-    const float* st = sin_tab + gl * half;
+    const float* w = w_s + cur.t * D;
+    const float* ct = cos_tab + cur.gl * half;
+    const float* st = sin_tab + cur.gl * half;
 
     if (!kBwd) {
 #pragma unroll
       for (int k = 0; k < kMaxU; ++k) {
         const int u = lane + k * tpr;
-        if (!active || u >= sh.units) continue;
+        if (!cur.active || u >= sh.units) continue;
         int fa, fb;
         unit_segments(p, u, sh.rot_units, V, &fa, &fb);
 #pragma unroll
@@ -213,59 +276,66 @@ __global__ void __launch_bounds__(kNormRopeThreads) norm_rope_kernel(const __gri
           e[k][V + j] *= rstd * (fb + j < D ? w[fb + j] : 0.f);
         }
         if (u < sh.rot_units) rotate_unit<kInterleaved, V>(e[k], u * V, ct, st);
-        store_segment<T, V>(orow, os3, fa, D, e[k]);
-        store_segment<T, V>(orow, os3, fb, D, e[k] + V);
+        store_segment<T, V>(cur.out, cur.os3, fa, D, e[k]);
+        store_segment<T, V>(cur.out, cur.os3, fb, D, e[k] + V);
       }
-      continue;
-    }
-
-    // Backward: g = R(-theta) dy (the table holds -sin), gw = g * w, n = x * rstd;
-    // dx = rstd * (gw - n * mean(gw * n)); dw += g * n.
-    float gr[kMaxU][E];
-    float dot = 0.f;
+    } else {
+      // g = R(-theta) dy (the table holds -sin), gw = g * w, n = x * rstd;
+      // dx = rstd * (gw - n * mean(gw * n)); dw += g * n.
+      float gr[kMaxU][E];
+      float dot = 0.f;
 #pragma unroll
-    for (int k = 0; k < kMaxU; ++k) {
-      const int u = lane + k * tpr;
-      if (!active || u >= sh.units) continue;
-      int fa, fb;
-      unit_segments(p, u, sh.rot_units, V, &fa, &fb);
-      load_segment<T, V>(grow, gs3, fa, D, gr[k]);
-      load_segment<T, V>(grow, gs3, fb, D, gr[k] + V);
-      if (u < sh.rot_units) rotate_unit<kInterleaved, V>(gr[k], u * V, ct, st);
+      for (int k = 0; k < kMaxU; ++k) {
+        const int u = lane + k * tpr;
+        if (!cur.active || u >= sh.units) continue;
+        int fa, fb;
+        unit_segments(p, u, sh.rot_units, V, &fa, &fb);
+        unpack_segment<T, V>(cur.ga[k], gr[k]);
+        unpack_segment<T, V>(cur.gb[k], gr[k] + V);
+        if (u < sh.rot_units) rotate_unit<kInterleaved, V>(gr[k], u * V, ct, st);
 #pragma unroll
-      for (int j = 0; j < E; ++j) {
-        const int f = j < V ? fa + j : fb + j - V;
-        const float wf = f < D ? w[f] : 0.f;
-        dot += gr[k][j] * wf * e[k][j];
+        for (int j = 0; j < E; ++j) {
+          const int f = j < V ? fa + j : fb + j - V;
+          const float wf = f < D ? w[f] : 0.f;
+          dot += gr[k][j] * wf * e[k][j];
+        }
+      }
+      const float mean = team_sum(dot, tpr) * rstd / D;
+#pragma unroll
+      for (int k = 0; k < kMaxU; ++k) {
+        const int u = lane + k * tpr;
+        if (!cur.active || u >= sh.units) continue;
+        int fa, fb;
+        unit_segments(p, u, sh.rot_units, V, &fa, &fb);
+        float dx[E];
+#pragma unroll
+        for (int j = 0; j < E; ++j) {
+          const int f = j < V ? fa + j : fb + j - V;
+          const float wf = f < D ? w[f] : 0.f;
+          const float nx = e[k][j] * rstd;
+          dx[j] = rstd * (gr[k][j] * wf - nx * mean);
+          if (cur.t) acc[1][k][j] += gr[k][j] * nx; else acc[0][k][j] += gr[k][j] * nx;
+        }
+        store_segment<T, V>(cur.out, cur.os3, fa, D, dx);
+        store_segment<T, V>(cur.out, cur.os3, fb, D, dx + V);
       }
     }
-    const float mean = team_sum(dot, tpr) * rstd / D;
-#pragma unroll
-    for (int k = 0; k < kMaxU; ++k) {
-      const int u = lane + k * tpr;
-      if (!active || u >= sh.units) continue;
-      int fa, fb;
-      unit_segments(p, u, sh.rot_units, V, &fa, &fb);
-      float dx[E];
-#pragma unroll
-      for (int j = 0; j < E; ++j) {
-        const int f = j < V ? fa + j : fb + j - V;
-        const float wf = f < D ? w[f] : 0.f;
-        const float nx = e[k][j] * rstd;
-        dx[j] = rstd * (gr[k][j] * wf - nx * mean);
-        if (t) acc[1][k][j] += gr[k][j] * nx; else acc[0][k][j] += gr[k][j] * nx;
-      }
-      store_segment<T, V>(orow, os3, fa, D, dx);
-      store_segment<T, V>(orow, os3, fb, D, dx + V);
-    }
+    if (kAhead) cur = nxt;
   }
 
   if (kBwd) {
-    // Block reduction of the dw partial sums: shared atomics, one row per block.
+    // 3. The dw partial sums: the teams of a warp hold the same features (lane l of
+    //    every team), so they are summed by shuffles first; then one shared atomic per
+    //    feature per warp, and one [D] row per block and tensor.
 #pragma unroll
     for (int k = 0; k < kMaxU; ++k) {
       const int u = lane + k * tpr;
-      if (u >= sh.units) continue;
+#pragma unroll
+      for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int j = 0; j < E; ++j)
+          for (int o = tpr; o < 32; o *= 2) acc[t][k][j] += __shfl_xor_sync(0xffffffffu, acc[t][k][j], o);
+      if (u >= sh.units || tid % 32 >= tpr) continue;
       int fa, fb;
       unit_segments(p, u, sh.rot_units, V, &fa, &fb);
       for (int t = 0; t < nt; ++t)
