@@ -5,6 +5,7 @@ turns (timing.graph_us_interleaved: one call in a CUDA graph, L2 flushed before 
 replay), on the variants suite's Qwen3 shape and a small one.
 
     python bench/norm_rope_tiles.py [--reps 100] [--fwd 1,2,4,8,-1] [--bwd 2,4,8,16,-1]
+    ncu -k regex:norm_rope_kernel --launch-skip 2 --launch-count 2 ... python bench/norm_rope_tiles.py --profile
 
 The backward is timed alone (rope_ext's backward op on saved tensors; torch.compile's
 formula differentiated by autograd has no such split, so its column is fwd+bwd) and
@@ -41,7 +42,22 @@ def main():
     ap.add_argument("--fwd", default="1,2,4,8,-1")
     ap.add_argument("--bwd", default="2,4,8,16,-1")
     ap.add_argument("--seqs", default="8192,512")
+    ap.add_argument("--profile", action="store_true",
+                    help="for ncu: the rule's forward 3 times, then its backward 3 times, at the first --seqs, nothing timed")
     args = ap.parse_args()
+    if args.profile:
+        S, D = int(args.seqs.split(",")[0]), 128
+        q = torch.randn(1, S, 32, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(1, S, 8, D, device="cuda", dtype=torch.bfloat16)
+        w = [(1 + 0.1 * torch.randn(D, device="cuda")).to(torch.bfloat16) for _ in range(2)]
+        pos = torch.arange(S, device="cuda")[None]
+        opts = _op_options("bshd", pos, None, 1e6, "auto", None, None, False, None, None)
+        for _ in range(3):
+            rope_ext.rms_norm_rope_qk(q, k, *w, pos, base=1e6)
+        for _ in range(3):
+            rope_ext._C.norm_rope_backward_direct([q, k], [q, k], w, 1e-6, 0.0, *opts)
+        torch.cuda.synchronize()
+        return
     dev, dt, D = "cuda", torch.bfloat16, 128
     base = 1e6
     for S in map(int, args.seqs.split(",")):

@@ -118,8 +118,8 @@ std::vector<at::Tensor> run_norm_rope(const std::vector<at::Tensor>* grads, cons
       for (int d = 0; d < 4; ++d) np.x_stride[j][d] = np.x_stride[i][d];
     }
   }
+  int64_t rows = 0;  // backward: rows of dw partial sums
   if (bwd) {
-    int64_t rows = 0;
     const at::ScalarType acc = xs[0].scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     if (on_cuda) {
 #ifdef ROPE_EXT_WITH_CUDA
@@ -129,8 +129,11 @@ std::vector<at::Tensor> run_norm_rope(const std::vector<at::Tensor>* grads, cons
       const int64_t groups = num_groups(np.rope), chunk = norm_rope_cpu_groups_per_chunk(np);
       rows = (groups + chunk - 1) / chunk;
     }
+    // On CUDA every block writes its row of each kept tensor (no zero fill: one launch
+    // fewer); a dropped tensor's weight grad is zeros below.
     for (size_t i = 0; i < n; ++i)
-      partial.push_back(at::zeros({std::max<int64_t>(rows, 1), D}, xs[0].options().dtype(acc)));
+      partial.push_back(on_cuda ? at::empty({std::max<int64_t>(rows, 1), D}, xs[0].options().dtype(acc))
+                                : at::zeros({std::max<int64_t>(rows, 1), D}, xs[0].options().dtype(acc)));
     for (int j = 0; j < np.rope.num_tensors; ++j) np.dweight_partial[j] = partial[kept[j]].data_ptr();
   }
   if (nimpl == NormRopeImpl::kTile && on_cuda) {
@@ -152,8 +155,31 @@ std::vector<at::Tensor> run_norm_rope(const std::vector<at::Tensor>* grads, cons
       run_norm_rope_cpu(np, xs[0].scalar_type());
     }
   }
-  if (bwd)
+  if (bwd && on_cuda) {
+#ifdef ROPE_EXT_WITH_CUDA
+    // The weight grads: one launch sums the kept tensors' partial rows in fp32 and
+    // stores each in its weight's dtype (zeros + two sums + two casts were 6 launches,
+    // ~15 us of a small call in a CUDA graph; bench/NOTES.md, tenth session).
+    std::vector<at::Tensor> dw(n);
+    NormRopeDwSum a;
+    a.rows = rows;
+    a.D = D;
+    a.num_tensors = empty ? 0 : np.rope.num_tensors;
+    for (int j = 0; j < a.num_tensors; ++j) {
+      const int i = kept[j];
+      dw[i] = at::empty({D}, weights[i].options());
+      a.partial[j] = static_cast<const float*>(partial[i].data_ptr());
+      a.out[j] = dw[i].data_ptr();
+      a.out_dtype[j] = np.weight_dtype[j];
+    }
+    for (size_t i = 0; i < n; ++i)
+      if (!dw[i].defined()) dw[i] = at::zeros({D}, weights[i].options());
+    if (a.num_tensors) run_norm_rope_dw_sum_cuda(a, xs[0].device());
+    outs.insert(outs.end(), dw.begin(), dw.end());
+#endif
+  } else if (bwd) {
     for (size_t i = 0; i < n; ++i) outs.push_back(partial[i].sum(0).to(weights[i].scalar_type()));
+  }
   return outs;
 }
 

@@ -32,4 +32,15 @@ struct NormRopeParams {
   void* dweight_partial[kMaxTensors] = {nullptr, nullptr};
 };
 
+// The backward's second launch (CUDA): dw[t][d] = sum over r < rows of partial[t][r * D + d],
+// in fp32, stored in the weight's dtype.
+struct NormRopeDwSum {
+  const float* partial[kMaxTensors] = {nullptr, nullptr};
+  void* out[kMaxTensors] = {nullptr, nullptr};
+  DType out_dtype[kMaxTensors] = {DType::kFloat32, DType::kFloat32};
+  int64_t rows = 0;
+  int64_t D = 0;
+  int num_tensors = 0;
+};
+
 }  // namespace rope_ext

@@ -19,10 +19,7 @@ using cuda_launch::ceil_div;
 using cuda_launch::sm_count;
 
 
-// Rows per team of a tile (the plan's rule; 0 in the knob). Rope variant 4's sweet spot
-// was 2 rows per thread; TODO(tenth session): measured values.
-constexpr int kFwdRowsPerTeam = 2;
-constexpr int kBwdRowsPerTeam = -1;
+// tests/bench: rows per team of a tile (0: the plan's rule; -1: one resident wave).
 std::atomic<int> g_rows_per_team{0};
 
 // Registers per thread: kMaxU units of 2V floats = 16 floats of x (and as many of dy
@@ -52,21 +49,28 @@ Plan plan(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int de
   const int64_t rows_g = rows_per_group(p);
   const int64_t total = num_groups(p) * rows_g;
   const int teams = cuda::kNormRopeThreads / tpr;
-  // Tiles: `per_team` rows per team, fewer when that would leave SMs idle, never a
-  // token group cut when one tile can hold it (-1: one resident wave of blocks), and a
-  // table that fits in 32 KB. The knob (set_norm_rope_rows_per_team, tests and bench)
-  // sets rows per team exactly, past the SM rule, or -1.
+  // Tiles: 2 rows per team (rope variant 4's sweet spot), fewer when that would leave
+  // SMs idle, never a token group cut when one tile can hold it; but at least one
+  // resident wave's share (large calls: a block's table, weights and dw reduction then
+  // come once per SM slot). H100, Qwen3 q [1, 8192, 32, 128] + k [.., 8, ..] bf16
+  // (bench/norm_rope_tiles.py, run 2 of the tenth session of 2026-11-26), us by rows per
+  // team 1 / 2 / 4 / 8 / one wave: forward 96.7 / 78.7 / 74.3 / 76.2 / 73.0, backward
+  // (2 / 4 / 8 / 16 / wave) 294.5 / 213.3 / 173.2 / 184.4 / 135.0; at 512 tokens 2 rows
+  // per team led the forward (11.6 against the wave's 12.2). A table that fits in 32 KB.
+  // The knob (set_norm_rope_rows_per_team, tests and bench) sets rows per team exactly,
+  // past the SM rule, or -1: one wave.
   const int knob = g_rows_per_team.load();
-  const int per_team = knob ? knob : (np.backward ? kBwdRowsPerTeam : kFwdRowsPerTeam);
   const int64_t sms = sm_count(device);
+  const int64_t wave = ceil_div(total, sms * (np.backward ? cuda::norm_rope_min_blocks<true>()
+                                                          : cuda::norm_rope_min_blocks<false>()));
   int64_t tile;
-  if (per_team < 0) {
-    tile = ceil_div(total, sms * (np.backward ? cuda::norm_rope_min_blocks<true>() : cuda::norm_rope_min_blocks<false>()));
+  if (knob < 0) {
+    tile = wave;
   } else if (knob > 0) {
     tile = int64_t{knob} * teams;
   } else {
-    tile = std::min<int64_t>(int64_t{per_team} * teams, ceil_div(total, 2 * sms));
-    tile = std::max<int64_t>(tile, std::min<int64_t>(rows_g, int64_t{per_team} * teams));
+    tile = std::min<int64_t>(2 * teams, ceil_div(total, 2 * sms));
+    tile = std::max<int64_t>({tile, std::min<int64_t>(rows_g, 2 * teams), wave});
   }
   tile = std::max<int64_t>(tile, 1);
   const int half = p.R / 2;
@@ -130,6 +134,14 @@ bool norm_rope_tile_eligible(const NormRopeParams& np, int64_t elem_size, std::s
       return fail("a tensor's rows are not 16-byte aligned with unit feature stride");
   }
   return true;
+}
+
+void run_norm_rope_dw_sum_cuda(const NormRopeDwSum& a, c10::Device device) {
+  const c10::cuda::CUDAGuard guard(device);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  const dim3 grid(static_cast<unsigned>(ceil_div(a.D, int64_t{32})), static_cast<unsigned>(a.num_tensors));
+  cuda::norm_rope_dw_sum_kernel<<<grid, dim3(32, 8), 0, stream>>>(a);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 void set_norm_rope_rows_per_team(int rows) { g_rows_per_team.store(rows); }

@@ -65,11 +65,14 @@ __device__ __forceinline__ void pair_slots(int j, int* a, int* b) {
 // (the forward's rotation and the backward's rotation back: the table holds the sign).
 template <bool kInterleaved, int V>
 __device__ __forceinline__ void rotate_unit(float* e, int i0, const float* ct, const float* st) {
+  float cs[V], sv[V];
+  load_table<V>(ct + i0, cs);  // 16-byte reads: i0 and the table rows are multiples of V
+  load_table<V>(st + i0, sv);
 #pragma unroll
   for (int j = 0; j < V; ++j) {
     int a, b;
     pair_slots<kInterleaved, V>(j, &a, &b);
-    const float x0 = e[a], x1 = e[b], c = ct[i0 + j], sn = st[i0 + j];
+    const float x0 = e[a], x1 = e[b], c = cs[j], sn = sv[j];
     e[a] = rot_y0(x0, x1, c, sn);
     e[b] = rot_y1(x0, x1, c, sn);
   }
@@ -101,6 +104,21 @@ __device__ __forceinline__ void unpack_segment(RawSeg<T, V> w, float* dst) {
     *reinterpret_cast<uint4*>(&v) = w;
 #pragma unroll
     for (int j = 0; j < V; ++j) dst[j] = static_cast<float>(v.v[j]);
+  }
+}
+
+// The weights (+ offset) of a unit's two segments from the block's shared copy: 16-byte
+// reads for the vector variant (its segments start at multiples of V floats and end
+// inside the row), bounds-checked scalars for V = 1 (a last pass-through pair may end
+// past D).
+template <int V>
+__device__ __forceinline__ void unit_weights(const float* w, int fa, int fb, int D, float* dst) {
+  if constexpr (V == 1) {
+    dst[0] = w[fa];
+    dst[1] = fb < D ? w[fb] : 0.f;
+  } else {
+    load_table<V>(w + fa, dst);
+    load_table<V>(w + fb, dst + V);
   }
 }
 
@@ -270,11 +288,10 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks<kBwd>()
         if (!cur.active || u >= sh.units) continue;
         int fa, fb;
         unit_segments(p, u, sh.rot_units, V, &fa, &fb);
+        float wu[E];
+        unit_weights<V>(w, fa, fb, D, wu);
 #pragma unroll
-        for (int j = 0; j < V; ++j) {
-          e[k][j] *= rstd * w[fa + j];
-          e[k][V + j] *= rstd * (fb + j < D ? w[fb + j] : 0.f);
-        }
+        for (int j = 0; j < E; ++j) e[k][j] *= rstd * wu[j];
         if (u < sh.rot_units) rotate_unit<kInterleaved, V>(e[k], u * V, ct, st);
         store_segment<T, V>(cur.out, cur.os3, fa, D, e[k]);
         store_segment<T, V>(cur.out, cur.os3, fb, D, e[k] + V);
@@ -282,7 +299,7 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks<kBwd>()
     } else {
       // g = R(-theta) dy (the table holds -sin), gw = g * w, n = x * rstd;
       // dx = rstd * (gw - n * mean(gw * n)); dw += g * n.
-      float gr[kMaxU][E];
+      float gr[kMaxU][E];  // g * w
       float dot = 0.f;
 #pragma unroll
       for (int k = 0; k < kMaxU; ++k) {
@@ -295,9 +312,16 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks<kBwd>()
         if (u < sh.rot_units) rotate_unit<kInterleaved, V>(gr[k], u * V, ct, st);
 #pragma unroll
         for (int j = 0; j < E; ++j) {
-          const int f = j < V ? fa + j : fb + j - V;
-          const float wf = f < D ? w[f] : 0.f;
-          dot += gr[k][j] * wf * e[k][j];
+          // dw sums g * n: taken before g is scaled by the weight.
+          const float nx = e[k][j] * rstd;
+          if (cur.t) acc[1][k][j] += gr[k][j] * nx; else acc[0][k][j] += gr[k][j] * nx;
+        }
+        float wu[E];
+        unit_weights<V>(w, fa, fb, D, wu);
+#pragma unroll
+        for (int j = 0; j < E; ++j) {
+          gr[k][j] *= wu[j];
+          dot += gr[k][j] * e[k][j];
         }
       }
       const float mean = team_sum(dot, tpr) * rstd / D;
@@ -310,11 +334,8 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks<kBwd>()
         float dx[E];
 #pragma unroll
         for (int j = 0; j < E; ++j) {
-          const int f = j < V ? fa + j : fb + j - V;
-          const float wf = f < D ? w[f] : 0.f;
           const float nx = e[k][j] * rstd;
-          dx[j] = rstd * (gr[k][j] * wf - nx * mean);
-          if (cur.t) acc[1][k][j] += gr[k][j] * nx; else acc[0][k][j] += gr[k][j] * nx;
+          dx[j] = rstd * (gr[k][j] - nx * mean);
         }
         store_segment<T, V>(cur.out, cur.os3, fa, D, dx);
         store_segment<T, V>(cur.out, cur.os3, fb, D, dx + V);
@@ -351,6 +372,30 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks<kBwd>()
       static_cast<float*>(t ? np.dweight_partial[1] : np.dweight_partial[0])[blockIdx.x * static_cast<int64_t>(D) + d] =
           dw_s[i];
     }
+  }
+}
+
+// The weight grads from the partial rows: block (32, 8) sums columns
+// [32 blockIdx.x, +32) of tensor blockIdx.y, 8 row stripes per column, then stores the
+// fp32 sum in the weight's dtype.
+__global__ void __launch_bounds__(256) norm_rope_dw_sum_kernel(const NormRopeDwSum a) {
+  __shared__ float red[8][33];
+  const int t = blockIdx.y;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  const float* part = t ? a.partial[1] : a.partial[0];
+  float s = 0.f;
+  if (col < a.D)
+    for (int64_t r = threadIdx.y; r < a.rows; r += 8) s += part[r * a.D + col];
+  red[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || col >= a.D) return;
+#pragma unroll
+  for (int y = 1; y < 8; ++y) s += red[y][threadIdx.x];
+  void* out = t ? a.out[1] : a.out[0];
+  switch (t ? a.out_dtype[1] : a.out_dtype[0]) {
+    case DType::kFloat16: static_cast<c10::Half*>(out)[col] = static_cast<c10::Half>(s); break;
+    case DType::kBFloat16: static_cast<c10::BFloat16*>(out)[col] = static_cast<c10::BFloat16>(s); break;
+    default: static_cast<float*>(out)[col] = s;
   }
 }
 
