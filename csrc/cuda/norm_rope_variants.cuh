@@ -153,10 +153,11 @@ struct NormRopeRow {
   bool active = false;
 };
 
-// Registers: the forward at 64 (4 blocks of 256 per SM); the backward holds dy and two
-// dw sums besides x, and two rows in flight: 128 (2 blocks per SM).
+// Registers: the forward at 80 (3 blocks of 256 per SM: at 64 the row descriptors'
+// batch spilled); the backward holds dy and two dw sums besides x, and two rows in
+// flight: 128 (2 blocks per SM; ptxas spills 72 bytes of the bf16 instance).
 template <bool kBwd>
-constexpr int norm_rope_min_blocks() { return kBwd ? 2 : 4; }
+constexpr int norm_rope_min_blocks() { return kBwd ? 2 : 3; }
 
 // kMaxU: units per thread kept in registers (2V floats each).
 // Each team keeps two rows in flight (kAhead): the loads of its next row go out before
@@ -193,41 +194,87 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks<kBwd>()
   const int groups = static_cast<int>((r_begin + n - 1) / rows_g - g_first + 1);
   const int tpr = sh.tpr, lane = tid % tpr, team = tid / tpr, nteams = nthreads / tpr;
 
-  // Issues the loads of local row lr (nothing past the tile's end).
-  auto fetch = [&](int64_t lr, Row& row) {
-    row.active = lr < n;
-    if (!row.active) return;
+  // Row descriptors in warp batches: the row's index math (divides by the rows of a
+  // group, the sequence length and the head count; 64-bit strides) is the same for
+  // every lane of a team, so lane j of a warp computes it for one row of the next
+  // kBatch = tpr iterations of the warp's 32 / tpr teams, and each iteration's teams
+  // take theirs by shuffles (a per-row computation by every lane, ~150 instructions
+  // per warp and iteration, made the forward issue-bound: 470 warp instructions per
+  // iteration, ncu run 3 of the tenth session of 2026-11-26).
+  const int wlane = tid & 31, tw = 32 / tpr, team_w = wlane / tpr;  // teams per warp; this team's index in it
+  struct Desc {
+    const T* in = nullptr;  // forward x; backward dy
+    const T* x = nullptr;   // backward: the saved x
+    T* out = nullptr;
+    int meta = -1;          // gl * 2 + t; -1 past the tile's end
+  };
+  auto describe = [&](int64_t lr) {
+    Desc d;
+    if (lr >= n) return d;
     const int64_t r = r_begin + lr;
     const int64_t g = r / rows_g;
-    row.gl = static_cast<int>(g - g_first);
     int64_t b0, s;
     group_token(p, g, &b0, &s);
     const RowCoord c = row_coord(p, NB, b0, r - g * rows_g);
-    row.t = c.t;
+    d.meta = static_cast<int>(g - g_first) * 2 + c.t;
     // Selects, not p.t[c.t]: a runtime index into the parameters made older
     // compilers copy them to local memory (rope_variants.cuh, step 1 of variant 6).
     const TensorView& v = c.t ? p.t[1] : p.t[0];
-    const T* in = static_cast<const T*>(v.in) + c.b * v.in_stride[0] + s * v.in_stride[1] + c.h * v.in_stride[2];
-    row.out = static_cast<T*>(v.out) + c.b * v.out_stride[0] + s * v.out_stride[1] + c.h * v.out_stride[2];
-    row.os3 = v.out_stride[3];
-    const T* xrow = in;
-    int64_t xs3 = v.in_stride[3];
-    if (kBwd) {  // in = dy; x is the saved input
+    d.in = static_cast<const T*>(v.in) + c.b * v.in_stride[0] + s * v.in_stride[1] + c.h * v.in_stride[2];
+    d.out = static_cast<T*>(v.out) + c.b * v.out_stride[0] + s * v.out_stride[1] + c.h * v.out_stride[2];
+    if (kBwd) {
       const int64_t* xs = c.t ? np.x_stride[1] : np.x_stride[0];
-      xrow = static_cast<const T*>(c.t ? np.x[1] : np.x[0]) + c.b * xs[0] + s * xs[1] + c.h * xs[2];
-      xs3 = xs[3];
+      d.x = static_cast<const T*>(c.t ? np.x[1] : np.x[0]) + c.b * xs[0] + s * xs[1] + c.h * xs[2];
     }
+    return d;
+  };
+  const int64_t team0 = team - team_w;  // the warp's first team
+  Desc batch;  // this lane's row of the current batch
+  // Iteration it's row of this team (every lane of the warp calls it with the same it).
+  auto desc_of = [&](int64_t it) {
+    const int k = static_cast<int>(it % tpr);
+    if (k == 0) batch = describe((it + wlane / tw) * nteams + team0 + wlane % tw);
+    const int src = k * tw + team_w;
+    Desc d;
+    d.in = reinterpret_cast<const T*>(__shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(batch.in), src));
+    if (kBwd)
+      d.x = reinterpret_cast<const T*>(__shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(batch.x), src));
+    d.out = reinterpret_cast<T*>(__shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(batch.out), src));
+    d.meta = __shfl_sync(0xffffffffu, batch.meta, src);
+    return d;
+  };
+  // The lane's unit k starts at fa(k) and fb(k) in every row (recomputed where used:
+  // held in registers across the loop they spilled).
+  auto fa_of = [&](int k) {
+    int fa, fb;
+    unit_segments(p, lane + k * tpr, sh.rot_units, V, &fa, &fb);
+    return fa;
+  };
+  auto fb_of = [&](int k) {
+    int fa, fb;
+    unit_segments(p, lane + k * tpr, sh.rot_units, V, &fa, &fb);
+    return fb;
+  };
+
+  // Issues the loads of a row (nothing past the tile's end).
+  auto fetch = [&](const Desc& d, Row& row) {
+    row.active = d.meta >= 0;
+    if (!row.active) return;
+    row.t = d.meta & 1;
+    row.gl = d.meta >> 1;
+    const TensorView& v = row.t ? p.t[1] : p.t[0];
+    row.out = d.out;
+    row.os3 = v.out_stride[3];
+    const T* xrow = kBwd ? d.x : d.in;
+    const int64_t xs3 = kBwd ? (row.t ? np.x_stride[1][3] : np.x_stride[0][3]) : v.in_stride[3];
 #pragma unroll
     for (int k = 0; k < kMaxU; ++k) {
-      const int u = lane + k * tpr;
-      if (u >= sh.units) continue;
-      int fa, fb;
-      unit_segments(p, u, sh.rot_units, V, &fa, &fb);
-      row.xa[k] = load_segment<T, V>(xrow, xs3, fa, D);
-      row.xb[k] = load_segment<T, V>(xrow, xs3, fb, D);
+      if (lane + k * tpr >= sh.units) continue;
+      row.xa[k] = load_segment<T, V>(xrow, xs3, fa_of(k), D);
+      row.xb[k] = load_segment<T, V>(xrow, xs3, fb_of(k), D);
       if (kBwd) {
-        row.ga[k] = load_segment<T, V>(in, v.in_stride[3], fa, D);
-        row.gb[k] = load_segment<T, V>(in, v.in_stride[3], fb, D);
+        row.ga[k] = load_segment<T, V>(d.in, v.in_stride[3], fa_of(k), D);
+        row.gb[k] = load_segment<T, V>(d.in, v.in_stride[3], fb_of(k), D);
       }
     }
   };
@@ -235,7 +282,7 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks<kBwd>()
   // 1. The first row's loads, then the block's sin/cos table and weights (their
   //    latency hidden behind the loads').
   Row cur;
-  if (kAhead) fetch(team, cur);
+  if (kAhead) fetch(desc_of(0), cur);
   fill_sincos_table(p, g_first, groups, cos_tab, sin_tab);
   for (int i = tid; i < nt * D; i += nthreads) {
     const int t = i / D, d = i - t * D;
@@ -258,10 +305,11 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks<kBwd>()
 
   // 2. Every thread runs the same number of iterations: the team reductions are warp
   //    shuffles, so idle teams take part with zeros.
-  for (int64_t lr0 = 0; lr0 < n; lr0 += nteams) {
-    if (!kAhead) fetch(lr0 + team, cur);
+  const float inv_d = 1.f / D;
+  for (int64_t it = 0; it * nteams < n; ++it) {
+    if (!kAhead) fetch(desc_of(it), cur);
     Row nxt;
-    if (kAhead) fetch(lr0 + nteams + team, nxt);
+    if (kAhead) fetch(desc_of(it + 1), nxt);
 
     float e[kMaxU][E];
     float ss = 0.f;
@@ -276,7 +324,8 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks<kBwd>()
       }
     }
     ss = team_sum(ss, tpr);
-    const float rstd = 1.f / sqrtf(ss / D + np.eps);
+    // rsqrtf: within 2 ulp (the IEEE sqrt and divide cost ~25 instructions a row).
+    const float rstd = rsqrtf(ss * inv_d + np.eps);
     const float* w = w_s + cur.t * D;
     const float* ct = cos_tab + cur.gl * half;
     const float* st = sin_tab + cur.gl * half;
@@ -286,15 +335,13 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks<kBwd>()
       for (int k = 0; k < kMaxU; ++k) {
         const int u = lane + k * tpr;
         if (!cur.active || u >= sh.units) continue;
-        int fa, fb;
-        unit_segments(p, u, sh.rot_units, V, &fa, &fb);
         float wu[E];
-        unit_weights<V>(w, fa, fb, D, wu);
+        unit_weights<V>(w, fa_of(k), fb_of(k), D, wu);
 #pragma unroll
         for (int j = 0; j < E; ++j) e[k][j] *= rstd * wu[j];
         if (u < sh.rot_units) rotate_unit<kInterleaved, V>(e[k], u * V, ct, st);
-        store_segment<T, V>(cur.out, cur.os3, fa, D, e[k]);
-        store_segment<T, V>(cur.out, cur.os3, fb, D, e[k] + V);
+        store_segment<T, V>(cur.out, cur.os3, fa_of(k), D, e[k]);
+        store_segment<T, V>(cur.out, cur.os3, fb_of(k), D, e[k] + V);
       }
     } else {
       // g = R(-theta) dy (the table holds -sin), gw = g * w, n = x * rstd;
@@ -305,8 +352,6 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks<kBwd>()
       for (int k = 0; k < kMaxU; ++k) {
         const int u = lane + k * tpr;
         if (!cur.active || u >= sh.units) continue;
-        int fa, fb;
-        unit_segments(p, u, sh.rot_units, V, &fa, &fb);
         unpack_segment<T, V>(cur.ga[k], gr[k]);
         unpack_segment<T, V>(cur.gb[k], gr[k] + V);
         if (u < sh.rot_units) rotate_unit<kInterleaved, V>(gr[k], u * V, ct, st);
@@ -317,28 +362,26 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks<kBwd>()
           if (cur.t) acc[1][k][j] += gr[k][j] * nx; else acc[0][k][j] += gr[k][j] * nx;
         }
         float wu[E];
-        unit_weights<V>(w, fa, fb, D, wu);
+        unit_weights<V>(w, fa_of(k), fb_of(k), D, wu);
 #pragma unroll
         for (int j = 0; j < E; ++j) {
           gr[k][j] *= wu[j];
           dot += gr[k][j] * e[k][j];
         }
       }
-      const float mean = team_sum(dot, tpr) * rstd / D;
+      const float mean = team_sum(dot, tpr) * rstd * inv_d;
 #pragma unroll
       for (int k = 0; k < kMaxU; ++k) {
         const int u = lane + k * tpr;
         if (!cur.active || u >= sh.units) continue;
-        int fa, fb;
-        unit_segments(p, u, sh.rot_units, V, &fa, &fb);
         float dx[E];
 #pragma unroll
         for (int j = 0; j < E; ++j) {
           const float nx = e[k][j] * rstd;
           dx[j] = rstd * (gr[k][j] - nx * mean);
         }
-        store_segment<T, V>(cur.out, cur.os3, fa, D, dx);
-        store_segment<T, V>(cur.out, cur.os3, fb, D, dx + V);
+        store_segment<T, V>(cur.out, cur.os3, fa_of(k), D, dx);
+        store_segment<T, V>(cur.out, cur.os3, fb_of(k), D, dx + V);
       }
     }
     if (kAhead) cur = nxt;
@@ -356,13 +399,11 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks<kBwd>()
 #pragma unroll
         for (int j = 0; j < E; ++j)
           for (int o = tpr; o < 32; o *= 2) acc[t][k][j] += __shfl_xor_sync(0xffffffffu, acc[t][k][j], o);
-      if (u >= sh.units || tid % 32 >= tpr) continue;
-      int fa, fb;
-      unit_segments(p, u, sh.rot_units, V, &fa, &fb);
+      if (u >= sh.units || wlane >= tpr) continue;
       for (int t = 0; t < nt; ++t)
 #pragma unroll
         for (int j = 0; j < E; ++j) {
-          const int f = j < V ? fa + j : fb + j - V;
+          const int f = j < V ? fa_of(k) + j : fb_of(k) + j - V;
           if (f < D) atomicAdd(&dw_s[t * D + f], t ? acc[1][k][j] : acc[0][k][j]);
         }
     }
