@@ -90,7 +90,9 @@ __device__ __forceinline__ RawSeg<T, V> load_segment(const T* base, int64_t stri
   if constexpr (V == 1) {
     return f < D ? static_cast<float>(base[f * stride]) : 0.f;
   } else {
-    return *reinterpret_cast<const uint4*>(base + f);
+    // __ldg: ld.global (the row pointers come from shuffles, which lose the address
+    // space: plain loads were generic LD); the inputs are not written by the kernel.
+    return __ldg(reinterpret_cast<const uint4*>(base + f));
   }
 }
 
@@ -130,7 +132,7 @@ __device__ __forceinline__ void store_segment(T* base, int64_t stride, int f, in
     Vec<T, V> v;
 #pragma unroll
     for (int j = 0; j < V; ++j) v.v[j] = static_cast<T>(src[j]);
-    store_vec(base + f, v);
+    __stwb(reinterpret_cast<uint4*>(base + f), *reinterpret_cast<const uint4*>(&v));  // st.global
   }
 }
 
@@ -229,10 +231,13 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks<kBwd>()
     return d;
   };
   const int64_t team0 = team - team_w;  // the warp's first team
-  Desc batch;  // this lane's row of the current batch
-  // Iteration it's row of this team (every lane of the warp calls it with the same it).
+  Desc batch;      // this lane's row of the current batch
+  int batch_k = 0;  // the next call's position in the batch
+  // Iteration it's row of this team; called for it = 0, 1, 2, ... in turn, by every
+  // lane of the warp.
   auto desc_of = [&](int64_t it) {
-    const int k = static_cast<int>(it % tpr);
+    const int k = batch_k;
+    batch_k = k + 1 == tpr ? 0 : k + 1;
     if (k == 0) batch = describe((it + wlane / tw) * nteams + team0 + wlane % tw);
     const int src = k * tw + team_w;
     Desc d;
@@ -243,17 +248,18 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks<kBwd>()
     d.meta = __shfl_sync(0xffffffffu, batch.meta, src);
     return d;
   };
-  // The lane's unit k starts at fa(k) and fb(k) in every row (recomputed where used:
-  // held in registers across the loop they spilled).
-  auto fa_of = [&](int k) {
-    int fa, fb;
-    unit_segments(p, lane + k * tpr, sh.rot_units, V, &fa, &fb);
-    return fa;
-  };
-  auto fb_of = [&](int k) {
-    int fa, fb;
-    unit_segments(p, lane + k * tpr, sh.rot_units, V, &fa, &fb);
-    return fb;
+  // The lane's units are the same in every row: their starts computed once (recomputed
+  // per use in the scalar variant, whose 8 units' starts spilled).
+  int fa0[kMaxU], fb0[kMaxU];
+#pragma unroll
+  for (int k = 0; k < kMaxU; ++k) unit_segments(p, lane + k * tpr, sh.rot_units, V, &fa0[k], &fb0[k]);
+  auto seg = [&](int k, int* fa, int* fb) {
+    if constexpr (kMaxU <= 2) {
+      *fa = fa0[k];
+      *fb = fb0[k];
+    } else {
+      unit_segments(p, lane + k * tpr, sh.rot_units, V, fa, fb);
+    }
   };
 
   // Issues the loads of a row (nothing past the tile's end).
@@ -270,11 +276,13 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks<kBwd>()
 #pragma unroll
     for (int k = 0; k < kMaxU; ++k) {
       if (lane + k * tpr >= sh.units) continue;
-      row.xa[k] = load_segment<T, V>(xrow, xs3, fa_of(k), D);
-      row.xb[k] = load_segment<T, V>(xrow, xs3, fb_of(k), D);
+      int fa, fb;
+      seg(k, &fa, &fb);
+      row.xa[k] = load_segment<T, V>(xrow, xs3, fa, D);
+      row.xb[k] = load_segment<T, V>(xrow, xs3, fb, D);
       if (kBwd) {
-        row.ga[k] = load_segment<T, V>(d.in, v.in_stride[3], fa_of(k), D);
-        row.gb[k] = load_segment<T, V>(d.in, v.in_stride[3], fb_of(k), D);
+        row.ga[k] = load_segment<T, V>(d.in, v.in_stride[3], fa, D);
+        row.gb[k] = load_segment<T, V>(d.in, v.in_stride[3], fb, D);
       }
     }
   };
@@ -335,13 +343,15 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks<kBwd>()
       for (int k = 0; k < kMaxU; ++k) {
         const int u = lane + k * tpr;
         if (!cur.active || u >= sh.units) continue;
+        int fa, fb;
+        seg(k, &fa, &fb);
         float wu[E];
-        unit_weights<V>(w, fa_of(k), fb_of(k), D, wu);
+        unit_weights<V>(w, fa, fb, D, wu);
 #pragma unroll
         for (int j = 0; j < E; ++j) e[k][j] *= rstd * wu[j];
         if (u < sh.rot_units) rotate_unit<kInterleaved, V>(e[k], u * V, ct, st);
-        store_segment<T, V>(cur.out, cur.os3, fa_of(k), D, e[k]);
-        store_segment<T, V>(cur.out, cur.os3, fb_of(k), D, e[k] + V);
+        store_segment<T, V>(cur.out, cur.os3, fa, D, e[k]);
+        store_segment<T, V>(cur.out, cur.os3, fb, D, e[k] + V);
       }
     } else {
       // g = R(-theta) dy (the table holds -sin), gw = g * w, n = x * rstd;
@@ -361,8 +371,10 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks<kBwd>()
           const float nx = e[k][j] * rstd;
           if (cur.t) acc[1][k][j] += gr[k][j] * nx; else acc[0][k][j] += gr[k][j] * nx;
         }
+        int fa, fb;
+        seg(k, &fa, &fb);
         float wu[E];
-        unit_weights<V>(w, fa_of(k), fb_of(k), D, wu);
+        unit_weights<V>(w, fa, fb, D, wu);
 #pragma unroll
         for (int j = 0; j < E; ++j) {
           gr[k][j] *= wu[j];
@@ -380,8 +392,10 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks<kBwd>()
           const float nx = e[k][j] * rstd;
           dx[j] = rstd * (gr[k][j] - nx * mean);
         }
-        store_segment<T, V>(cur.out, cur.os3, fa_of(k), D, dx);
-        store_segment<T, V>(cur.out, cur.os3, fb_of(k), D, dx + V);
+        int fa, fb;
+        seg(k, &fa, &fb);
+        store_segment<T, V>(cur.out, cur.os3, fa, D, dx);
+        store_segment<T, V>(cur.out, cur.os3, fb, D, dx + V);
       }
     }
     if (kAhead) cur = nxt;
@@ -400,10 +414,12 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks<kBwd>()
         for (int j = 0; j < E; ++j)
           for (int o = tpr; o < 32; o *= 2) acc[t][k][j] += __shfl_xor_sync(0xffffffffu, acc[t][k][j], o);
       if (u >= sh.units || wlane >= tpr) continue;
+      int fa, fb;
+      seg(k, &fa, &fb);
       for (int t = 0; t < nt; ++t)
 #pragma unroll
         for (int j = 0; j < E; ++j) {
-          const int f = j < V ? fa_of(k) + j : fb_of(k) + j - V;
+          const int f = j < V ? fa + j : fb + j - V;
           if (f < D) atomicAdd(&dw_s[t * D + f], t ? acc[1][k][j] : acc[0][k][j]);
         }
     }
