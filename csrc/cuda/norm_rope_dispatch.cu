@@ -53,10 +53,12 @@ Plan plan(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int de
   // SMs idle, never a token group cut when one tile can hold it; but at least one
   // resident wave's share (large calls: a block's table, weights and dw reduction then
   // come once per SM slot). H100, Qwen3 q [1, 8192, 32, 128] + k [.., 8, ..] bf16
-  // (bench/norm_rope_tiles.py, run 2 of the tenth session of 2026-11-26), us by rows per
-  // team 1 / 2 / 4 / 8 / one wave: forward 96.7 / 78.7 / 74.3 / 76.2 / 73.0, backward
-  // (2 / 4 / 8 / 16 / wave) 294.5 / 213.3 / 173.2 / 184.4 / 135.0; at 512 tokens 2 rows
-  // per team led the forward (11.6 against the wave's 12.2). A table that fits in 32 KB.
+  // (bench/norm_rope_tiles.py, tenth session of 2026-11-26), us by rows per team 1 / 2 /
+  // 4 / 8 / one wave: run 2 (the first prefetching kernel) forward 96.7 / 78.7 / 74.3 /
+  // 76.2 / 73.0, backward (2 / 4 / 8 / 16 / wave) 294.5 / 213.3 / 173.2 / 184.4 / 135.0;
+  // run 5 (the final kernel) forward 2 / wave 81.3 / 69.9, backward 4 / wave 179.8 /
+  // 116.6; at 512 tokens level (forward 10.8 / 10.6, backward 23.1 / 23.4). A table that
+  // fits in 32 KB.
   // The knob (set_norm_rope_rows_per_team, tests and bench) sets rows per team exactly,
   // past the SM rule, or -1: one wave.
   const int knob = g_rows_per_team.load();

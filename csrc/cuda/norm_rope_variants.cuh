@@ -164,12 +164,15 @@ constexpr int norm_rope_min_blocks() { return kBwd ? 2 : 3; }
 // kMaxU: units per thread kept in registers (2V floats each).
 // Each team keeps two rows in flight (kAhead): the loads of its next row go out before
 // the current one is normalised, rotated and stored; and the first row's before the
-// block's sin/cos table and weights are filled (rope variant 4's order). The first
-// version loaded a row only after the table's barrier and the previous row's stores,
-// and with 2 rows per team per block spent most of each block's life waiting for one
-// row's DRAM round trip: the Qwen3 shape's forward ran at 70% of copy (0.88x
-// torch.compile) and the backward took ~520 us for 240 MB (bench/NOTES.md, tenth
-// session of 2026-11-26).
+// block's sin/cos table and weights are filled (rope variant 4's order). A row's index
+// math comes from a warp batch (below). H100, Qwen3 q [1, 8192, 32, 128] + k [.., 8, ..]
+// bf16 (bench/NOTES.md, runs 1-5 of the tenth session of 2026-11-26): the first version
+// (each row loaded after the table's barrier and the previous row's stores, 2 rows per
+// team, per-lane index math, 32 shared atomics per thread and 64 rows for the dw sums)
+// took 79 us forward and ~520 backward; this one 70 and 116 (ncu: 25.6M and 42.4M warp
+// instructions, from 38.5M and 59.0M). What holds the forward at ~87% of a same-size
+// copy: one row in flight per team while it computes (ncu: long-scoreboard stalls 6 per
+// issue, 35% occupancy at 77 registers; at 64 registers it spills).
 template <typename T, int V, int kMaxU, bool kInterleaved, bool kBwd>
 __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks<kBwd>())
     norm_rope_kernel(const __grid_constant__ NormRopeParams np, const NormRopeShape sh) {
