@@ -102,8 +102,9 @@ std::vector<at::Tensor> run_norm_rope(const std::vector<at::Tensor>* grads, cons
   }
   // Nothing to run only when every tensor is empty. A tensor with 0 heads next to a
   // non-empty one is dropped from the params with its weight and saved x (its weight
-  // grad stays the zeros of its partial sums): the other one is still normalised and
-  // rotated, and its dx and weight grad written.
+  // grad is zeros: its partial sums stay zero on the CPU, and the CUDA path returns
+  // zeros for it): the other one is still normalised and rotated, and its dx and weight
+  // grad written.
   bool empty = true;
   for (const auto& x : xs) empty = empty && x.numel() == 0;
   int kept[kMaxTensors] = {0, 1};
@@ -135,6 +136,7 @@ std::vector<at::Tensor> run_norm_rope(const std::vector<at::Tensor>* grads, cons
       partial.push_back(on_cuda ? at::empty({std::max<int64_t>(rows, 1), D}, xs[0].options().dtype(acc))
                                 : at::zeros({std::max<int64_t>(rows, 1), D}, xs[0].options().dtype(acc)));
     for (int j = 0; j < np.rope.num_tensors; ++j) np.dweight_partial[j] = partial[kept[j]].data_ptr();
+    np.dweight_rows = rows;
   }
   if (nimpl == NormRopeImpl::kTile && on_cuda) {
 #ifdef ROPE_EXT_WITH_CUDA
@@ -144,6 +146,9 @@ std::vector<at::Tensor> run_norm_rope(const std::vector<at::Tensor>* grads, cons
 #endif
   }
   for (const auto& t : outs) maybe_poison(t);
+  // (CUDA partial rows are empty: poisoned too, so a row no block wrote shows as NaN.)
+  if (bwd && on_cuda)
+    for (const auto& t : partial) maybe_poison(t);
   if (!empty) {
     if (on_cuda) {
 #ifdef ROPE_EXT_WITH_CUDA

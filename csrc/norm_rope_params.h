@@ -24,12 +24,14 @@ struct NormRopeParams {
   float weight_offset = 0.f;  // Gemma 3 scales by (1 + w)
 
   // Backward only: the saved x (same [B, S, H, D] indexing as t[i], own strides) and
-  // the per-block partial sums of dw, [blocks, D] each in the arithmetic type (fp32;
-  // float64 for float64 x), summed by the op layer.
+  // the per-block partial sums of dw, [dweight_rows, D] each in the arithmetic type
+  // (fp32; float64 for float64 x), one row per block (CUDA) or work chunk (CPU), summed
+  // by NormRopeDwSum's kernel (CUDA) or the op layer (CPU).
   bool backward = false;
   const void* x[kMaxTensors] = {nullptr, nullptr};
   int64_t x_stride[kMaxTensors][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
   void* dweight_partial[kMaxTensors] = {nullptr, nullptr};
+  int64_t dweight_rows = 0;  // the launch checks that its blocks match
 };
 
 // The backward's second launch (CUDA): dw[t][d] = sum over r < rows of partial[t][r * D + d],

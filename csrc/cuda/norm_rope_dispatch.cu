@@ -142,7 +142,7 @@ void run_norm_rope_dw_sum_cuda(const NormRopeDwSum& a, c10::Device device) {
   const c10::cuda::CUDAGuard guard(device);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   const dim3 grid(static_cast<unsigned>(ceil_div(a.D, int64_t{32})), static_cast<unsigned>(a.num_tensors));
-  cuda::norm_rope_dw_sum_kernel<<<grid, dim3(32, 8), 0, stream>>>(a);
+  cuda::norm_rope_dw_sum_kernel<<<grid, dim3(32, cuda::kDwSumStripes), 0, stream>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -162,6 +162,10 @@ void run_norm_rope_cuda(const NormRopeParams& np, NormRopeImpl impl, at::ScalarT
       const NormRopeImpl chosen = resolve(np, impl, sizeof(scalar_t));
       const Plan pl = plan(np, chosen, sizeof(scalar_t), device.index());
       if (pl.blocks == 0) return;
+      // The partial-sum buffer was sized by an earlier plan (norm_rope_cuda_partial_rows):
+      // a knob changed in between would write past it or leave rows unwritten.
+      TORCH_CHECK(!np.backward || pl.blocks == np.dweight_rows, "rope_ext: norm_rope backward planned ",
+                  np.dweight_rows, " partial rows but launches ", pl.blocks, " blocks (a tuning knob changed mid-call?)");
       if (chosen == NormRopeImpl::kTile)
         launch_width<scalar_t, 16 / sizeof(scalar_t)>(np, pl, stream);
       else

@@ -9,11 +9,13 @@
 //
 // Both take the shape of rope variant 4 (the tile kernel), which is what made the
 // plain RoPE reach the copy bandwidth (rope_variants.cuh): a block owns a tile of
-// consecutive rows (token-group-major) and exits. Each team of TPR threads issues the
-// loads of its first row, then the block fills a shared table of sin/cos for the
-// tile's token groups and the fp32 weights (+ offset), one barrier; then each team
-// takes whole rows, the next row's loads in flight while it reduces mean(x^2) with
-// shuffles inside the team, normalises, rotates from the table and stores. A row is
+// consecutive rows (token-group-major) and exits. The block fills a shared table of
+// sin/cos for the tile's token groups and the fp32 weights (+ offset), one barrier;
+// then each team of TPR threads takes whole rows: reduces mean(x^2) with shuffles
+// inside the team, normalises, rotates from the table and stores. In the 16-bit tile
+// instances (kAhead) a team issues its first row's loads before the table and keeps
+// its next row's in flight while it computes; fp32 and the scalar variant load each row
+// after the barrier and the previous row's stores. A row is
 // read once and written once; sin/cos are computed once per (token, pair) and tile,
 // not per head. The tile sizes (norm_rope_dispatch.cu) were measured.
 //
@@ -22,12 +24,12 @@
 // covers pairs [uV, uV + V) in both conventions. Lane l of a team owns units
 // l, l + TPR, ...: the same features for every row it handles, so the backward's
 // dw partial sums stay in registers until the block reduces them in shared memory
-// and writes one [D] row per block (the op layer sums the rows).
+// and writes one [D] row per block (norm_rope_dw_sum_kernel sums the rows).
 #pragma once
 #include <type_traits>
 
 #include "../norm_rope_params.h"
-#include "primitives.cuh"  // Vec, store_vec, pin_word, fill_sincos_table
+#include "primitives.cuh"  // Vec, pin_word, load_table, fill_sincos_table
 
 namespace rope_ext {
 namespace cuda {
@@ -157,7 +159,10 @@ struct NormRopeRow {
 
 // Registers: the forward at 80 (3 blocks of 256 per SM: at 64 the row descriptors'
 // batch spilled); the backward holds dy and two dw sums besides x, and two rows in
-// flight: 128 (2 blocks per SM; ptxas spills 72 bytes of the bf16 instance).
+// flight: 128 (2 blocks per SM). ptxas (sm_90a) still spills 60-76 bytes in the 16-bit
+// tile and scalar backward instances and 8 in the scalar forward; the scalar variant's
+// times at these bounds were not re-measured (the fallback; the tile variant's are in
+// bench/NOTES.md).
 template <bool kBwd>
 constexpr int norm_rope_min_blocks() { return kBwd ? 2 : 3; }
 
@@ -183,7 +188,7 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks<kBwd>()
   constexpr bool kAhead = V > 1 && sizeof(T) == 2;
   using Row = NormRopeRow<T, V, kMaxU, kBwd>;
   const RopeParams& p = np.rope;
-  extern __shared__ float smem[];
+  extern __shared__ __align__(16) float smem[];  // float4 reads (load_table)
   float* cos_tab = smem;
   float* sin_tab = smem + sh.table_stride;
   float* w_s = smem + 2 * sh.table_stride;  // [num_tensors][D]: weight + offset
@@ -202,7 +207,7 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks<kBwd>()
   // Row descriptors in warp batches: the row's index math (divides by the rows of a
   // group, the sequence length and the head count; 64-bit strides) is the same for
   // every lane of a team, so lane j of a warp computes it for one row of the next
-  // kBatch = tpr iterations of the warp's 32 / tpr teams, and each iteration's teams
+  // tpr iterations of the warp's 32 / tpr teams, and each iteration's teams
   // take theirs by shuffles (a per-row computation by every lane, ~150 instructions
   // per warp and iteration, made the forward issue-bound: 470 warp instructions per
   // iteration, ncu run 3 of the tenth session of 2026-11-26).
@@ -435,22 +440,25 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks<kBwd>()
   }
 }
 
-// The weight grads from the partial rows: block (32, 8) sums columns
-// [32 blockIdx.x, +32) of tensor blockIdx.y, 8 row stripes per column, then stores the
-// fp32 sum in the weight's dtype.
-__global__ void __launch_bounds__(256) norm_rope_dw_sum_kernel(const NormRopeDwSum a) {
-  __shared__ float red[8][33];
+// The weight grads from the partial rows: block (32, kDwSumStripes) sums columns
+// [32 blockIdx.x, +32) of tensor blockIdx.y, 32 row stripes per column, then stores the
+// fp32 sum in the weight's dtype. (One row per block of the main kernel: ~2 per SM at
+// large calls, thousands where the sin/cos table's cap shrinks the tiles; 32 stripes
+// keep each thread's serial sum short.)
+constexpr int kDwSumStripes = 32;
+__global__ void __launch_bounds__(32 * kDwSumStripes) norm_rope_dw_sum_kernel(const NormRopeDwSum a) {
+  __shared__ float red[kDwSumStripes][33];
   const int t = blockIdx.y;
   const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   const float* part = t ? a.partial[1] : a.partial[0];
   float s = 0.f;
   if (col < a.D)
-    for (int64_t r = threadIdx.y; r < a.rows; r += 8) s += part[r * a.D + col];
+    for (int64_t r = threadIdx.y; r < a.rows; r += kDwSumStripes) s += part[r * a.D + col];
   red[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
   if (threadIdx.y != 0 || col >= a.D) return;
 #pragma unroll
-  for (int y = 1; y < 8; ++y) s += red[y][threadIdx.x];
+  for (int y = 1; y < kDwSumStripes; ++y) s += red[y][threadIdx.x];
   void* out = t ? a.out[1] : a.out[0];
   switch (t ? a.out_dtype[1] : a.out_dtype[0]) {
     case DType::kFloat16: static_cast<c10::Half*>(out)[col] = static_cast<c10::Half>(s); break;
