@@ -44,8 +44,10 @@ import sys
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import rope_ext  # noqa: E402
+from timing import switched  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -251,29 +253,15 @@ def decode_suite(timer, bw, quick=False):
     return results
 
 
-def _switched(set_switch, value, default, fn):
-    """fn with a rope_ext._C test switch at `value`, back to `default` after (the switch is
-    read when a call launches, so a CUDA graph captures the switched road)."""
-    def run():
-        if CUDA:
-            set_switch(value)
-        try:
-            return fn()
-        finally:
-            if CUDA:
-                set_switch(default)
-    return run
-
-
 def _no_cluster(fn):
     """fn with attention_decode's split merge in the combine kernel (no cluster merge):
     the A/B of decode_merge.cuh."""
-    return _switched(rope_ext._C.set_decode_cluster_merge, False, True, fn) if CUDA else fn
+    return switched(rope_ext._C.set_decode_cluster_merge, False, True, fn)
 
 
 def _append_shape(shape, fn):
     """fn with append_kv's kernel shape forced (attention_dispatch.cu's list)."""
-    return _switched(rope_ext._C.set_append_shape, shape, -1, fn)
+    return switched(rope_ext._C.set_append_shape, shape, -1, fn)
 
 
 def _step_speedups(rows):
@@ -330,7 +318,7 @@ def append_suite(timer, bw, quick=False):
                 batched = lambda: rope_ext.append_kv(k4, v4, kc, vc, before, q=q4 if with_q else None)  # noqa: E731
                 paged = lambda: rope_ext.append_kv(k4, v4, kp, vp, before, block_table=btp,  # noqa: E731
                                                    q=q4 if with_q else None)
-                blocks128 = lambda fn: _switched(rope_ext._C.set_append_lean_min_block, 128, 0, fn)  # noqa: E731
+                blocks128 = lambda fn: switched(rope_ext._C.set_append_lean_min_block, 128, 0, fn)  # noqa: E731
                 fns += [("rope_ext append_kv, lean, 128-thread blocks", blocks128(fns[0][1])),
                         ("rope_ext append_kv, batched [B, 1]", batched),
                         ("rope_ext append_kv, batched [B, 1], 128-thread blocks", blocks128(batched)),

@@ -20,18 +20,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import rope_ext  # noqa: E402
 from rope_ext import reference as ref  # noqa: E402
 from run import hf_cos_sin  # noqa: E402
-from timing import graph_us_interleaved, same_size_copy  # noqa: E402
+from timing import graph_us_interleaved, same_size_copy, switched  # noqa: E402
 
 
 def knob(plain, f):
     """f with set_lean_plain(plain) around it (host side: the captured graph keeps the choice)."""
-    def g():
-        rope_ext._C.set_lean_plain(plain)
-        try:
-            return f()
-        finally:
-            rope_ext._C.set_lean_plain(True)
-    return g
+    return switched(rope_ext._C.set_lean_plain, plain, True, f)
 
 
 def main():

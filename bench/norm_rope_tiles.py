@@ -21,19 +21,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import rope_ext  # noqa: E402
 from rope_ext._args import _op_options  # noqa: E402
-from timing import graph_us_interleaved, same_size_copy  # noqa: E402
+from timing import graph_us_interleaved, same_size_copy, switched  # noqa: E402
 from variants import _cos_sin, _fwd_bwd, hf_norm_rope  # noqa: E402
 
 
 def with_rows(k, f):
     """f with set_norm_rope_rows_per_team(k) around it (host side: a captured graph keeps it)."""
-    def g():
-        rope_ext._C.set_norm_rope_rows_per_team(k)
-        try:
-            return f()
-        finally:
-            rope_ext._C.set_norm_rope_rows_per_team(0)
-    return g
+    return switched(rope_ext._C.set_norm_rope_rows_per_team, k, 0, f)
 
 
 def main():

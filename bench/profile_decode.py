@@ -25,7 +25,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # this tree's rope_ext
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rope_ext  # noqa: E402
+from timing import graph_us, graph_us_interleaved, profile_once, switched  # noqa: E402
 
 Hq, Hk, D = 32, 8, 128
 dev = "cuda"
@@ -128,19 +130,11 @@ def make(name):
     if not w:
         return fn
 
-    def run():
-        rope_ext._C.set_append_lean_bytes(int(w))
-        try:
-            return fn()
-        finally:
-            rope_ext._C.set_append_lean_bytes(0)
-    return run
+    return switched(rope_ext._C.set_append_lean_bytes, int(w), 0, fn)
 
 
 calls = [make(n) for n in names]
 if mode:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from timing import graph_us, graph_us_interleaved
     if mode == "--time":
         for n, f in zip(names, calls):
             print(f"{n:<16}{graph_us(f):8.2f} us")
@@ -154,7 +148,5 @@ if mode:
         for n, e in err.items():
             print(f"{n:<16}n/a: {e}")
     sys.exit(0)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import profile_once  # noqa: E402
 profile_once(dict(zip(names, calls)))
 print("profiled:", " ".join(names))

@@ -234,6 +234,22 @@ def graph_us_interleaved(fns, reps=200, flush=None, clean=None, captures=2):
     return {n: statistics.median(v) for n, v in ts.items()}, errors
 
 
+def switched(set_switch, value, default, fn):
+    """fn with a rope_ext._C test switch at `value`, back to `default` after (the switch is
+    read when a call launches, so a CUDA graph captures the switched road). Without a GPU
+    (the switches are CUDA-only) fn as it is."""
+    if not CUDA:
+        return fn
+
+    def run():
+        set_switch(value)
+        try:
+            return fn()
+        finally:
+            set_switch(default)
+    return run
+
+
 def profile_once(fns):
     """{name: fn}: each fn once to warm it, then once more each inside the profiler range
     (for `ncu --profile-from-start off`), under an NVTX range named after it."""
