@@ -1,11 +1,12 @@
 """The fused q/k RMSNorm + RoPE kernels' tile size (rows per team of a block's tile:
-`rope_ext._C.set_norm_rope_rows_per_team`, -1 = one resident wave of blocks), forward
+`rope_ext._C.set_norm_rope_rows_per_team`, -1 = one resident wave of blocks) and rows in
+flight per team (`set_norm_rope_stages`: 1 the register prefetch, 2-4 the cp.async ring), forward
 and backward, against torch.compile of HF's formula, every column of a table timed in
 turns (timing.graph_us_interleaved: one call in a CUDA graph, L2 flushed before each
 replay), on the variants suite's Qwen3 shape and a small one.
 
     python bench/norm_rope_tiles.py [--reps 100] [--fwd 1,2,4,8,-1] [--bwd 2,4,8,16,-1]
-    ncu -k regex:norm_rope_kernel --launch-skip 2 --launch-count 2 ... python bench/norm_rope_tiles.py --profile
+    ncu -k regex:norm_rope_kernel ... python bench/norm_rope_tiles.py --profile [--stages 1,4]
 
 The backward is timed alone (rope_ext's backward op on saved tensors; torch.compile's
 formula differentiated by autograd has no such split, so its column is fwd+bwd) and
@@ -30,14 +31,21 @@ def with_rows(k, f):
     return switched(rope_ext._C.set_norm_rope_rows_per_team, k, 0, f)
 
 
+def with_stages(k, f):
+    """f with set_norm_rope_stages(k) around it: rows in flight per team (1 registers, 2-4 the ring)."""
+    return switched(rope_ext._C.set_norm_rope_stages, k, 0, f)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--fwd", default="1,2,4,8,-1")
     ap.add_argument("--bwd", default="2,4,8,16,-1")
     ap.add_argument("--seqs", default="8192,512")
+    ap.add_argument("--stages", default="1,2,3,4", help="rows in flight per team at the rule's tiles")
     ap.add_argument("--profile", action="store_true",
-                    help="for ncu: the rule's forward 3 times, then its backward 3 times, at the first --seqs, nothing timed")
+                    help="for ncu: per --stages depth the forward twice, then the backward twice, at the first --seqs, "
+                         "nothing timed")
     args = ap.parse_args()
     if args.profile:
         S, D = int(args.seqs.split(",")[0]), 128
@@ -46,10 +54,11 @@ def main():
         w = [(1 + 0.1 * torch.randn(D, device="cuda")).to(torch.bfloat16) for _ in range(2)]
         pos = torch.arange(S, device="cuda")[None]
         opts = _op_options("bshd", pos, None, 1e6, "auto", None, None, False, None, None)
-        for _ in range(3):
-            rope_ext.rms_norm_rope_qk(q, k, *w, pos, base=1e6)
-        for _ in range(3):
-            rope_ext._C.norm_rope_backward_direct([q, k], [q, k], w, 1e-6, 0.0, *opts)
+        for st in map(int, args.stages.split(",")):  # per depth: 2 forward, then 2 backward launches
+            for _ in range(2):
+                with_stages(st, lambda: rope_ext.rms_norm_rope_qk(q, k, *w, pos, base=1e6))()
+            for _ in range(2):
+                with_stages(st, lambda: rope_ext._C.norm_rope_backward_direct([q, k], [q, k], w, 1e-6, 0.0, *opts))()
         torch.cuda.synchronize()
         return
     dev, dt, D = "cuda", torch.bfloat16, 128
@@ -68,6 +77,9 @@ def main():
         for r in map(int, args.fwd.split(",")):
             fwd[f"rope_ext rows/team {r}"] = with_rows(r, lambda: rope_ext.rms_norm_rope_qk(q, k, qw, kw, pos,
                                                                                         base=base))
+        for st in map(int, args.stages.split(",")):
+            fwd[f"rope_ext stages {st}"] = with_stages(st, lambda: rope_ext.rms_norm_rope_qk(q, k, qw, kw, pos,
+                                                                                         base=base))
         fwd["rope_ext rule"] = lambda: rope_ext.rms_norm_rope_qk(q, k, qw, kw, pos, base=base)
         fwd["same-size copy"] = same_size_copy(q.numel() + k.numel(), dt)
         got, errs = graph_us_interleaved(fwd, args.reps)
@@ -80,6 +92,9 @@ def main():
         bwd = {}
         for r in map(int, args.bwd.split(",")):
             bwd[f"rope_ext bwd rows/team {r}"] = with_rows(r, lambda: rope_ext._C.norm_rope_backward_direct(
+                [gq, gk], [q, k], [qw, kw], 1e-6, 0.0, *opts))
+        for st in map(int, args.stages.split(",")):
+            bwd[f"rope_ext bwd stages {st}"] = with_stages(st, lambda: rope_ext._C.norm_rope_backward_direct(
                 [gq, gk], [q, k], [qw, kw], 1e-6, 0.0, *opts))
         bwd["rope_ext bwd rule"] = lambda: rope_ext._C.norm_rope_backward_direct([gq, gk], [q, k], [qw, kw], 1e-6,
                                                                                  0.0, *opts)

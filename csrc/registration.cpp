@@ -86,6 +86,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_norm_rope_rows_per_team", &rope_ext::set_norm_rope_rows_per_team,
         "tests/bench: rows per team of the fused norm + rope kernels' tiles (0 = the rule, -1 = one resident wave of "
         "blocks)");
+  m.def("set_norm_rope_stages", &rope_ext::set_norm_rope_stages,
+        "tests/bench: rows in flight per team of the fused norm + rope tile variant (0 = the rule, 1 = the register "
+        "prefetch, 2-4 = a shared-memory ring of that depth)");
+  m.def("last_norm_rope_stages", &rope_ext::last_norm_rope_stages,
+        "tests: the depth this thread's last CUDA norm + rope launch ran with (1 = the register path)");
   m.def("set_lean_max_bytes", &rope_ext::set_lean_max_bytes,
         "tests/bench: largest tensor (bytes) auto runs with variant 6, lean (-1 = defaults, 0 = never)");
   m.def("set_lean_bytes", &rope_ext::set_lean_bytes,

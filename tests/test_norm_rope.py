@@ -132,6 +132,31 @@ def test_tile_sizes_cuda(case, dtype, rows_per_team):
                 f"{case[0]} {dtype} {impl}: dx differs between tile sizes"
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("rows_per_team", [3, 16])
+@pytest.mark.parametrize("stages", [1, 2, 3, 4])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", TILE_CASES, ids=[c[0] for c in TILE_CASES])
+def test_ring_depths_cuda(case, dtype, stages, rows_per_team):
+    """The tile variant's rows in flight per team (1: the next row in registers; 2-4:
+    the cp.async ring of that depth; 3 rows per team leave ring slots past the tile's
+    end, 16 wrap the ring several times): the float64 truth, the depth asked for ran,
+    and dx bit for bit the rule's (the same arithmetic per row)."""
+    want = _check_vs_float64("cuda", dtype, case, "tile")
+    assert want is not None, f"{case[0]} {dtype}: every TILE_CASES shape takes the tile variant"
+    rope_ext._C.set_norm_rope_rows_per_team(rows_per_team)
+    rope_ext._C.set_norm_rope_stages(stages)
+    try:
+        got = _check_vs_float64("cuda", dtype, case, "tile")
+        ran = rope_ext._C.last_norm_rope_stages()
+    finally:
+        rope_ext._C.set_norm_rope_stages(0)
+        rope_ext._C.set_norm_rope_rows_per_team(0)
+    assert ran == stages, f"{case[0]} {dtype}: asked for {stages} rows in flight, the backward ran {ran}"
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), \
+        f"{case[0]} {dtype} stages {stages}: dx differs from the rule's"
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_single_tensor_strided_and_16bit_weight(device):
     """x a slice of a fused projection that starts 3 elements in (rows strided, not

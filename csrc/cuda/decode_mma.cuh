@@ -104,6 +104,7 @@
 #include "../attention_math.h"
 #include "decode_merge.cuh"
 #include "decode_mma.h"
+#include "primitives.cuh"  // cp_async16, smem_u32
 
 namespace rope_ext {
 namespace cuda {
@@ -158,33 +159,17 @@ static_assert(cluster_fits<64, false>() && cluster_fits<128, false>() && cluster
               "cluster merge parts fit in the rings");
 
 // ---------------------------------------------------------------- PTX helpers
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte global -> shared copy; src_bytes 0 zero-fills (a key past the end, or a slot
-// that does not exist: never read). Tried and reverted (run 7 of 2026-11-25, day): the
-// L2::256B prefetch hint on the fp8 tiles, so that the neighbouring kv head's 128-byte
-// row of the interleaved layout came with the same DRAM access: slower everywhere (B = 8
-// ctx 32768 209 -> 229 us, B = 64 ctx 32768 1485 -> 1560, head-major 1410 -> 1431): the
-// extra halves cost DRAM bandwidth instead of saving page openings.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+// (cp_async16 / cp_async_commit / cp_async_wait and smem_u32: primitives.cuh)
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
+               : "r"(smem_u32(p)));
 }
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
+               : "r"(smem_u32(p)));
 }
 
 // c += a (16x16, row) * b (16x8, col), fp32 accumulators.

@@ -21,10 +21,17 @@ using cuda_launch::sm_count;
 
 // tests/bench: rows per team of a tile (0: the plan's rule; -1: one resident wave).
 std::atomic<int> g_rows_per_team{0};
+// tests/bench: rows in flight per team in the tile variant (0: the rule; 1: the register
+// prefetch; 2-4: the shared-memory ring of that depth).
+std::atomic<int> g_stages{0};
+thread_local int g_last_stages = 0;  // tests: the depth this thread's last launch ran with
 
 // Registers per thread: kMaxU units of 2V floats = 16 floats of x (and as many of dy
 // and of each dw sum in the backward). 32 lanes x kMaxU units bound the row: D <= 512.
 constexpr int max_units(int V) { return 8 / V; }
+
+// The ring's depth where it fits (the plan's rule).
+constexpr int kRuleStages = 4;
 
 struct Plan {
   int V;
@@ -81,14 +88,33 @@ Plan plan(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int de
   tile = std::max<int64_t>(tile, ceil_div(total, INT32_MAX));
   sh.rows = tile;
   sh.table_stride = static_cast<int32_t>((table_rows(tile) * half + 3) / 4 * 4);
-  pl.smem = sizeof(float) * (2 * sh.table_stride + 2 * p.num_tensors * p.D);
+  pl.smem = sizeof(float) * (2 * sh.table_stride + (np.backward ? 2 : 1) * p.num_tensors * p.D);
   pl.blocks = ceil_div(total, tile);
+  // Rows in flight per team (tile variant): the ring's depth where it fits beside the
+  // table with the launch bound's blocks still resident (228 KB of shared memory per
+  // SM, 1 KB of it reserved per block), else the register prefetch (stages 1). The
+  // depths were measured: the NOTE beside the rule's numbers below.
+  sh.stages = 1;
+  if (V > 1) {
+    const int min_blocks = np.backward ? cuda::norm_rope_min_blocks<true>() : cuda::norm_rope_min_blocks<false>();
+    const size_t budget = 228 * 1024 / min_blocks - 1024;
+    const int segs = np.backward ? cuda::norm_rope_ring_segs<true>(kmax) : cuda::norm_rope_ring_segs<false>(kmax);
+    const int knob_s = g_stages.load();
+    if (knob_s > 0) {
+      sh.stages = std::min(knob_s, 4);
+    } else {
+      for (int s = kRuleStages; s >= 2 && sh.stages == 1; --s)
+        if (pl.smem + cuda::norm_rope_ring_bytes(s, segs, cuda::kNormRopeThreads) <= budget) sh.stages = s;
+    }
+    if (sh.stages > 1) pl.smem += cuda::norm_rope_ring_bytes(sh.stages, segs, cuda::kNormRopeThreads);
+  }
   return pl;
 }
 
 template <typename T, int V, bool kInterleaved, bool kBwd>
 void launch(const NormRopeParams& np, const Plan& pl, cudaStream_t stream) {
-  auto kernel = cuda::norm_rope_kernel<T, V, max_units(V), kInterleaved, kBwd>;
+  auto kernel = pl.sh.stages > 1 ? cuda::norm_rope_kernel<T, V, max_units(V), kInterleaved, kBwd, V != 1>
+                                 : cuda::norm_rope_kernel<T, V, max_units(V), kInterleaved, kBwd, false>;
   if (pl.smem > 48 * 1024)
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(pl.smem)));
   kernel<<<static_cast<unsigned>(pl.blocks), cuda::kNormRopeThreads, pl.smem, stream>>>(np, pl.sh);
@@ -147,6 +173,8 @@ void run_norm_rope_dw_sum_cuda(const NormRopeDwSum& a, c10::Device device) {
 }
 
 void set_norm_rope_rows_per_team(int rows) { g_rows_per_team.store(rows); }
+void set_norm_rope_stages(int stages) { g_stages.store(stages); }
+int last_norm_rope_stages() { return g_last_stages; }
 
 int64_t norm_rope_cuda_partial_rows(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int device) {
   return plan(np, resolve(np, impl, elem_size), elem_size, device).blocks;
@@ -166,6 +194,7 @@ void run_norm_rope_cuda(const NormRopeParams& np, NormRopeImpl impl, at::ScalarT
       // a knob changed in between would write past it or leave rows unwritten.
       TORCH_CHECK(!np.backward || pl.blocks == np.dweight_rows, "rope_ext: norm_rope backward planned ",
                   np.dweight_rows, " partial rows but launches ", pl.blocks, " blocks (a tuning knob changed mid-call?)");
+      g_last_stages = pl.sh.stages;
       if (chosen == NormRopeImpl::kTile)
         launch_width<scalar_t, 16 / sizeof(scalar_t)>(np, pl, stream);
       else

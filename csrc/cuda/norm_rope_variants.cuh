@@ -43,7 +43,17 @@ struct NormRopeShape {
   int32_t tpr;           // threads per row (power of two <= 32)
   int32_t units;         // work units per row (rotary units first)
   int32_t rot_units;
+  int32_t stages;        // the ring's depth (kRing instances: 2-4 rows in flight per team)
 };
+
+// Shared memory of a block's row ring (kRing): per stage, kSegs 16-byte segments per
+// thread ([segment][thread]: a warp's reads of one segment are consecutive, no bank
+// conflicts), then each thread's row descriptor (output row, meta).
+template <bool kBwd>
+constexpr int norm_rope_ring_segs(int max_units) { return (kBwd ? 4 : 2) * max_units; }
+inline size_t norm_rope_ring_bytes(int stages, int segs, int threads) {
+  return static_cast<size_t>(stages) * threads * (16 * segs + sizeof(void*) + sizeof(int));
+}
 
 // Feature index of a unit's two segments (each V elements): A at fa, B at fb.
 __device__ __forceinline__ void unit_segments(const RopeParams& p, int u, int rot_units, int V, int* fa, int* fb) {
@@ -178,14 +188,17 @@ constexpr int norm_rope_min_blocks() { return kBwd ? 2 : 3; }
 // instructions, from 38.5M and 59.0M). What holds the forward at ~87% of a same-size
 // copy: one row in flight per team while it computes (ncu: long-scoreboard stalls 6 per
 // issue, 35% occupancy at 77 registers; at 64 registers it spills).
-template <typename T, int V, int kMaxU, bool kInterleaved, bool kBwd>
+template <typename T, int V, int kMaxU, bool kInterleaved, bool kBwd, bool kRing>
 __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks<kBwd>())
     norm_rope_kernel(const __grid_constant__ NormRopeParams np, const NormRopeShape sh) {
+  static_assert(!kRing || V > 1, "the ring copies 16-byte segments");
   constexpr int E = 2 * V;  // elements of a unit
-  // The first row's loads before the table and the next row's before this row's work
-  // where two rows fit the registers (16-bit 16-byte units); else each row loaded after
-  // the previous one's stores (fp32 and the scalar variant spilled with two).
-  constexpr bool kAhead = V > 1 && sizeof(T) == 2;
+  // Without the ring: the first row's loads before the table and the next row's before
+  // this row's work where two rows fit the registers (16-bit 16-byte units); else each
+  // row loaded after the previous one's stores (fp32 and the scalar variant spilled with
+  // two).
+  constexpr bool kAhead = !kRing && V > 1 && sizeof(T) == 2;
+  constexpr int kSegs = norm_rope_ring_segs<kBwd>(kMaxU);
   using Row = NormRopeRow<T, V, kMaxU, kBwd>;
   const RopeParams& p = np.rope;
   extern __shared__ __align__(16) float smem[];  // float4 reads (load_table)
@@ -193,6 +206,10 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks<kBwd>()
   float* sin_tab = smem + sh.table_stride;
   float* w_s = smem + 2 * sh.table_stride;  // [num_tensors][D]: weight + offset
   float* dw_s = w_s + p.num_tensors * p.D;  // backward: [num_tensors][D]
+  // kRing: [stages][kSegs][threads] segments, then [stages][threads] output rows and metas.
+  uint4* ring = reinterpret_cast<uint4*>(dw_s + (kBwd ? p.num_tensors * p.D : 0));
+  T** ring_out = reinterpret_cast<T**>(ring + sh.stages * kSegs * kNormRopeThreads);
+  int* ring_meta = reinterpret_cast<int*>(ring_out + sh.stages * kNormRopeThreads);
   const int half = p.R / 2, D = p.D, nt = p.num_tensors;
   const int tid = threadIdx.x, nthreads = blockDim.x;
 
@@ -295,9 +312,68 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks<kBwd>()
     }
   };
 
-  // 1. The first row's loads, then the block's sin/cos table and weights (their
-  //    latency hidden behind the loads').
+  // The ring: a row's segments copied into this thread's slot of shared memory
+  // (cp.async: no registers per byte in flight, so stages - 1 rows stay in flight while
+  // one computes), its descriptor beside them; read back by the same thread only, after
+  // its own wait: no barrier.
+  auto ring_fetch = [&](const Desc& d, int slot) {
+    if constexpr (kRing) {
+      ring_out[slot * kNormRopeThreads + tid] = d.out;
+      ring_meta[slot * kNormRopeThreads + tid] = d.meta;
+      if (d.meta < 0) return;
+      uint4* r = ring + slot * kSegs * kNormRopeThreads + tid;
+      const T* xrow = kBwd ? d.x : d.in;
+#pragma unroll
+      for (int k = 0; k < kMaxU; ++k) {
+        if (lane + k * tpr >= sh.units) continue;
+        int fa, fb;
+        seg(k, &fa, &fb);
+        cp_async16(r + (2 * k) * kNormRopeThreads, xrow + fa, true);
+        cp_async16(r + (2 * k + 1) * kNormRopeThreads, xrow + fb, true);
+        if (kBwd) {
+          cp_async16(r + (2 * kMaxU + 2 * k) * kNormRopeThreads, d.in + fa, true);
+          cp_async16(r + (2 * kMaxU + 2 * k + 1) * kNormRopeThreads, d.in + fb, true);
+        }
+      }
+    }
+  };
+  auto ring_take = [&](int slot, Row& row) {
+    if constexpr (kRing) {
+      const int meta = ring_meta[slot * kNormRopeThreads + tid];
+      row.active = meta >= 0;
+      if (!row.active) return;
+      row.t = meta & 1;
+      row.gl = meta >> 1;
+      row.out = ring_out[slot * kNormRopeThreads + tid];
+      row.os3 = (row.t ? p.t[1] : p.t[0]).out_stride[3];
+      const uint4* r = ring + slot * kSegs * kNormRopeThreads + tid;
+#pragma unroll
+      for (int k = 0; k < kMaxU; ++k) {
+        if (lane + k * tpr >= sh.units) continue;
+        row.xa[k] = r[(2 * k) * kNormRopeThreads];
+        row.xb[k] = r[(2 * k + 1) * kNormRopeThreads];
+        if (kBwd) {
+          row.ga[k] = r[(2 * kMaxU + 2 * k) * kNormRopeThreads];
+          row.gb[k] = r[(2 * kMaxU + 2 * k + 1) * kNormRopeThreads];
+        }
+      }
+    }
+  };
+  const int stages = sh.stages;
+  int slot_wr = 0, slot_rd = 0;
+  auto next_slot = [&](int s) { return s + 1 == stages ? 0 : s + 1; };
+
+  // 1. The first rows' loads (the ring: stages - 1 rows; else one where two rows fit
+  //    the registers), then the block's sin/cos table and weights (their latency hidden
+  //    behind the loads').
   Row cur;
+  if (kRing) {
+    for (int j = 0; j + 1 < stages; ++j) {
+      ring_fetch(desc_of(j), slot_wr);
+      cp_async_commit();
+      slot_wr = next_slot(slot_wr);
+    }
+  }
   if (kAhead) fetch(desc_of(0), cur);
   fill_sincos_table(p, g_first, groups, cos_tab, sin_tab);
   for (int i = tid; i < nt * D; i += nthreads) {
@@ -323,9 +399,19 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks<kBwd>()
   //    shuffles, so idle teams take part with zeros.
   const float inv_d = 1.f / D;
   for (int64_t it = 0; it * nteams < n; ++it) {
-    if (!kAhead) fetch(desc_of(it), cur);
     Row nxt;
-    if (kAhead) fetch(desc_of(it + 1), nxt);
+    if (kRing) {
+      ring_fetch(desc_of(it + stages - 1), slot_wr);  // the slot row it - 1 left
+      cp_async_commit();
+      slot_wr = next_slot(slot_wr);
+      cp_async_wait_upto(stages - 1);  // row it's group has landed
+      ring_take(slot_rd, cur);
+      slot_rd = next_slot(slot_rd);
+    } else if (kAhead) {
+      fetch(desc_of(it + 1), nxt);
+    } else {
+      fetch(desc_of(it), cur);
+    }
 
     float e[kMaxU][E];
     float ss = 0.f;

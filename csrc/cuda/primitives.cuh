@@ -99,14 +99,42 @@ __device__ __forceinline__ void rotate_chunk(VecT& a, VecT& b, const float* sn, 
   }
 }
 
+// ---------------------------------------------------------------- cp.async (sm_80)
+// One thread's 16-byte global -> shared copies, completing in the thread's commit
+// groups (no registers per byte in flight). The decode kernel's K/V rings and the
+// fused norm + RoPE's row ring (norm_rope_variants.cuh) stream through them.
+// src_bytes 0 zero-fills (a key past the end, or a slot that does not exist: never
+// read). Tried and reverted in the decode kernel (run 7 of 2026-11-25, day): the
+// L2::256B prefetch hint on the fp8 tiles, so that the neighbouring kv head's 128-byte
+// row of the interleaved layout came with the same DRAM access: slower everywhere (B = 8
+// ctx 32768 209 -> 229 us, B = 64 ctx 32768 1485 -> 1560, head-major 1410 -> 1431): the
+// extra halves cost DRAM bandwidth instead of saving page openings.
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+// The same wait for a run-time count of groups left in flight (0-3), and a compiler
+// barrier: the caller's shared-memory reads of the landed group stay behind it.
+__device__ __forceinline__ void cp_async_wait_upto(int pending) {
+  switch (pending) {
+    case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 3;\n" ::: "memory");
+  }
+}
+
 // ---------------------------------------------------------------- bulk copies (sm_90)
 // The copy engine's 1-D bulk copies between global and shared memory (cp.async.bulk:
 // 16-byte aligned addresses, sizes a multiple of 16), completing on an mbarrier (loads)
 // or in bulk groups (stores). No registers per byte in flight: append_kv's bulk variant
 // stages whole token rows this way. The caller guards them with __CUDA_ARCH__ >= 900.
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
