@@ -67,46 +67,51 @@ Plan plan(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int de
   // 116.6; at 512 tokens level (forward 10.8 / 10.6, backward 23.1 / 23.4). A table that
   // fits in 32 KB.
   // The knob (set_norm_rope_rows_per_team, tests and bench) sets rows per team exactly,
-  // past the SM rule, or -1: one wave.
+  // past the SM rule, or -1: one wave (of the launch bound's blocks per SM).
   const int knob = g_rows_per_team.load();
   const int64_t sms = sm_count(device);
-  const int64_t wave = ceil_div(total, sms * (np.backward ? cuda::norm_rope_min_blocks<true>()
-                                                          : cuda::norm_rope_min_blocks<false>()));
-  int64_t tile;
-  if (knob < 0) {
-    tile = wave;
-  } else if (knob > 0) {
-    tile = int64_t{knob} * teams;
-  } else {
-    tile = std::min<int64_t>(2 * teams, ceil_div(total, 2 * sms));
-    tile = std::max<int64_t>({tile, std::min<int64_t>(rows_g, 2 * teams), wave});
-  }
-  tile = std::max<int64_t>(tile, 1);
   const int half = p.R / 2;
   auto table_rows = [&](int64_t t) { return (t + rows_g - 2) / rows_g + 1; };
-  while (tile > 1 && table_rows(tile) * half * 8 > 32 * 1024) tile = (tile + 1) / 2;
-  tile = std::max<int64_t>(tile, ceil_div(total, INT32_MAX));
-  sh.rows = tile;
-  sh.table_stride = static_cast<int32_t>((table_rows(tile) * half + 3) / 4 * 4);
-  pl.smem = sizeof(float) * (2 * sh.table_stride + (np.backward ? 2 : 1) * p.num_tensors * p.D);
-  pl.blocks = ceil_div(total, tile);
+  auto size_tiles = [&](int min_blocks) {
+    const int64_t wave = ceil_div(total, sms * min_blocks);
+    int64_t tile;
+    if (knob < 0) {
+      tile = wave;
+    } else if (knob > 0) {
+      tile = int64_t{knob} * teams;
+    } else {
+      tile = std::min<int64_t>(2 * teams, ceil_div(total, 2 * sms));
+      tile = std::max<int64_t>({tile, std::min<int64_t>(rows_g, 2 * teams), wave});
+    }
+    tile = std::max<int64_t>(tile, 1);
+    while (tile > 1 && table_rows(tile) * half * 8 > 32 * 1024) tile = (tile + 1) / 2;
+    tile = std::max<int64_t>(tile, ceil_div(total, INT32_MAX));
+    sh.rows = tile;
+    sh.table_stride = static_cast<int32_t>((table_rows(tile) * half + 3) / 4 * 4);
+    pl.smem = sizeof(float) * (2 * sh.table_stride + (np.backward ? 2 : 1) * p.num_tensors * p.D);
+    pl.blocks = ceil_div(total, tile);
+  };
   // Rows in flight per team (tile variant): the ring's depth where it fits beside the
   // table with the launch bound's blocks still resident (228 KB of shared memory per
-  // SM, 1 KB of it reserved per block), else the register prefetch (stages 1). The
-  // depths were measured: the NOTE beside the rule's numbers below.
+  // SM, 1 KB of it reserved per block), else the register prefetch (stages 1, its own
+  // launch bound, so its own wave). The knob (set_norm_rope_stages) sets the depth.
+  const int knob_s = g_stages.load();
+  const bool ring = V > 1 && knob_s != 1;
   sh.stages = 1;
-  if (V > 1) {
-    const int min_blocks = np.backward ? cuda::norm_rope_min_blocks<true>() : cuda::norm_rope_min_blocks<false>();
-    const size_t budget = 228 * 1024 / min_blocks - 1024;
-    const int segs = np.backward ? cuda::norm_rope_ring_segs<true>(kmax) : cuda::norm_rope_ring_segs<false>(kmax);
-    const int knob_s = g_stages.load();
-    if (knob_s > 0) {
+  size_tiles(cuda::norm_rope_min_blocks(np.backward, ring));
+  if (ring) {
+    const size_t budget = 228 * 1024 / cuda::norm_rope_min_blocks(np.backward, true) - 1024;
+    const int segs = cuda::norm_rope_ring_segs(np.backward, kmax);
+    if (knob_s > 1) {
       sh.stages = std::min(knob_s, 4);
     } else {
       for (int s = kRuleStages; s >= 2 && sh.stages == 1; --s)
         if (pl.smem + cuda::norm_rope_ring_bytes(s, segs, cuda::kNormRopeThreads) <= budget) sh.stages = s;
     }
-    if (sh.stages > 1) pl.smem += cuda::norm_rope_ring_bytes(sh.stages, segs, cuda::kNormRopeThreads);
+    if (sh.stages > 1)
+      pl.smem += cuda::norm_rope_ring_bytes(sh.stages, segs, cuda::kNormRopeThreads);
+    else
+      size_tiles(cuda::norm_rope_min_blocks(np.backward, false));
   }
   return pl;
 }

@@ -49,8 +49,7 @@ struct NormRopeShape {
 // Shared memory of a block's row ring (kRing): per stage, kSegs 16-byte segments per
 // thread ([segment][thread]: a warp's reads of one segment are consecutive, no bank
 // conflicts), then each thread's row descriptor (output row, meta).
-template <bool kBwd>
-constexpr int norm_rope_ring_segs(int max_units) { return (kBwd ? 4 : 2) * max_units; }
+constexpr int norm_rope_ring_segs(bool bwd, int max_units) { return (bwd ? 4 : 2) * max_units; }
 inline size_t norm_rope_ring_bytes(int stages, int segs, int threads) {
   return static_cast<size_t>(stages) * threads * (16 * segs + sizeof(void*) + sizeof(int));
 }
@@ -173,8 +172,7 @@ struct NormRopeRow {
 // tile and scalar backward instances and 8 in the scalar forward; the scalar variant's
 // times at these bounds were not re-measured (the fallback; the tile variant's are in
 // bench/NOTES.md).
-template <bool kBwd>
-constexpr int norm_rope_min_blocks() { return kBwd ? 2 : 3; }
+constexpr int norm_rope_min_blocks(bool bwd, bool ring) { return bwd ? 2 : ring ? 4 : 3; }
 
 // kMaxU: units per thread kept in registers (2V floats each).
 // Each team keeps two rows in flight (kAhead): the loads of its next row go out before
@@ -189,7 +187,7 @@ constexpr int norm_rope_min_blocks() { return kBwd ? 2 : 3; }
 // copy: one row in flight per team while it computes (ncu: long-scoreboard stalls 6 per
 // issue, 35% occupancy at 77 registers; at 64 registers it spills).
 template <typename T, int V, int kMaxU, bool kInterleaved, bool kBwd, bool kRing>
-__global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks<kBwd>())
+__global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks(kBwd, kRing))
     norm_rope_kernel(const __grid_constant__ NormRopeParams np, const NormRopeShape sh) {
   static_assert(!kRing || V > 1, "the ring copies 16-byte segments");
   constexpr int E = 2 * V;  // elements of a unit
@@ -198,7 +196,7 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks<kBwd>()
   // row loaded after the previous one's stores (fp32 and the scalar variant spilled with
   // two).
   constexpr bool kAhead = !kRing && V > 1 && sizeof(T) == 2;
-  constexpr int kSegs = norm_rope_ring_segs<kBwd>(kMaxU);
+  constexpr int kSegs = norm_rope_ring_segs(kBwd, kMaxU);
   using Row = NormRopeRow<T, V, kMaxU, kBwd>;
   const RopeParams& p = np.rope;
   extern __shared__ __align__(16) float smem[];  // float4 reads (load_table)
