@@ -43,6 +43,7 @@ def main():
     ap.add_argument("--bwd", default="2,4,8,16,-1")
     ap.add_argument("--seqs", default="8192,512")
     ap.add_argument("--stages", default="1,2,3,4", help="rows in flight per team at the rule's tiles")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     ap.add_argument("--profile", action="store_true",
                     help="for ncu: per --stages depth the forward twice, then the backward twice, at the first --seqs, "
                          "nothing timed")
@@ -61,7 +62,8 @@ def main():
                 with_stages(st, lambda: rope_ext._C.norm_rope_backward_direct([q, k], [q, k], w, 1e-6, 0.0, *opts))()
         torch.cuda.synchronize()
         return
-    dev, dt, D = "cuda", torch.bfloat16, 128
+    dev, D = "cuda", 128
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     base = 1e6
     for S in map(int, args.seqs.split(",")):
         torch.manual_seed(0)
@@ -71,7 +73,7 @@ def main():
         kw = (1 + 0.1 * torch.randn(D, device=dev)).to(dt)
         pos = torch.arange(S, device=dev)[None]
         cos, sin = _cos_sin(pos, rope_ext.inv_freq(D, base), dt)
-        mb = (q.numel() + k.numel()) * 2 / 2**20
+        mb = (q.numel() + k.numel()) * q.element_size() / 2**20
         comp = torch.compile(hf_norm_rope, dynamic=False)
         fwd = {"torch.compile": lambda: comp(q, k, qw, kw, cos, sin)}
         for r in map(int, args.fwd.split(",")):
@@ -83,7 +85,8 @@ def main():
         fwd["rope_ext rule"] = lambda: rope_ext.rms_norm_rope_qk(q, k, qw, kw, pos, base=base)
         fwd["same-size copy"] = same_size_copy(q.numel() + k.numel(), dt)
         got, errs = graph_us_interleaved(fwd, args.reps)
-        print(f"\nforward, q [1, {S}, 32, {D}] + k [1, {S}, 8, {D}] bf16 ({mb:.0f} MB read, as much written), us:")
+        print(f"\nforward, q [1, {S}, 32, {D}] + k [1, {S}, 8, {D}] {args.dtype} ({mb:.0f} MB read, as much written), "
+              "us:")
         for n in fwd:
             print(f"  {n:<28}{got[n]:>9.1f}" if n in got else f"  {n:<28}  n/a: {errs.get(n)}")
 

@@ -30,8 +30,16 @@ thread_local int g_last_stages = 0;  // tests: the depth this thread's last laun
 // and of each dw sum in the backward). 32 lanes x kMaxU units bound the row: D <= 512.
 constexpr int max_units(int V) { return 8 / V; }
 
-// The ring's depth where it fits (the plan's rule).
-constexpr int kRuleStages = 4;
+// The ring's depth where it fits (the plan's rule). H100, Qwen3 q [1, 8192, 32, 128] +
+// k [.., 8, ..] bf16, one wave (bench/norm_rope_tiles.py, runs 1-2 of the eleventh
+// session of 2026-11-26, us by depth 1 (the register prefetch) / 2 / 3 / 4): forward
+// 70.6-70.8 / 69.7 / 70.0 / 69.2 (at 4 blocks per SM; 70.4 at all depths with 3),
+// backward 115.8-116.1 / 110.3-110.5 / 111.0-111.4 / 111.5-111.8; at 512 tokens the
+// backward 22.9 / 21.2 / 22.4 / 23.2. ncu: the ring takes the forward's long-scoreboard
+// stalls from 5.9 to 0.5 per issue, and what holds it at ~87% of a copy's rate after that
+// is the MIO pipe (short-scoreboard 4.1 and mio-throttle 1.1 per issue: the shared-memory
+// table, weight and ring reads and the shuffles, per 16 elements of a row).
+constexpr int rule_stages(bool bwd) { return bwd ? 2 : 4; }
 
 struct Plan {
   int V;
@@ -105,7 +113,7 @@ Plan plan(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int de
     if (knob_s > 1) {
       sh.stages = std::min(knob_s, 4);
     } else {
-      for (int s = kRuleStages; s >= 2 && sh.stages == 1; --s)
+      for (int s = rule_stages(np.backward); s >= 2 && sh.stages == 1; --s)
         if (pl.smem + cuda::norm_rope_ring_bytes(s, segs, cuda::kNormRopeThreads) <= budget) sh.stages = s;
     }
     if (sh.stages > 1)

@@ -12,10 +12,12 @@
 // consecutive rows (token-group-major) and exits. The block fills a shared table of
 // sin/cos for the tile's token groups and the fp32 weights (+ offset), one barrier;
 // then each team of TPR threads takes whole rows: reduces mean(x^2) with shuffles
-// inside the team, normalises, rotates from the table and stores. In the 16-bit tile
-// instances (kAhead) a team issues its first row's loads before the table and keeps
-// its next row's in flight while it computes; fp32 and the scalar variant load each row
-// after the barrier and the previous row's stores. A row is
+// inside the team, normalises, rotates from the table and stores. The tile variant
+// streams its rows through a per-thread cp.async ring in shared memory (kRing: 2-4 rows
+// in flight per team, the first ones issued before the table); without it (the knob's
+// depth 1) the 16-bit instances (kAhead) keep the next row's loads in registers, and fp32
+// and the scalar variant load each row after the barrier and the previous row's stores.
+// A row is
 // read once and written once; sin/cos are computed once per (token, pair) and tile,
 // not per head. The tile sizes (norm_rope_dispatch.cu) were measured.
 //
@@ -166,26 +168,28 @@ struct NormRopeRow {
   bool active = false;
 };
 
-// Registers: the forward at 80 (3 blocks of 256 per SM: at 64 the row descriptors'
-// batch spilled); the backward holds dy and two dw sums besides x, and two rows in
-// flight: 128 (2 blocks per SM). ptxas (sm_90a) still spills 60-76 bytes in the 16-bit
-// tile and scalar backward instances and 8 in the scalar forward; the scalar variant's
-// times at these bounds were not re-measured (the fallback; the tile variant's are in
-// bench/NOTES.md).
+// Registers (ptxas, sm_90a): the ring forward at 64 (4 blocks of 256 per SM, no spill:
+// its rows in flight hold no registers); the register-prefetch forward at 80 (3 blocks:
+// at 64 the next row and the descriptors' batch spilled); the backward holds dy and two
+// dw sums besides x: 128 (2 blocks per SM; the ring instances spill nothing, the
+// register-prefetch and scalar ones 60-76 bytes; at 85 the ring spilled ~320). The
+// scalar variant's times at these bounds were not re-measured (the fallback; the tile
+// variant's are in bench/NOTES.md).
 constexpr int norm_rope_min_blocks(bool bwd, bool ring) { return bwd ? 2 : ring ? 4 : 3; }
 
 // kMaxU: units per thread kept in registers (2V floats each).
-// Each team keeps two rows in flight (kAhead): the loads of its next row go out before
-// the current one is normalised, rotated and stored; and the first row's before the
-// block's sin/cos table and weights are filled (rope variant 4's order). A row's index
-// math comes from a warp batch (below). H100, Qwen3 q [1, 8192, 32, 128] + k [.., 8, ..]
-// bf16 (bench/NOTES.md, runs 1-5 of the tenth session of 2026-11-26): the first version
-// (each row loaded after the table's barrier and the previous row's stores, 2 rows per
-// team, per-lane index math, 32 shared atomics per thread and 64 rows for the dw sums)
-// took 79 us forward and ~520 backward; this one 70 and 116 (ncu: 25.6M and 42.4M warp
-// instructions, from 38.5M and 59.0M). What holds the forward at ~87% of a same-size
-// copy: one row in flight per team while it computes (ncu: long-scoreboard stalls 6 per
-// issue, 35% occupancy at 77 registers; at 64 registers it spills).
+// A team's first rows' loads go out before the block's sin/cos table and weights are
+// filled (rope variant 4's order), and later rows' while earlier ones are normalised,
+// rotated and stored: stages - 1 rows ahead through the ring (kRing), or one in
+// registers (kAhead). A row's index math comes from a warp batch (below). H100, Qwen3
+// q [1, 8192, 32, 128] + k [.., 8, ..] bf16 (bench/NOTES.md, runs 1-5 of the tenth and
+// 1-2 of the eleventh session of 2026-11-26): the first version (each row loaded after
+// the table's barrier and the previous row's stores, 2 rows per team, per-lane index
+// math, 32 shared atomics per thread and 64 rows for the dw sums) took 79 us forward and
+// ~520 backward; with the next row in registers 70 and 116 (ncu: 25.6M and 42.4M warp
+// instructions, from 38.5M and 59.0M; the forward's long-scoreboard stalls 6 per issue);
+// through the ring 69.2 and 110.5 (forward stalls 0.5 per issue: what holds it at ~88%
+// of a same-size copy now is the MIO pipe, dispatch's rule_stages).
 template <typename T, int V, int kMaxU, bool kInterleaved, bool kBwd, bool kRing>
 __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks(kBwd, kRing))
     norm_rope_kernel(const __grid_constant__ NormRopeParams np, const NormRopeShape sh) {
