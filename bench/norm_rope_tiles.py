@@ -26,6 +26,9 @@ from timing import graph_us_interleaved, same_size_copy, switched  # noqa: E402
 from variants import _cos_sin, _fwd_bwd, hf_norm_rope  # noqa: E402
 
 
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
 def with_rows(k, f):
     """f with set_norm_rope_rows_per_team(k) around it (host side: a captured graph keeps it)."""
     return switched(rope_ext._C.set_norm_rope_rows_per_team, k, 0, f)
@@ -43,16 +46,17 @@ def main():
     ap.add_argument("--bwd", default="2,4,8,16,-1")
     ap.add_argument("--seqs", default="8192,512")
     ap.add_argument("--stages", default="1,2,3,4", help="rows in flight per team at the rule's tiles")
-    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    ap.add_argument("--dtype", default="bf16", choices=list(DTYPES))
     ap.add_argument("--profile", action="store_true",
                     help="for ncu: per --stages depth the forward twice, then the backward twice, at the first --seqs, "
                          "nothing timed")
     args = ap.parse_args()
     if args.profile:
         S, D = int(args.seqs.split(",")[0]), 128
-        q = torch.randn(1, S, 32, D, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(1, S, 8, D, device="cuda", dtype=torch.bfloat16)
-        w = [(1 + 0.1 * torch.randn(D, device="cuda")).to(torch.bfloat16) for _ in range(2)]
+        dt = DTYPES[args.dtype]
+        q = torch.randn(1, S, 32, D, device="cuda", dtype=dt)
+        k = torch.randn(1, S, 8, D, device="cuda", dtype=dt)
+        w = [(1 + 0.1 * torch.randn(D, device="cuda")).to(dt) for _ in range(2)]
         pos = torch.arange(S, device="cuda")[None]
         opts = _op_options("bshd", pos, None, 1e6, "auto", None, None, False, None, None)
         for st in map(int, args.stages.split(",")):  # per depth: 2 forward, then 2 backward launches
@@ -63,7 +67,7 @@ def main():
         torch.cuda.synchronize()
         return
     dev, D = "cuda", 128
-    dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    dt = DTYPES[args.dtype]
     base = 1e6
     for S in map(int, args.seqs.split(",")):
         torch.manual_seed(0)

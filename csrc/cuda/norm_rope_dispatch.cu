@@ -106,9 +106,9 @@ Plan plan(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int de
   const int knob_s = g_stages.load();
   const bool ring = V > 1 && knob_s != 1;
   sh.stages = 1;
-  size_tiles(cuda::norm_rope_min_blocks(np.backward, ring));
+  size_tiles(cuda::norm_rope_min_blocks(np.backward, ring, elem_size));
   if (ring) {
-    const size_t budget = 228 * 1024 / cuda::norm_rope_min_blocks(np.backward, true) - 1024;
+    const size_t budget = 228 * 1024 / cuda::norm_rope_min_blocks(np.backward, true, elem_size) - 1024;
     const int segs = cuda::norm_rope_ring_segs(np.backward, kmax);
     if (knob_s > 1) {
       sh.stages = std::min(knob_s, 4);
@@ -119,7 +119,7 @@ Plan plan(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int de
     if (sh.stages > 1)
       pl.smem += cuda::norm_rope_ring_bytes(sh.stages, segs, cuda::kNormRopeThreads);
     else
-      size_tiles(cuda::norm_rope_min_blocks(np.backward, false));
+      size_tiles(cuda::norm_rope_min_blocks(np.backward, false, elem_size));
   }
   return pl;
 }

@@ -168,14 +168,17 @@ struct NormRopeRow {
   bool active = false;
 };
 
-// Registers (ptxas, sm_90a): the ring forward at 64 (4 blocks of 256 per SM, no spill:
-// its rows in flight hold no registers); the register-prefetch forward at 80 (3 blocks:
+// Registers (ptxas, sm_90a): the 16-bit ring forward at 64 (4 blocks of 256 per SM, no
+// spill: its rows in flight hold no registers; fp32's two units per thread spilled 60
+// bytes there, so 3 blocks); the register-prefetch forward at 80 (3 blocks:
 // at 64 the next row and the descriptors' batch spilled); the backward holds dy and two
 // dw sums besides x: 128 (2 blocks per SM; the ring instances spill nothing, the
 // register-prefetch and scalar ones 60-76 bytes; at 85 the ring spilled ~320). The
 // scalar variant's times at these bounds were not re-measured (the fallback; the tile
 // variant's are in bench/NOTES.md).
-constexpr int norm_rope_min_blocks(bool bwd, bool ring) { return bwd ? 2 : ring ? 4 : 3; }
+constexpr int norm_rope_min_blocks(bool bwd, bool ring, int elem_bytes) {
+  return bwd ? 2 : ring && elem_bytes == 2 ? 4 : 3;
+}
 
 // kMaxU: units per thread kept in registers (2V floats each).
 // A team's first rows' loads go out before the block's sin/cos table and weights are
@@ -191,7 +194,7 @@ constexpr int norm_rope_min_blocks(bool bwd, bool ring) { return bwd ? 2 : ring 
 // through the ring 69.2 and 110.5 (forward stalls 0.5 per issue: what holds it at ~88%
 // of a same-size copy now is the MIO pipe, dispatch's rule_stages).
 template <typename T, int V, int kMaxU, bool kInterleaved, bool kBwd, bool kRing>
-__global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks(kBwd, kRing))
+__global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks(kBwd, kRing, sizeof(T)))
     norm_rope_kernel(const __grid_constant__ NormRopeParams np, const NormRopeShape sh) {
   static_assert(!kRing || V > 1, "the ring copies 16-byte segments");
   constexpr int E = 2 * V;  // elements of a unit
