@@ -38,10 +38,11 @@ bool norm_rope_tile_eligible(const NormRopeParams& np, int64_t elem_size, std::s
 int64_t norm_rope_cuda_partial_rows(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int device);
 // tests/bench: rows per team of a tile (0: the rule; -1: one resident wave of blocks).
 void set_norm_rope_rows_per_team(int rows);
-// tests/bench: rows in flight per team in the tile variant (0: the rule; 1: the register
-// prefetch; 2-4: the shared-memory ring), and the depth this thread's last launch ran with.
+// tests/bench: rows in flight per team in the tile variant (0: the rule; 1: no ring; 2-4:
+// the shared-memory ring of that depth, lowered to what fits), and the depth the last
+// launch of each direction ran with (0: none yet, or an empty launch).
 void set_norm_rope_stages(int stages);
-int last_norm_rope_stages();
+int last_norm_rope_stages(bool backward);
 // The backward's weight grads from the kernel's partial rows (one launch).
 void run_norm_rope_dw_sum_cuda(const NormRopeDwSum& a, c10::Device device);
 void run_norm_rope_cuda(const NormRopeParams& np, NormRopeImpl impl, at::ScalarType dtype, c10::Device device);

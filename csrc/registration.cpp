@@ -87,10 +87,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "tests/bench: rows per team of the fused norm + rope kernels' tiles (0 = the rule, -1 = one resident wave of "
         "blocks)");
   m.def("set_norm_rope_stages", &rope_ext::set_norm_rope_stages,
-        "tests/bench: rows in flight per team of the fused norm + rope tile variant (0 = the rule, 1 = the register "
-        "prefetch, 2-4 = a shared-memory ring of that depth)");
-  m.def("last_norm_rope_stages", &rope_ext::last_norm_rope_stages,
-        "tests: the depth this thread's last CUDA norm + rope launch ran with (1 = the register path)");
+        "tests/bench: rows in flight per team of the fused norm + rope tile variant (0 = the rule, 1 = no ring, 2-4 = "
+        "a shared-memory ring of that depth, lowered to what fits a block)");
+  m.def("last_norm_rope_stages", &rope_ext::last_norm_rope_stages, pybind11::arg("backward"),
+        "tests: the depth the last CUDA norm + rope launch of that direction ran with (1 = no ring; 0 = none yet)");
   m.def("set_lean_max_bytes", &rope_ext::set_lean_max_bytes,
         "tests/bench: largest tensor (bytes) auto runs with variant 6, lean (-1 = defaults, 0 = never)");
   m.def("set_lean_bytes", &rope_ext::set_lean_bytes,

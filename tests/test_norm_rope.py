@@ -138,23 +138,45 @@ def test_tile_sizes_cuda(case, dtype, rows_per_team):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", TILE_CASES, ids=[c[0] for c in TILE_CASES])
 def test_ring_depths_cuda(case, dtype, stages, rows_per_team):
-    """The tile variant's rows in flight per team (1: the next row in registers; 2-4:
-    the cp.async ring of that depth; 3 rows per team leave ring slots past the tile's
-    end, 16 wrap the ring several times): the float64 truth, the depth asked for ran,
-    and dx bit for bit the rule's (the same arithmetic per row)."""
+    """The tile variant's rows in flight per team (1: no ring; 2-4: the cp.async ring of
+    that depth; 3 rows per team leave ring slots past the tile's end, 16 wrap the ring
+    several times): the float64 truth, the depth asked for ran in both directions, and
+    dx bit for bit the rule's (the same arithmetic per row)."""
     want = _check_vs_float64("cuda", dtype, case, "tile")
     assert want is not None, f"{case[0]} {dtype}: every TILE_CASES shape takes the tile variant"
     rope_ext._C.set_norm_rope_rows_per_team(rows_per_team)
     rope_ext._C.set_norm_rope_stages(stages)
     try:
         got = _check_vs_float64("cuda", dtype, case, "tile")
-        ran = rope_ext._C.last_norm_rope_stages()
+        ran = rope_ext._C.last_norm_rope_stages(False), rope_ext._C.last_norm_rope_stages(True)
     finally:
         rope_ext._C.set_norm_rope_stages(0)
         rope_ext._C.set_norm_rope_rows_per_team(0)
-    assert ran == stages, f"{case[0]} {dtype}: asked for {stages} rows in flight, the backward ran {ran}"
+    # (The H100 fits every depth of these shapes in one block; a smaller GPU may lower it.)
+    assert ran == (stages, stages), f"{case[0]} {dtype}: asked for {stages} rows in flight, ran (fwd, bwd) {ran}"
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), \
         f"{case[0]} {dtype} stages {stages}: dx differs from the rule's"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_ring_rule_lowers_depth_cuda():
+    """The rule's depth where the deepest ring does not fit beside a large table: a
+    D = 256 bf16 tile of 32 rows holds 17 token groups' sin/cos (17 KB); with the ring 4
+    deep (45 KB) and the weights that is over a quarter of any GPU's 228 KB or less per
+    SM, so the forward's 4-block plan takes a shallower ring (or none): still the
+    float64 truth. set_norm_rope_stages refuses depths it has no wait for."""
+    case = ("d256 big table", (1, 300, 1, 256), 1, "bshd", {})
+    rope_ext._C.set_norm_rope_rows_per_team(16)  # tiles of 256 rows, halved by the table's cap to 32
+    try:
+        _check_vs_float64("cuda", torch.bfloat16, case, "tile")
+        fwd, bwd = rope_ext._C.last_norm_rope_stages(False), rope_ext._C.last_norm_rope_stages(True)
+    finally:
+        rope_ext._C.set_norm_rope_rows_per_team(0)
+    assert 1 <= fwd < 4, f"forward ran {fwd} rows in flight: depth 4 cannot fit beside this table at 4 blocks per SM"
+    assert 1 <= bwd <= 2, f"backward ran {bwd}: the rule's backward depth is 2 at most"
+    for bad in (-1, 5):
+        with pytest.raises(ValueError, match="set_norm_rope_stages"):
+            rope_ext._C.set_norm_rope_stages(bad)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -6,6 +6,9 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
+#include <set>
+#include <utility>
 
 namespace rope_ext {
 namespace cuda_launch {
@@ -27,6 +30,20 @@ inline int device_attribute(int device) {
 }
 
 inline int sm_count(int device) { return device_attribute<cudaDevAttrMultiProcessorCount>(device); }
+
+// Lets `kernel` take up to the device's per-block opt-in maximum of dynamic shared
+// memory, once per (kernel, device): the attribute set on every launch cost host time,
+// and two threads setting different sizes could fail each other's launch. The caller
+// holds a device guard for `device` (the attribute applies to the current device).
+inline void allow_max_dynamic_smem(const void* kernel, int device) {
+  static std::mutex mu;
+  static std::set<std::pair<const void*, int>> done;
+  const std::lock_guard<std::mutex> lock(mu);
+  if (done.count({kernel, device})) return;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device)));
+  done.insert({kernel, device});
+}
 
 // Blocks of `kernel` resident per SM of `device` at this block size and shared memory.
 // The runtime's answer is cached per (kernel, device, block size, shared memory): it is

@@ -21,27 +21,43 @@ using cuda_launch::sm_count;
 
 // tests/bench: rows per team of a tile (0: the plan's rule; -1: one resident wave).
 std::atomic<int> g_rows_per_team{0};
-// tests/bench: rows in flight per team in the tile variant (0: the rule; 1: the register
-// prefetch; 2-4: the shared-memory ring of that depth).
+// tests/bench: rows in flight per team in the tile variant (0: the rule; 1: no ring
+// (16-bit: the next row in registers; fp32: no prefetch); 2-4: the shared-memory ring
+// of that depth, lowered to what fits a block's shared memory).
 std::atomic<int> g_stages{0};
-thread_local int g_last_stages = 0;  // tests: the depth this thread's last launch ran with
+// tests: the depth the last launch of each direction ran with (process-wide: autograd
+// runs CUDA backward nodes on its own worker thread).
+std::atomic<int> g_last_stages[2] = {};
 
 // Registers per thread: kMaxU units of 2V floats = 16 floats of x (and as many of dy
 // and of each dw sum in the backward). 32 lanes x kMaxU units bound the row: D <= 512.
 constexpr int max_units(int V) { return 8 / V; }
 
 // The ring's depth where it fits (the plan's rule). H100, Qwen3 q [1, 8192, 32, 128] +
-// k [.., 8, ..] bf16, one wave (bench/norm_rope_tiles.py, runs 1-2 of the eleventh
-// session of 2026-11-26, us by depth 1 (the register prefetch) / 2 / 3 / 4): forward
-// 70.6-70.8 / 69.7 / 70.0 / 69.2 (at 4 blocks per SM; 70.4 at all depths with 3),
-// backward 115.8-116.1 / 110.3-110.5 / 111.0-111.4 / 111.5-111.8; at 512 tokens the
-// backward 22.9 / 21.2 / 22.4 / 23.2. ncu: the ring takes the forward's long-scoreboard
-// stalls from 5.9 to 0.5 per issue, and what holds it at ~87% of a copy's rate after that
-// is the MIO pipe (short-scoreboard 4.1 and mio-throttle 1.1 per issue: the shared-memory
-// table, weight and ring reads and the shuffles, per 16 elements of a row).
+// k [.., 8, ..], one wave (bench/norm_rope_tiles.py, runs 1-4 of the eleventh session of
+// 2026-11-26, us by depth 1 (no ring) / 2 / 3 / 4): bf16 forward 70.5-70.8 / 69.4-69.7 /
+// 70.0 / 69.2 (at 4 blocks per SM; 70.4-70.6 at every depth with 3), backward 115.8-116.2 /
+// 110.3-110.5 / 111.0-111.4 / 111.5-111.8, at 512 tokens 22.9 / 21.2 / 22.4 / 23.2; fp32
+// (3 blocks, depth 4 does not fit) forward 142.1 / 129.6 / 129.7, backward 203.6 /
+// 204.2 / (3: past the budget, one block per SM) 208.8. ncu: the ring takes the forward's
+// long-scoreboard stalls from 5.9 (bf16) and 12.3 (fp32) to 0.5-0.9 per issue; what holds
+// it at ~88% of a same-size copy after that is the MIO pipe (short-scoreboard ~4.1 and
+// mio-throttle 1.1-1.3 per issue: the shared-memory table, weight and ring reads and the
+// shuffles, per 16 elements of a row).
 constexpr int rule_stages(bool bwd) { return bwd ? 2 : 4; }
 
+// Shared memory a block may take with `min_blocks` blocks resident per SM (the device's
+// per-SM capacity less the per-block reservation), within the per-block opt-in limit.
+size_t smem_budget(int device, int min_blocks) {
+  using cuda_launch::device_attribute;
+  const size_t per_sm = device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(device);
+  const size_t reserved = device_attribute<cudaDevAttrReservedSharedMemoryPerBlock>(device);
+  const size_t optin = device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
+  return std::min(per_sm / min_blocks - std::min(reserved, per_sm / min_blocks), optin);
+}
+
 struct Plan {
+  int device;
   int V;
   cuda::NormRopeShape sh;
   size_t smem;
@@ -51,6 +67,7 @@ struct Plan {
 Plan plan(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int device) {
   const RopeParams& p = np.rope;
   Plan pl;
+  pl.device = device;
   pl.V = impl == NormRopeImpl::kTile ? static_cast<int>(16 / elem_size) : 1;
   const int V = pl.V, kmax = max_units(V);
   cuda::NormRopeShape& sh = pl.sh;
@@ -96,31 +113,29 @@ Plan plan(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int de
     tile = std::max<int64_t>(tile, ceil_div(total, INT32_MAX));
     sh.rows = tile;
     sh.table_stride = static_cast<int32_t>((table_rows(tile) * half + 3) / 4 * 4);
-    pl.smem = sizeof(float) * (2 * sh.table_stride + (np.backward ? 2 : 1) * p.num_tensors * p.D);
     pl.blocks = ceil_div(total, tile);
   };
+  const int segs = cuda::norm_rope_ring_segs(np.backward, kmax);
+  auto smem_at = [&](int stages) {
+    return cuda::norm_rope_smem(sh.table_stride, p.num_tensors, p.D, np.backward, stages, segs,
+                                cuda::kNormRopeThreads).bytes;
+  };
   // Rows in flight per team (tile variant): the ring's depth where it fits beside the
-  // table with the launch bound's blocks still resident (228 KB of shared memory per
-  // SM, 1 KB of it reserved per block), else the register prefetch (stages 1, its own
-  // launch bound, so its own wave). The knob (set_norm_rope_stages) sets the depth.
+  // table with the launch bound's blocks still resident (smem_budget), else no ring
+  // (stages 1, its own launch bound, so its own wave). The knob (set_norm_rope_stages)
+  // sets the depth, lowered to what fits one block.
   const int knob_s = g_stages.load();
   const bool ring = V > 1 && knob_s != 1;
   sh.stages = 1;
   size_tiles(cuda::norm_rope_min_blocks(np.backward, ring, elem_size));
   if (ring) {
-    const size_t budget = 228 * 1024 / cuda::norm_rope_min_blocks(np.backward, true, elem_size) - 1024;
-    const int segs = cuda::norm_rope_ring_segs(np.backward, kmax);
-    if (knob_s > 1) {
-      sh.stages = std::min(knob_s, 4);
-    } else {
-      for (int s = rule_stages(np.backward); s >= 2 && sh.stages == 1; --s)
-        if (pl.smem + cuda::norm_rope_ring_bytes(s, segs, cuda::kNormRopeThreads) <= budget) sh.stages = s;
-    }
-    if (sh.stages > 1)
-      pl.smem += cuda::norm_rope_ring_bytes(sh.stages, segs, cuda::kNormRopeThreads);
-    else
-      size_tiles(cuda::norm_rope_min_blocks(np.backward, false, elem_size));
+    const size_t budget = knob_s > 1 ? smem_budget(device, 1)
+                                     : smem_budget(device, cuda::norm_rope_min_blocks(np.backward, true, elem_size));
+    for (int s = knob_s > 1 ? knob_s : rule_stages(np.backward); s >= 2 && sh.stages == 1; --s)
+      if (smem_at(s) <= budget) sh.stages = s;
+    if (sh.stages == 1) size_tiles(cuda::norm_rope_min_blocks(np.backward, false, elem_size));
   }
+  pl.smem = smem_at(sh.stages);
   return pl;
 }
 
@@ -128,8 +143,7 @@ template <typename T, int V, bool kInterleaved, bool kBwd>
 void launch(const NormRopeParams& np, const Plan& pl, cudaStream_t stream) {
   auto kernel = pl.sh.stages > 1 ? cuda::norm_rope_kernel<T, V, max_units(V), kInterleaved, kBwd, V != 1>
                                  : cuda::norm_rope_kernel<T, V, max_units(V), kInterleaved, kBwd, false>;
-  if (pl.smem > 48 * 1024)
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(pl.smem)));
+  if (pl.smem > 48 * 1024) cuda_launch::allow_max_dynamic_smem(reinterpret_cast<const void*>(kernel), pl.device);
   kernel<<<static_cast<unsigned>(pl.blocks), cuda::kNormRopeThreads, pl.smem, stream>>>(np, pl.sh);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -186,8 +200,12 @@ void run_norm_rope_dw_sum_cuda(const NormRopeDwSum& a, c10::Device device) {
 }
 
 void set_norm_rope_rows_per_team(int rows) { g_rows_per_team.store(rows); }
-void set_norm_rope_stages(int stages) { g_stages.store(stages); }
-int last_norm_rope_stages() { return g_last_stages; }
+void set_norm_rope_stages(int stages) {
+  TORCH_CHECK_VALUE(stages >= 0 && stages <= cuda::kNormRopeMaxStages, "rope_ext: set_norm_rope_stages takes 0 (the "
+                    "rule), 1 (no ring) or a ring depth up to ", cuda::kNormRopeMaxStages, ", got ", stages);
+  g_stages.store(stages);
+}
+int last_norm_rope_stages(bool backward) { return g_last_stages[backward ? 1 : 0].load(); }
 
 int64_t norm_rope_cuda_partial_rows(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int device) {
   return plan(np, resolve(np, impl, elem_size), elem_size, device).blocks;
@@ -202,12 +220,12 @@ void run_norm_rope_cuda(const NormRopeParams& np, NormRopeImpl impl, at::ScalarT
     } else {
       const NormRopeImpl chosen = resolve(np, impl, sizeof(scalar_t));
       const Plan pl = plan(np, chosen, sizeof(scalar_t), device.index());
+      g_last_stages[np.backward ? 1 : 0].store(pl.blocks ? pl.sh.stages : 0);
       if (pl.blocks == 0) return;
       // The partial-sum buffer was sized by an earlier plan (norm_rope_cuda_partial_rows):
       // a knob changed in between would write past it or leave rows unwritten.
       TORCH_CHECK(!np.backward || pl.blocks == np.dweight_rows, "rope_ext: norm_rope backward planned ",
                   np.dweight_rows, " partial rows but launches ", pl.blocks, " blocks (a tuning knob changed mid-call?)");
-      g_last_stages = pl.sh.stages;
       if (chosen == NormRopeImpl::kTile)
         launch_width<scalar_t, 16 / sizeof(scalar_t)>(np, pl, stream);
       else

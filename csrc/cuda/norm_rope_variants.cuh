@@ -17,9 +17,9 @@
 // in flight per team, the first ones issued before the table); without it (the knob's
 // depth 1) the 16-bit instances (kAhead) keep the next row's loads in registers, and fp32
 // and the scalar variant load each row after the barrier and the previous row's stores.
-// A row is
-// read once and written once; sin/cos are computed once per (token, pair) and tile,
-// not per head. The tile sizes (norm_rope_dispatch.cu) were measured.
+// A row is read once and written once; sin/cos are computed once per (token, pair) and
+// tile, not per head. The tile sizes and ring depths (norm_rope_dispatch.cu) were
+// measured.
 //
 // Work unit: V pairs of the rotary part (neox: V features of each half; GPT-J: 2V
 // consecutive features), or 2V consecutive pass-through features of [R, D). Unit u
@@ -48,12 +48,35 @@ struct NormRopeShape {
   int32_t stages;        // the ring's depth (kRing instances: 2-4 rows in flight per team)
 };
 
-// Shared memory of a block's row ring (kRing): per stage, kSegs 16-byte segments per
-// thread ([segment][thread]: a warp's reads of one segment are consecutive, no bank
-// conflicts), then each thread's row descriptor (output row, meta).
+// The ring's depth at most: its wait (cp_async_wait_upto) leaves up to depth - 1 groups
+// in flight.
+constexpr int kNormRopeMaxStages = 4;
+static_assert(kNormRopeMaxStages - 1 <= kCpAsyncMaxPending, "cp_async_wait_upto covers the ring's waits");
+
+// 16-byte segments of a row per thread in the ring: x (and dy in the backward), two per unit.
 constexpr int norm_rope_ring_segs(bool bwd, int max_units) { return (bwd ? 4 : 2) * max_units; }
-inline size_t norm_rope_ring_bytes(int stages, int segs, int threads) {
-  return static_cast<size_t>(stages) * threads * (16 * segs + sizeof(void*) + sizeof(int));
+
+// A block's dynamic shared memory, carved in this order by the kernel and sized by the
+// host from this one function: the cos and sin tables (table_stride floats each), the
+// weights + offset [nt][D] floats, the backward's dw sums [nt][D], then the ring (kRing
+// instances: per stage, `segs` 16-byte segments per thread ([segment][thread]: a warp's
+// reads of one segment are consecutive, no bank conflicts), then each thread's row
+// descriptor: output row, meta).
+struct NormRopeSmem {
+  size_t ring;   // byte offsets
+  size_t out;
+  size_t meta;
+  size_t bytes;  // total
+};
+__host__ __device__ inline NormRopeSmem norm_rope_smem(int table_stride, int nt, int D, bool bwd, int stages,
+                                                       int segs, int threads) {
+  NormRopeSmem m;
+  const size_t floats = 2 * static_cast<size_t>(table_stride) + (bwd ? 2 : 1) * static_cast<size_t>(nt) * D;
+  m.ring = (floats * sizeof(float) + 15) / 16 * 16;
+  m.out = m.ring + static_cast<size_t>(stages) * segs * threads * 16;
+  m.meta = m.out + static_cast<size_t>(stages) * threads * sizeof(void*);
+  m.bytes = stages > 1 ? m.meta + static_cast<size_t>(stages) * threads * sizeof(int) : floats * sizeof(float);
+  return m;
 }
 
 // Feature index of a unit's two segments (each V elements): A at fa, B at fb.
@@ -168,14 +191,15 @@ struct NormRopeRow {
   bool active = false;
 };
 
-// Registers (ptxas, sm_90a): the 16-bit ring forward at 64 (4 blocks of 256 per SM, no
-// spill: its rows in flight hold no registers; fp32's two units per thread spilled 60
-// bytes there, so 3 blocks); the register-prefetch forward at 80 (3 blocks:
-// at 64 the next row and the descriptors' batch spilled); the backward holds dy and two
-// dw sums besides x: 128 (2 blocks per SM; the ring instances spill nothing, the
-// register-prefetch and scalar ones 60-76 bytes; at 85 the ring spilled ~320). The
-// scalar variant's times at these bounds were not re-measured (the fallback; the tile
-// variant's are in bench/NOTES.md).
+// Registers and spill stores (ptxas, sm_90a, this code): the forward's 16-bit ring at 64
+// registers, no spill (4 blocks of 256 per SM: its rows in flight hold no registers;
+// fp32's two units per thread spilled 60 bytes at that bound, so fp32 keeps 3 blocks:
+// 77, no spill); the forward without the ring 77-78 (3 blocks: at 64 the next row and
+// the descriptors' batch spilled), the scalar forward 80 (8 bytes). The backward holds
+// dy and two dw sums besides x: 128 at 2 blocks per SM; spills: 16-bit ring 0, without
+// the ring 72-76 bytes; fp32 ring 44, without 28; scalar 60 (at 3 blocks the 16-bit
+// ring spilled ~320). The scalar variant's times at these bounds were not re-measured
+// (the fallback; the tile variant's are in bench/NOTES.md).
 constexpr int norm_rope_min_blocks(bool bwd, bool ring, int elem_bytes) {
   return bwd ? 2 : ring && elem_bytes == 2 ? 4 : 3;
 }
@@ -192,7 +216,7 @@ constexpr int norm_rope_min_blocks(bool bwd, bool ring, int elem_bytes) {
 // ~520 backward; with the next row in registers 70 and 116 (ncu: 25.6M and 42.4M warp
 // instructions, from 38.5M and 59.0M; the forward's long-scoreboard stalls 6 per issue);
 // through the ring 69.2 and 110.5 (forward stalls 0.5 per issue: what holds it at ~88%
-// of a same-size copy now is the MIO pipe, dispatch's rule_stages).
+// of a same-size copy now is the MIO pipe: dispatch's rule_stages).
 template <typename T, int V, int kMaxU, bool kInterleaved, bool kBwd, bool kRing>
 __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks(kBwd, kRing, sizeof(T)))
     norm_rope_kernel(const __grid_constant__ NormRopeParams np, const NormRopeShape sh) {
@@ -211,10 +235,11 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks(kBwd, k
   float* sin_tab = smem + sh.table_stride;
   float* w_s = smem + 2 * sh.table_stride;  // [num_tensors][D]: weight + offset
   float* dw_s = w_s + p.num_tensors * p.D;  // backward: [num_tensors][D]
-  // kRing: [stages][kSegs][threads] segments, then [stages][threads] output rows and metas.
-  uint4* ring = reinterpret_cast<uint4*>(dw_s + (kBwd ? p.num_tensors * p.D : 0));
-  T** ring_out = reinterpret_cast<T**>(ring + sh.stages * kSegs * kNormRopeThreads);
-  int* ring_meta = reinterpret_cast<int*>(ring_out + sh.stages * kNormRopeThreads);
+  const NormRopeSmem lay = norm_rope_smem(sh.table_stride, p.num_tensors, p.D, kBwd, sh.stages, kSegs,
+                                          kNormRopeThreads);
+  uint4* ring = reinterpret_cast<uint4*>(reinterpret_cast<char*>(smem) + lay.ring);  // [stages][kSegs][threads]
+  T** ring_out = reinterpret_cast<T**>(reinterpret_cast<char*>(smem) + lay.out);     // [stages][threads]
+  int* ring_meta = reinterpret_cast<int*>(reinterpret_cast<char*>(smem) + lay.meta);  // [stages][threads]
   const int half = p.R / 2, D = p.D, nt = p.num_tensors;
   const int tid = threadIdx.x, nthreads = blockDim.x;
 
@@ -321,23 +346,27 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks(kBwd, k
   // (cp.async: no registers per byte in flight, so stages - 1 rows stay in flight while
   // one computes), its descriptor beside them; read back by the same thread only, after
   // its own wait: no barrier.
+  // Segment s of this thread's slot: x of unit k at 2k, 2k + 1; dy at 2 kMaxU + 2k, + 1.
+  auto slot_seg = [&](int slot, int s) { return ring + (slot * kSegs + s) * kNormRopeThreads + tid; };
   auto ring_fetch = [&](const Desc& d, int slot) {
     if constexpr (kRing) {
+      // The slot's previous row was read (ring_take) before this point in program order;
+      // the copies' asm has no memory clobber, so a compiler fence keeps those reads here.
+      asm volatile("" ::: "memory");
       ring_out[slot * kNormRopeThreads + tid] = d.out;
       ring_meta[slot * kNormRopeThreads + tid] = d.meta;
       if (d.meta < 0) return;
-      uint4* r = ring + slot * kSegs * kNormRopeThreads + tid;
       const T* xrow = kBwd ? d.x : d.in;
 #pragma unroll
       for (int k = 0; k < kMaxU; ++k) {
         if (lane + k * tpr >= sh.units) continue;
         int fa, fb;
         seg(k, &fa, &fb);
-        cp_async16(r + (2 * k) * kNormRopeThreads, xrow + fa, true);
-        cp_async16(r + (2 * k + 1) * kNormRopeThreads, xrow + fb, true);
+        cp_async16(slot_seg(slot, 2 * k), xrow + fa, true);
+        cp_async16(slot_seg(slot, 2 * k + 1), xrow + fb, true);
         if (kBwd) {
-          cp_async16(r + (2 * kMaxU + 2 * k) * kNormRopeThreads, d.in + fa, true);
-          cp_async16(r + (2 * kMaxU + 2 * k + 1) * kNormRopeThreads, d.in + fb, true);
+          cp_async16(slot_seg(slot, 2 * kMaxU + 2 * k), d.in + fa, true);
+          cp_async16(slot_seg(slot, 2 * kMaxU + 2 * k + 1), d.in + fb, true);
         }
       }
     }
@@ -351,15 +380,14 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks(kBwd, k
       row.gl = meta >> 1;
       row.out = ring_out[slot * kNormRopeThreads + tid];
       row.os3 = (row.t ? p.t[1] : p.t[0]).out_stride[3];
-      const uint4* r = ring + slot * kSegs * kNormRopeThreads + tid;
 #pragma unroll
       for (int k = 0; k < kMaxU; ++k) {
         if (lane + k * tpr >= sh.units) continue;
-        row.xa[k] = r[(2 * k) * kNormRopeThreads];
-        row.xb[k] = r[(2 * k + 1) * kNormRopeThreads];
+        row.xa[k] = *slot_seg(slot, 2 * k);
+        row.xb[k] = *slot_seg(slot, 2 * k + 1);
         if (kBwd) {
-          row.ga[k] = r[(2 * kMaxU + 2 * k) * kNormRopeThreads];
-          row.gb[k] = r[(2 * kMaxU + 2 * k + 1) * kNormRopeThreads];
+          row.ga[k] = *slot_seg(slot, 2 * kMaxU + 2 * k);
+          row.gb[k] = *slot_seg(slot, 2 * kMaxU + 2 * k + 1);
         }
       }
     }

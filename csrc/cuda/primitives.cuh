@@ -119,8 +119,10 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-// The same wait for a run-time count of groups left in flight (0-3), and a compiler
-// barrier: the caller's shared-memory reads of the landed group stay behind it.
+// The same wait for a run-time count of groups left in flight (0 to kCpAsyncMaxPending),
+// and a compiler barrier: the caller's shared-memory reads of the landed group stay
+// behind it.
+constexpr int kCpAsyncMaxPending = 3;
 __device__ __forceinline__ void cp_async_wait_upto(int pending) {
   switch (pending) {
     case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
