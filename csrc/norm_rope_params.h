@@ -34,6 +34,9 @@ struct NormRopeParams {
   int64_t dweight_rows = 0;  // the launch checks that its blocks match
 };
 
+// The CUDA tile variant's row ring: its depth at most (rows in flight per team).
+constexpr int kNormRopeMaxStages = 4;
+
 // The backward's second launch (CUDA): dw[t][d] = sum over r < rows of partial[t][r * D + d],
 // in fp32, stored in the weight's dtype.
 struct NormRopeDwSum {

@@ -86,7 +86,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_norm_rope_rows_per_team", &rope_ext::set_norm_rope_rows_per_team,
         "tests/bench: rows per team of the fused norm + rope kernels' tiles (0 = the rule, -1 = one resident wave of "
         "blocks)");
-  m.def("set_norm_rope_stages", &rope_ext::set_norm_rope_stages,
+  m.def("set_norm_rope_stages",
+        [](int stages) {
+          // A pybind11 ValueError here: c10::ValueError from the CUDA dispatch file crashed
+          // the process on the GPU box (test_ring_rule_lowers_depth_cuda, run 7 of the
+          // eleventh session of 2026-11-26; decode_max_clusters below met the same).
+          if (stages < 0 || stages > rope_ext::kNormRopeMaxStages)
+            throw pybind11::value_error("rope_ext: set_norm_rope_stages takes 0 (the rule), 1 (no ring) or a ring "
+                                        "depth up to " + std::to_string(rope_ext::kNormRopeMaxStages) + ", got " +
+                                        std::to_string(stages));
+          rope_ext::set_norm_rope_stages(stages);
+        },
         "tests/bench: rows in flight per team of the fused norm + rope tile variant (0 = the rule, 1 = no ring, 2-4 = "
         "a shared-memory ring of that depth, lowered to what fits a block)");
   m.def("last_norm_rope_stages", &rope_ext::last_norm_rope_stages, pybind11::arg("backward"),

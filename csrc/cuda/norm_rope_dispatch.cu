@@ -200,11 +200,9 @@ void run_norm_rope_dw_sum_cuda(const NormRopeDwSum& a, c10::Device device) {
 }
 
 void set_norm_rope_rows_per_team(int rows) { g_rows_per_team.store(rows); }
-void set_norm_rope_stages(int stages) {
-  TORCH_CHECK_VALUE(stages >= 0 && stages <= cuda::kNormRopeMaxStages, "rope_ext: set_norm_rope_stages takes 0 (the "
-                    "rule), 1 (no ring) or a ring depth up to ", cuda::kNormRopeMaxStages, ", got ", stages);
-  g_stages.store(stages);
-}
+// (Checked in registration.cpp: a c10::ValueError thrown from this file crashed the
+// process on the GPU box, as decode_max_clusters' did.)
+void set_norm_rope_stages(int stages) { g_stages.store(std::clamp(stages, 0, kNormRopeMaxStages)); }
 int last_norm_rope_stages(bool backward) { return g_last_stages[backward ? 1 : 0].load(); }
 
 int64_t norm_rope_cuda_partial_rows(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int device) {

@@ -48,9 +48,8 @@ struct NormRopeShape {
   int32_t stages;        // the ring's depth (kRing instances: 2-4 rows in flight per team)
 };
 
-// The ring's depth at most: its wait (cp_async_wait_upto) leaves up to depth - 1 groups
-// in flight.
-constexpr int kNormRopeMaxStages = 4;
+// The ring's wait (cp_async_wait_upto) leaves up to depth - 1 groups in flight
+// (kNormRopeMaxStages: norm_rope_params.h).
 static_assert(kNormRopeMaxStages - 1 <= kCpAsyncMaxPending, "cp_async_wait_upto covers the ring's waits");
 
 // 16-byte segments of a row per thread in the ring: x (and dy in the backward), two per unit.
