@@ -347,13 +347,14 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks(kBwd, k
   // its own wait: no barrier.
   // Segment s of this thread's slot: x of unit k at 2k, 2k + 1; dy at 2 kMaxU + 2k, + 1.
   auto slot_seg = [&](int slot, int s) { return ring + (slot * kSegs + s) * kNormRopeThreads + tid; };
+  auto slot_desc = [&](int slot) { return slot * kNormRopeThreads + tid; };  // ring_out / ring_meta index
   auto ring_fetch = [&](const Desc& d, int slot) {
     if constexpr (kRing) {
       // The slot's previous row was read (ring_take) before this point in program order;
       // the copies' asm has no memory clobber, so a compiler fence keeps those reads here.
       asm volatile("" ::: "memory");
-      ring_out[slot * kNormRopeThreads + tid] = d.out;
-      ring_meta[slot * kNormRopeThreads + tid] = d.meta;
+      ring_out[slot_desc(slot)] = d.out;
+      ring_meta[slot_desc(slot)] = d.meta;
       if (d.meta < 0) return;
       const T* xrow = kBwd ? d.x : d.in;
 #pragma unroll
@@ -372,12 +373,12 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks(kBwd, k
   };
   auto ring_take = [&](int slot, Row& row) {
     if constexpr (kRing) {
-      const int meta = ring_meta[slot * kNormRopeThreads + tid];
+      const int meta = ring_meta[slot_desc(slot)];
       row.active = meta >= 0;
       if (!row.active) return;
       row.t = meta & 1;
       row.gl = meta >> 1;
-      row.out = ring_out[slot * kNormRopeThreads + tid];
+      row.out = ring_out[slot_desc(slot)];
       row.os3 = (row.t ? p.t[1] : p.t[0]).out_stride[3];
 #pragma unroll
       for (int k = 0; k < kMaxU; ++k) {
