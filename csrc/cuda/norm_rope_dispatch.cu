@@ -28,6 +28,13 @@ std::atomic<int> g_stages{0};
 // tests: the depth the last launch of each direction ran with (process-wide: autograd
 // runs CUDA backward nodes on its own worker thread).
 std::atomic<int> g_last_stages[2] = {};
+// tests/bench: the forward ring's row order (0: the rule; 1: strided; 2: runs of rows per
+// team; 3-5: runs, with the lane's sin/cos (3), weights (4) or both (5) held in registers:
+// the kernel's kOrder = knob - 1) and threads per row (0: the rule; else a power of two,
+// raised to what the row needs).
+std::atomic<int> g_order{0};
+std::atomic<int> g_threads_per_row{0};
+std::atomic<int> g_last_order{0};
 
 // Registers per thread: kMaxU units of 2V floats = 16 floats of x (and as many of dy
 // and of each dw sum in the backward). 32 lanes x kMaxU units bound the row: D <= 512.
@@ -59,6 +66,7 @@ size_t smem_budget(int device, int min_blocks) {
 struct Plan {
   int device;
   int V;
+  int order;  // the forward ring's row order (the kernel's kOrder; 0 strided)
   cuda::NormRopeShape sh;
   size_t smem;
   int64_t blocks;
@@ -75,8 +83,10 @@ Plan plan(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int de
   sh.units = sh.rot_units + (p.D - p.R) / (2 * V);
   int tpr = 1;
   while (tpr < 32 && tpr * kmax < sh.units) tpr *= 2;
-  // A team for every unit when the row is short (more rows in flight, fewer idle lanes).
-  while (tpr < 32 && tpr < sh.units) tpr *= 2;
+  // A team for every unit when the row is short (more rows in flight, fewer idle lanes),
+  // or the knob's team size where the row fits it.
+  const int knob_t = g_threads_per_row.load();
+  while (tpr < 32 && (knob_t > 0 ? tpr < knob_t : tpr < sh.units)) tpr *= 2;
   sh.tpr = tpr;
   const int64_t rows_g = rows_per_group(p);
   const int64_t total = num_groups(p) * rows_g;
@@ -126,23 +136,39 @@ Plan plan(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int de
   // sets the depth, lowered to what fits one block.
   const int knob_s = g_stages.load();
   const bool ring = V > 1 && knob_s != 1;
+  pl.order = ring && !np.backward ? std::max(g_order.load() - 1, 0) : 0;
   sh.stages = 1;
-  size_tiles(cuda::norm_rope_min_blocks(np.backward, ring, elem_size));
+  size_tiles(cuda::norm_rope_min_blocks(np.backward, ring, elem_size, pl.order));
   if (ring) {
     const size_t budget = knob_s > 1 ? smem_budget(device, 1)
-                                     : smem_budget(device, cuda::norm_rope_min_blocks(np.backward, true, elem_size));
+                                     : smem_budget(device, cuda::norm_rope_min_blocks(np.backward, true, elem_size,
+                                                                                      pl.order));
     for (int s = knob_s > 1 ? knob_s : rule_stages(np.backward); s >= 2 && sh.stages == 1; --s)
       if (smem_at(s) <= budget) sh.stages = s;
-    if (sh.stages == 1) size_tiles(cuda::norm_rope_min_blocks(np.backward, false, elem_size));
+    if (sh.stages == 1) {
+      pl.order = 0;
+      size_tiles(cuda::norm_rope_min_blocks(np.backward, false, elem_size));
+    }
   }
+  if (sh.rows > INT32_MAX) pl.order = 0;  // the runs count rows in 32 bits
   pl.smem = smem_at(sh.stages);
   return pl;
 }
 
 template <typename T, int V, bool kInterleaved, bool kBwd>
 void launch(const NormRopeParams& np, const Plan& pl, cudaStream_t stream) {
-  auto kernel = pl.sh.stages > 1 ? cuda::norm_rope_kernel<T, V, max_units(V), kInterleaved, kBwd, V != 1>
-                                 : cuda::norm_rope_kernel<T, V, max_units(V), kInterleaved, kBwd, false>;
+  constexpr bool kRing = V != 1, kOrders = kRing && !kBwd;
+  using Kernel = void (*)(const NormRopeParams, const cuda::NormRopeShape);
+  Kernel kernel = cuda::norm_rope_kernel<T, V, max_units(V), kInterleaved, kBwd, false, 0>;
+  if (pl.sh.stages > 1) {
+    switch (kOrders ? pl.order : 0) {
+      case 1: kernel = cuda::norm_rope_kernel<T, V, max_units(V), kInterleaved, kBwd, kRing, kOrders ? 1 : 0>; break;
+      case 2: kernel = cuda::norm_rope_kernel<T, V, max_units(V), kInterleaved, kBwd, kRing, kOrders ? 2 : 0>; break;
+      case 3: kernel = cuda::norm_rope_kernel<T, V, max_units(V), kInterleaved, kBwd, kRing, kOrders ? 3 : 0>; break;
+      case 4: kernel = cuda::norm_rope_kernel<T, V, max_units(V), kInterleaved, kBwd, kRing, kOrders ? 4 : 0>; break;
+      default: kernel = cuda::norm_rope_kernel<T, V, max_units(V), kInterleaved, kBwd, kRing, 0>;
+    }
+  }
   if (pl.smem > 48 * 1024) cuda_launch::allow_max_dynamic_smem(reinterpret_cast<const void*>(kernel), pl.device);
   kernel<<<static_cast<unsigned>(pl.blocks), cuda::kNormRopeThreads, pl.smem, stream>>>(np, pl.sh);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -204,6 +230,9 @@ void set_norm_rope_rows_per_team(int rows) { g_rows_per_team.store(rows); }
 // process on the GPU box, as decode_max_clusters' did.)
 void set_norm_rope_stages(int stages) { g_stages.store(std::clamp(stages, 0, kNormRopeMaxStages)); }
 int last_norm_rope_stages(bool backward) { return g_last_stages[backward ? 1 : 0].load(); }
+void set_norm_rope_order(int order) { g_order.store(order); }
+int last_norm_rope_order() { return g_last_order.load(); }
+void set_norm_rope_threads_per_row(int tpr) { g_threads_per_row.store(tpr); }
 
 int64_t norm_rope_cuda_partial_rows(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int device) {
   return plan(np, resolve(np, impl, elem_size), elem_size, device).blocks;
@@ -219,6 +248,7 @@ void run_norm_rope_cuda(const NormRopeParams& np, NormRopeImpl impl, at::ScalarT
       const NormRopeImpl chosen = resolve(np, impl, sizeof(scalar_t));
       const Plan pl = plan(np, chosen, sizeof(scalar_t), device.index());
       g_last_stages[np.backward ? 1 : 0].store(pl.blocks ? pl.sh.stages : 0);
+      if (!np.backward) g_last_order.store(pl.blocks && pl.sh.stages > 1 ? pl.order + 1 : 0);
       if (pl.blocks == 0) return;
       // The partial-sum buffer was sized by an earlier plan (norm_rope_cuda_partial_rows):
       // a knob changed in between would write past it or leave rows unwritten.
