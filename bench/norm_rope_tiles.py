@@ -1,14 +1,12 @@
 """The fused q/k RMSNorm + RoPE kernels' tile size (rows per team of a block's tile:
 `rope_ext._C.set_norm_rope_rows_per_team`, -1 = one resident wave of blocks) and rows in
-flight per team (`set_norm_rope_stages`: 1 the register prefetch, 2-4 the cp.async ring), the
-forward ring's row order with threads per row (`--combos order:tpr`, `set_norm_rope_order`,
-`set_norm_rope_threads_per_row`: 0 the rule), forward and backward, against torch.compile of
-HF's formula, every column of a table timed in
+flight per team (`set_norm_rope_stages`: 1 the register prefetch, 2-4 the cp.async ring), forward
+and backward, against torch.compile of HF's formula, every column of a table timed in
 turns (timing.graph_us_interleaved: one call in a CUDA graph, L2 flushed before each
 replay), on the variants suite's Qwen3 shape and a small one.
 
-    python bench/norm_rope_tiles.py [--reps 100] [--fwd 1,2,4,8,-1] [--bwd 2,4,8,16,-1] [--combos 1:0,5:0,1:1]
-    ncu -k regex:norm_rope_kernel ... python bench/norm_rope_tiles.py --profile [--stages 1,4] [--combos 5:0]
+    python bench/norm_rope_tiles.py [--reps 100] [--fwd 1,2,4,8,-1] [--bwd 2,4,8,16,-1]
+    ncu -k regex:norm_rope_kernel ... python bench/norm_rope_tiles.py --profile [--stages 1,4]
 
 The backward is timed alone (rope_ext's backward op on saved tensors; torch.compile's
 formula differentiated by autograd has no such split, so its column is fwd+bwd) and
@@ -41,13 +39,6 @@ def with_stages(k, f):
     return switched(rope_ext._C.set_norm_rope_stages, k, 0, f)
 
 
-def with_combo(combo, f):
-    """f with the forward ring's row order and the threads per row of `combo` ("order:tpr")."""
-    order, tpr = map(int, combo.split(":"))
-    return switched(rope_ext._C.set_norm_rope_order, order, 0,
-                    switched(rope_ext._C.set_norm_rope_threads_per_row, tpr, 0, f))
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=100)
@@ -55,9 +46,6 @@ def main():
     ap.add_argument("--bwd", default="2,4,8,16,-1")
     ap.add_argument("--seqs", default="8192,512")
     ap.add_argument("--stages", default="1,2,3,4", help="rows in flight per team at the rule's tiles")
-    ap.add_argument("--combos", default="",
-                    help="forward columns order:tpr (set_norm_rope_order, set_norm_rope_threads_per_row; 0 = the rule); "
-                         "the backward takes each tpr")
     ap.add_argument("--dtype", default="bf16", choices=list(DTYPES))
     ap.add_argument("--profile", action="store_true",
                     help="for ncu: per --stages depth the forward twice, then the backward twice, at the first --seqs, "
@@ -76,9 +64,6 @@ def main():
                 with_stages(st, lambda: rope_ext.rms_norm_rope_qk(q, k, *w, pos, base=1e6))()
             for _ in range(2):
                 with_stages(st, lambda: rope_ext._C.norm_rope_backward_direct([q, k], [q, k], w, 1e-6, 0.0, *opts))()
-        for c in filter(None, args.combos.split(",")):  # per combo: 2 forward launches
-            for _ in range(2):
-                with_combo(c, lambda: rope_ext.rms_norm_rope_qk(q, k, *w, pos, base=1e6))()
         torch.cuda.synchronize()
         return
     dev, D = "cuda", 128
@@ -101,9 +86,6 @@ def main():
         for st in map(int, args.stages.split(",")):
             fwd[f"rope_ext stages {st}"] = with_stages(st, lambda: rope_ext.rms_norm_rope_qk(q, k, qw, kw, pos,
                                                                                          base=base))
-        for c in filter(None, args.combos.split(",")):
-            fwd[f"rope_ext order:tpr {c}"] = with_combo(c, lambda: rope_ext.rms_norm_rope_qk(q, k, qw, kw, pos,
-                                                                                           base=base))
         fwd["rope_ext rule"] = lambda: rope_ext.rms_norm_rope_qk(q, k, qw, kw, pos, base=base)
         fwd["same-size copy"] = same_size_copy(q.numel() + k.numel(), dt)
         got, errs = graph_us_interleaved(fwd, args.reps)
@@ -120,9 +102,6 @@ def main():
                 [gq, gk], [q, k], [qw, kw], 1e-6, 0.0, *opts))
         for st in map(int, args.stages.split(",")):
             bwd[f"rope_ext bwd stages {st}"] = with_stages(st, lambda: rope_ext._C.norm_rope_backward_direct(
-                [gq, gk], [q, k], [qw, kw], 1e-6, 0.0, *opts))
-        for t in sorted({c.split(":")[1] for c in filter(None, args.combos.split(","))} - {"0"}):
-            bwd[f"rope_ext bwd tpr {t}"] = with_combo(f"0:{t}", lambda: rope_ext._C.norm_rope_backward_direct(
                 [gq, gk], [q, k], [qw, kw], 1e-6, 0.0, *opts))
         bwd["rope_ext bwd rule"] = lambda: rope_ext._C.norm_rope_backward_direct([gq, gk], [q, k], [qw, kw], 1e-6,
                                                                                  0.0, *opts)

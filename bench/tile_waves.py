@@ -11,7 +11,7 @@ resident blocks on a moving window of neighbouring rows.
 
 Columns, timed in turns (timing.graph_us_interleaved: one call in a CUDA graph, L2
 flushed before each replay), q [1, S, 32, 128] + k [1, S, 8, 128] out of place:
-  - rope tile @N: the plain RoPE variant 4 (`impl="tile"`) with N rows per thread of a
+  - rope tile @N: the plain RoPE variant 4 (`impl="fp32x4_tile"`) with N rows per thread of a
     tile (`set_tile_rows_per_thread`; 2 the default; a large N gives one wave);
   - norm+rope rows/team R: the fused forward with R rows per team (-1: one wave);
   - the same-size copy.
@@ -53,7 +53,7 @@ def main():
             fns = {}
             for n in map(int, args.tile.split(",")):
                 fns[f"rope tile @{n}"] = switched(rope_ext._C.set_tile_rows_per_thread, n, 0,
-                                                  lambda: rope_ext.apply_rope_qk(q, k, pos, base=base, impl="tile"))
+                                                  lambda: rope_ext.apply_rope_qk(q, k, pos, base=base, impl="fp32x4_tile"))
             for r in map(int, args.norm.split(",")):
                 fns[f"norm+rope rows/team {r}"] = switched(
                     rope_ext._C.set_norm_rope_rows_per_team, r, 0,

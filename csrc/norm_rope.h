@@ -43,13 +43,6 @@ void set_norm_rope_rows_per_team(int rows);
 // launch of each direction ran with (0: none yet, or an empty launch).
 void set_norm_rope_stages(int stages);
 int last_norm_rope_stages(bool backward);
-// tests/bench: the forward ring's row order (0: the rule; 1: strided; 2: runs of rows per
-// team) and the order the last forward launch ran with (0: none yet or no ring); threads
-// per row of the tile variant (0: the rule; else a power of two up to 32, raised to what
-// the row needs).
-void set_norm_rope_order(int order);
-int last_norm_rope_order();
-void set_norm_rope_threads_per_row(int tpr);
 // The backward's weight grads from the kernel's partial rows (one launch).
 void run_norm_rope_dw_sum_cuda(const NormRopeDwSum& a, c10::Device device);
 void run_norm_rope_cuda(const NormRopeParams& np, NormRopeImpl impl, at::ScalarType dtype, c10::Device device);

@@ -101,27 +101,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "a shared-memory ring of that depth, lowered to what fits a block)");
   m.def("last_norm_rope_stages", &rope_ext::last_norm_rope_stages, pybind11::arg("backward"),
         "tests: the depth the last CUDA norm + rope launch of that direction ran with (1 = no ring; 0 = none yet)");
-  m.def("set_norm_rope_order",
-        [](int order) {
-          if (order < 0 || order > 5)
-            throw pybind11::value_error("rope_ext: set_norm_rope_order takes 0 (the rule), 1 (strided), 2 (runs of "
-                                        "rows per team) or 3-5 (runs, sin/cos, weights or both held in registers), "
-                                        "got " + std::to_string(order));
-          rope_ext::set_norm_rope_order(order);
-        },
-        "tests/bench: the row order of the fused norm + rope forward's ring (0 = the rule, 1 = strided, 2 = runs of "
-        "rows per team, 3-5 = runs with sin/cos, weights or both held in registers)");
-  m.def("last_norm_rope_order", &rope_ext::last_norm_rope_order,
-        "tests: the row order the last CUDA norm + rope forward ran with (1 strided, 2-5 runs; 0 = none yet or no ring)");
-  m.def("set_norm_rope_threads_per_row",
-        [](int tpr) {
-          if (tpr < 0 || tpr > 32 || (tpr & (tpr - 1)))
-            throw pybind11::value_error("rope_ext: set_norm_rope_threads_per_row takes 0 (the rule) or a power of two "
-                                        "up to 32, got " + std::to_string(tpr));
-          rope_ext::set_norm_rope_threads_per_row(tpr);
-        },
-        "tests/bench: threads per row of the fused norm + rope tile variant (0 = the rule; raised to what the row "
-        "needs)");
   m.def("set_lean_max_bytes", &rope_ext::set_lean_max_bytes,
         "tests/bench: largest tensor (bytes) auto runs with variant 6, lean (-1 = defaults, 0 = never)");
   m.def("set_lean_bytes", &rope_ext::set_lean_bytes,

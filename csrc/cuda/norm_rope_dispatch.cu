@@ -28,13 +28,6 @@ std::atomic<int> g_stages{0};
 // tests: the depth the last launch of each direction ran with (process-wide: autograd
 // runs CUDA backward nodes on its own worker thread).
 std::atomic<int> g_last_stages[2] = {};
-// tests/bench: the forward ring's row order (0: the rule; 1: strided; 2: runs of rows per
-// team; 3-5: runs, with the lane's sin/cos (3), weights (4) or both (5) held in registers:
-// the kernel's kOrder = knob - 1) and threads per row (0: the rule; else a power of two,
-// raised to what the row needs).
-std::atomic<int> g_order{0};
-std::atomic<int> g_threads_per_row{0};
-std::atomic<int> g_last_order{0};
 
 // Registers per thread: kMaxU units of 2V floats = 16 floats of x (and as many of dy
 // and of each dw sum in the backward). 32 lanes x kMaxU units bound the row: D <= 512.
@@ -66,11 +59,13 @@ size_t smem_budget(int device, int min_blocks) {
 struct Plan {
   int device;
   int V;
-  int order;  // the forward ring's row order (the kernel's kOrder; 0 strided)
   cuda::NormRopeShape sh;
   size_t smem;
   int64_t blocks;
 };
+
+// The forward's rows per team of a tile (the tile rule in plan()).
+constexpr int64_t kFwdRowsPerTeam = 4;
 
 Plan plan(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int device) {
   const RopeParams& p = np.rope;
@@ -83,26 +78,27 @@ Plan plan(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int de
   sh.units = sh.rot_units + (p.D - p.R) / (2 * V);
   int tpr = 1;
   while (tpr < 32 && tpr * kmax < sh.units) tpr *= 2;
-  // A team for every unit when the row is short (more rows in flight, fewer idle lanes),
-  // or the knob's team size where the row fits it.
-  const int knob_t = g_threads_per_row.load();
-  while (tpr < 32 && (knob_t > 0 ? tpr < knob_t : tpr < sh.units)) tpr *= 2;
+  // A team for every unit when the row is short (more rows in flight, fewer idle lanes).
+  while (tpr < 32 && tpr < sh.units) tpr *= 2;
   sh.tpr = tpr;
   const int64_t rows_g = rows_per_group(p);
   const int64_t total = num_groups(p) * rows_g;
   const int teams = cuda::kNormRopeThreads / tpr;
-  // Tiles: 2 rows per team (rope variant 4's sweet spot), fewer when that would leave
-  // SMs idle, never a token group cut when one tile can hold it; but at least one
-  // resident wave's share (large calls: a block's table, weights and dw reduction then
-  // come once per SM slot). H100, Qwen3 q [1, 8192, 32, 128] + k [.., 8, ..] bf16
-  // (bench/norm_rope_tiles.py, tenth session of 2026-11-26), us by rows per team 1 / 2 /
-  // 4 / 8 / one wave: run 2 (the first prefetching kernel) forward 96.7 / 78.7 / 74.3 /
-  // 76.2 / 73.0, backward (2 / 4 / 8 / 16 / wave) 294.5 / 213.3 / 173.2 / 184.4 / 135.0;
-  // run 5 (the final kernel) forward 2 / wave 81.3 / 69.9, backward 4 / wave 179.8 /
-  // 116.6; at 512 tokens level (forward 10.8 / 10.6, backward 23.1 / 23.4). A table that
-  // fits in 32 KB.
-  // The knob (set_norm_rope_rows_per_team, tests and bench) sets rows per team exactly,
-  // past the SM rule, or -1: one wave (of the launch bound's blocks per SM).
+  // Tiles: kFwdRowsPerTeam rows per team forward, fewer when that would leave SMs idle,
+  // never a token group cut when one tile can hold it. The backward: 2 rows per team the
+  // same way, but at least one resident wave's share (its table, weights and dw reduction
+  // then come once per SM slot). H100, Qwen3 q [1, 8192, 32, 128] + k [.., 8, ..]
+  // (bench/norm_rope_tiles.py, tenth session of 2026-11-26), bf16 us by rows per team 1 /
+  // 2 / 4 / 8 / one wave, before the ring: forward 96.7 / 78.7 / 74.3 / 76.2 / 73.0,
+  // backward (2 / 4 / 8 / 16 / wave) 294.5 / 213.3 / 173.2 / 184.4 / 135.0. With the ring
+  // (bench/tile_waves.py, runs 2-3 of the twelfth session) the forward by 2 / 4 / 6 / 8 /
+  // 12 / 16 / wave: bf16 75.7 / 67.2 / 67.1 / 67.5 / 69.4 / 78.8 / 69.2, fp32 145.3 /
+  // 120.9 / 121.5 / 122.4 / 125.2 / 128.0 / 130.9 (copy 60.3 / 115.3): one wave of long
+  // tiles spreads ~4 x 132 streams over the whole tensors and loses ~8% of HBM bandwidth
+  // (the plain RoPE tile kernel too: 95.5% of copy at its 2 rows a thread, 87.6% at one
+  // wave); short tiles launched in order keep the resident blocks on neighbouring rows,
+  // but below ~4 rows per team each block's table, weights and barrier dominate. A table
+  // that fits in 32 KB.
   const int knob = g_rows_per_team.load();
   const int64_t sms = sm_count(device);
   const int half = p.R / 2;
@@ -115,8 +111,9 @@ Plan plan(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int de
     } else if (knob > 0) {
       tile = int64_t{knob} * teams;
     } else {
-      tile = std::min<int64_t>(2 * teams, ceil_div(total, 2 * sms));
-      tile = std::max<int64_t>({tile, std::min<int64_t>(rows_g, 2 * teams), wave});
+      tile = std::min<int64_t>((np.backward ? 2 : kFwdRowsPerTeam) * teams, ceil_div(total, 2 * sms));
+      tile = std::max<int64_t>(tile, std::min<int64_t>(rows_g, 2 * teams));
+      if (np.backward) tile = std::max(tile, wave);
     }
     tile = std::max<int64_t>(tile, 1);
     while (tile > 1 && table_rows(tile) * half * 8 > 32 * 1024) tile = (tile + 1) / 2;
@@ -136,39 +133,23 @@ Plan plan(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int de
   // sets the depth, lowered to what fits one block.
   const int knob_s = g_stages.load();
   const bool ring = V > 1 && knob_s != 1;
-  pl.order = ring && !np.backward ? std::max(g_order.load() - 1, 0) : 0;
   sh.stages = 1;
-  size_tiles(cuda::norm_rope_min_blocks(np.backward, ring, elem_size, pl.order));
+  size_tiles(cuda::norm_rope_min_blocks(np.backward, ring, elem_size));
   if (ring) {
     const size_t budget = knob_s > 1 ? smem_budget(device, 1)
-                                     : smem_budget(device, cuda::norm_rope_min_blocks(np.backward, true, elem_size,
-                                                                                      pl.order));
+                                     : smem_budget(device, cuda::norm_rope_min_blocks(np.backward, true, elem_size));
     for (int s = knob_s > 1 ? knob_s : rule_stages(np.backward); s >= 2 && sh.stages == 1; --s)
       if (smem_at(s) <= budget) sh.stages = s;
-    if (sh.stages == 1) {
-      pl.order = 0;
-      size_tiles(cuda::norm_rope_min_blocks(np.backward, false, elem_size));
-    }
+    if (sh.stages == 1) size_tiles(cuda::norm_rope_min_blocks(np.backward, false, elem_size));
   }
-  if (sh.rows > INT32_MAX) pl.order = 0;  // the runs count rows in 32 bits
   pl.smem = smem_at(sh.stages);
   return pl;
 }
 
 template <typename T, int V, bool kInterleaved, bool kBwd>
 void launch(const NormRopeParams& np, const Plan& pl, cudaStream_t stream) {
-  constexpr bool kRing = V != 1, kOrders = kRing && !kBwd;
-  using Kernel = void (*)(const NormRopeParams, const cuda::NormRopeShape);
-  Kernel kernel = cuda::norm_rope_kernel<T, V, max_units(V), kInterleaved, kBwd, false, 0>;
-  if (pl.sh.stages > 1) {
-    switch (kOrders ? pl.order : 0) {
-      case 1: kernel = cuda::norm_rope_kernel<T, V, max_units(V), kInterleaved, kBwd, kRing, kOrders ? 1 : 0>; break;
-      case 2: kernel = cuda::norm_rope_kernel<T, V, max_units(V), kInterleaved, kBwd, kRing, kOrders ? 2 : 0>; break;
-      case 3: kernel = cuda::norm_rope_kernel<T, V, max_units(V), kInterleaved, kBwd, kRing, kOrders ? 3 : 0>; break;
-      case 4: kernel = cuda::norm_rope_kernel<T, V, max_units(V), kInterleaved, kBwd, kRing, kOrders ? 4 : 0>; break;
-      default: kernel = cuda::norm_rope_kernel<T, V, max_units(V), kInterleaved, kBwd, kRing, 0>;
-    }
-  }
+  auto kernel = pl.sh.stages > 1 ? cuda::norm_rope_kernel<T, V, max_units(V), kInterleaved, kBwd, V != 1>
+                                 : cuda::norm_rope_kernel<T, V, max_units(V), kInterleaved, kBwd, false>;
   if (pl.smem > 48 * 1024) cuda_launch::allow_max_dynamic_smem(reinterpret_cast<const void*>(kernel), pl.device);
   kernel<<<static_cast<unsigned>(pl.blocks), cuda::kNormRopeThreads, pl.smem, stream>>>(np, pl.sh);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -230,9 +211,6 @@ void set_norm_rope_rows_per_team(int rows) { g_rows_per_team.store(rows); }
 // process on the GPU box, as decode_max_clusters' did.)
 void set_norm_rope_stages(int stages) { g_stages.store(std::clamp(stages, 0, kNormRopeMaxStages)); }
 int last_norm_rope_stages(bool backward) { return g_last_stages[backward ? 1 : 0].load(); }
-void set_norm_rope_order(int order) { g_order.store(order); }
-int last_norm_rope_order() { return g_last_order.load(); }
-void set_norm_rope_threads_per_row(int tpr) { g_threads_per_row.store(tpr); }
 
 int64_t norm_rope_cuda_partial_rows(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int device) {
   return plan(np, resolve(np, impl, elem_size), elem_size, device).blocks;
@@ -248,7 +226,6 @@ void run_norm_rope_cuda(const NormRopeParams& np, NormRopeImpl impl, at::ScalarT
       const NormRopeImpl chosen = resolve(np, impl, sizeof(scalar_t));
       const Plan pl = plan(np, chosen, sizeof(scalar_t), device.index());
       g_last_stages[np.backward ? 1 : 0].store(pl.blocks ? pl.sh.stages : 0);
-      if (!np.backward) g_last_order.store(pl.blocks && pl.sh.stages > 1 ? pl.order + 1 : 0);
       if (pl.blocks == 0) return;
       // The partial-sum buffer was sized by an earlier plan (norm_rope_cuda_partial_rows):
       // a knob changed in between would write past it or leave rows unwritten.

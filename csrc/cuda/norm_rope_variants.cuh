@@ -96,10 +96,13 @@ __device__ __forceinline__ void pair_slots(int j, int* a, int* b) {
   *b = kInterleaved ? 2 * j + 1 : V + j;
 }
 
-// Rotates the V pairs of a rotary unit held as e[0..2V), pair j by (cs[j], sv[j]) (the
-// forward's rotation and the backward's rotation back: the table holds the sign).
+// Rotates the V pairs of a rotary unit held as e[0..2V), pair j by table entry i0 + j
+// (the forward's rotation and the backward's rotation back: the table holds the sign).
 template <bool kInterleaved, int V>
-__device__ __forceinline__ void rotate_pairs(float* e, const float* cs, const float* sv) {
+__device__ __forceinline__ void rotate_unit(float* e, int i0, const float* ct, const float* st) {
+  float cs[V], sv[V];
+  load_table<V>(ct + i0, cs);  // 16-byte reads: i0 and the table rows are multiples of V
+  load_table<V>(st + i0, sv);
 #pragma unroll
   for (int j = 0; j < V; ++j) {
     int a, b;
@@ -108,15 +111,6 @@ __device__ __forceinline__ void rotate_pairs(float* e, const float* cs, const fl
     e[a] = rot_y0(x0, x1, c, sn);
     e[b] = rot_y1(x0, x1, c, sn);
   }
-}
-
-// The same, pair j by table entry i0 + j.
-template <bool kInterleaved, int V>
-__device__ __forceinline__ void rotate_unit(float* e, int i0, const float* ct, const float* st) {
-  float cs[V], sv[V];
-  load_table<V>(ct + i0, cs);  // 16-byte reads: i0 and the table rows are multiples of V
-  load_table<V>(st + i0, sv);
-  rotate_pairs<kInterleaved, V>(e, cs, sv);
 }
 
 // A segment of V elements as loaded: 16 bytes kept packed until used (converted right
@@ -205,8 +199,8 @@ struct NormRopeRow {
 // the ring 72-76 bytes; fp32 ring 44, without 28; scalar 60 (at 3 blocks the 16-bit
 // ring spilled ~320). The scalar variant's times at these bounds were not re-measured
 // (the fallback; the tile variant's are in bench/NOTES.md).
-constexpr int norm_rope_min_blocks(bool bwd, bool ring, int elem_bytes, int order = 0) {
-  return bwd ? 2 : ring && elem_bytes == 2 && order < 2 ? 4 : 3;
+constexpr int norm_rope_min_blocks(bool bwd, bool ring, int elem_bytes) {
+  return bwd ? 2 : ring && elem_bytes == 2 ? 4 : 3;
 }
 
 // kMaxU: units per thread kept in registers (2V floats each).
@@ -222,13 +216,10 @@ constexpr int norm_rope_min_blocks(bool bwd, bool ring, int elem_bytes, int orde
 // instructions, from 38.5M and 59.0M; the forward's long-scoreboard stalls 6 per issue);
 // through the ring 69.2 and 110.5 (forward stalls 0.5 per issue: what holds it at ~88%
 // of a same-size copy now is the MIO pipe: dispatch's rule_stages).
-template <typename T, int V, int kMaxU, bool kInterleaved, bool kBwd, bool kRing, int kOrder>
-__global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks(kBwd, kRing, sizeof(T), kOrder))
+template <typename T, int V, int kMaxU, bool kInterleaved, bool kBwd, bool kRing>
+__global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks(kBwd, kRing, sizeof(T)))
     norm_rope_kernel(const __grid_constant__ NormRopeParams np, const NormRopeShape sh) {
   static_assert(!kRing || V > 1, "the ring copies 16-byte segments");
-  static_assert(kOrder == 0 || (kRing && !kBwd), "runs of rows per team: the ring forward");
-  constexpr bool kChunk = kOrder > 0;
-  constexpr bool kHoldTable = kOrder == 2 || kOrder == 4, kHoldWeights = kOrder == 3 || kOrder == 4;
   constexpr int E = 2 * V;  // elements of a unit
   // Without the ring: the first row's loads before the table and the next row's before
   // this row's work where two rows fit the registers (16-bit 16-byte units); else each
@@ -258,18 +249,6 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks(kBwd, k
   const int64_t g_first = r_begin / rows_g;
   const int groups = static_cast<int>((r_begin + n - 1) / rows_g - g_first + 1);
   const int tpr = sh.tpr, lane = tid % tpr, team = tid / tpr, nteams = nthreads / tpr;
-  // Row order. Strided: iteration it of team m takes tile row it * nteams + m. kChunk:
-  // team m takes the run [m * run, m * run + run): consecutive rows are mostly heads of
-  // one token and tensor, so a lane keeps its units' sin/cos and weights in registers
-  // while they stay the same (below).
-  // (Runs in 32 bits: the host takes them for tiles of < 2^31 rows only; 64-bit counters
-  // spilled at the launch bound.)
-  using It = std::conditional_t<kChunk, int, int64_t>;
-  const int run = kChunk ? static_cast<int>((sh.rows + nteams - 1) / nteams) : 0;
-  auto tile_row = [&](It it, int m) -> int64_t {
-    if constexpr (kChunk) return it < run ? m * run + it : n;  // n: past the tile
-    else return it * nteams + m;
-  };
 
   // Row descriptors in warp batches: the row's index math (divides by the rows of a
   // group, the sequence length and the head count; 64-bit strides) is the same for
@@ -305,15 +284,15 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks(kBwd, k
     }
     return d;
   };
-  const int team0 = team - team_w;  // the warp's first team
+  const int64_t team0 = team - team_w;  // the warp's first team
   Desc batch;      // this lane's row of the current batch
   int batch_k = 0;  // the next call's position in the batch
   // Iteration it's row of this team; called for it = 0, 1, 2, ... in turn, by every
   // lane of the warp.
-  auto desc_of = [&](It it) {
+  auto desc_of = [&](int64_t it) {
     const int k = batch_k;
     batch_k = k + 1 == tpr ? 0 : k + 1;
-    if (k == 0) batch = describe(tile_row(it + wlane / tw, team0 + wlane % tw));
+    if (k == 0) batch = describe((it + wlane / tw) * nteams + team0 + wlane % tw);
     const int src = k * tw + team_w;
     Desc d;
     d.in = reinterpret_cast<const T*>(__shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(batch.in), src));
@@ -452,11 +431,7 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks(kBwd, k
   // 2. Every thread runs the same number of iterations: the team reductions are warp
   //    shuffles, so idle teams take part with zeros.
   const float inv_d = 1.f / D;
-  // kChunk: the sin/cos and weights of the lane's units for the table row and tensor
-  // last seen (reloaded when the row's differ).
-  float held_c[kHoldTable ? kMaxU : 1][V], held_s[kHoldTable ? kMaxU : 1][V], held_w[kHoldWeights ? kMaxU : 1][E];
-  int held_gl = -1, held_t = -1;
-  for (It it = 0; kChunk ? it < run : it * nteams < n; ++it) {
+  for (int64_t it = 0; it * nteams < n; ++it) {
     Row nxt;
     if (kRing) {
       ring_fetch(desc_of(it + stages - 1), slot_wr);  // the slot row it - 1 left
@@ -491,26 +466,6 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks(kBwd, k
     const float* st = sin_tab + cur.gl * half;
 
     if (!kBwd) {
-      if constexpr (kHoldTable || kHoldWeights) {
-        const bool new_gl = kHoldTable && cur.active && cur.gl != held_gl;
-        const bool new_t = kHoldWeights && cur.active && cur.t != held_t;
-#pragma unroll
-        for (int k = 0; k < kMaxU; ++k) {
-          const int u = lane + k * tpr;
-          if (u >= sh.units) continue;
-          if (new_gl && u < sh.rot_units) {
-            load_table<V>(ct + u * V, held_c[k]);
-            load_table<V>(st + u * V, held_s[k]);
-          }
-          if (new_t) {
-            int fa, fb;
-            seg(k, &fa, &fb);
-            unit_weights<V>(w, fa, fb, D, held_w[k]);
-          }
-        }
-        if (new_gl) held_gl = cur.gl;
-        if (new_t) held_t = cur.t;
-      }
 #pragma unroll
       for (int k = 0; k < kMaxU; ++k) {
         const int u = lane + k * tpr;
@@ -518,18 +473,10 @@ __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks(kBwd, k
         int fa, fb;
         seg(k, &fa, &fb);
         float wu[E];
-        if constexpr (kHoldWeights) {
-#pragma unroll
-          for (int j = 0; j < E; ++j) wu[j] = held_w[k][j];
-        } else {
-          unit_weights<V>(w, fa, fb, D, wu);
-        }
+        unit_weights<V>(w, fa, fb, D, wu);
 #pragma unroll
         for (int j = 0; j < E; ++j) e[k][j] *= rstd * wu[j];
-        if (u < sh.rot_units) {
-          if constexpr (kHoldTable) rotate_pairs<kInterleaved, V>(e[k], held_c[k], held_s[k]);
-          else rotate_unit<kInterleaved, V>(e[k], u * V, ct, st);
-        }
+        if (u < sh.rot_units) rotate_unit<kInterleaved, V>(e[k], u * V, ct, st);
         store_segment<T, V>(cur.out, cur.os3, fa, D, e[k]);
         store_segment<T, V>(cur.out, cur.os3, fb, D, e[k] + V);
       }
