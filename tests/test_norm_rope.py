@@ -160,19 +160,21 @@ def test_ring_depths_cuda(case, dtype, stages, rows_per_team):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_ring_rule_lowers_depth_cuda():
-    """The rule's depth where the deepest ring does not fit beside a large table: a
-    D = 256 bf16 tile of 32 rows holds 17 token groups' sin/cos (17 KB); with the ring 4
-    deep (45 KB) and the weights that is over a quarter of any GPU's 228 KB or less per
-    SM, so the forward's 4-block plan takes a shallower ring (or none): still the
-    float64 truth. set_norm_rope_stages refuses depths it has no wait for."""
-    case = ("d256 big table", (1, 300, 1, 256), 1, "bshd", {})
-    rope_ext._C.set_norm_rope_rows_per_team(16)  # tiles of 256 rows, halved by the table's cap to 32
+    """The rule's depth where its ring does not fit beside a large table: D = 256 bf16,
+    3 rows per token (2 q heads, 1 k head), 16 rows per team: tiles of 256 rows halved by
+    the table's 32 KB cap to 64, which touch 22 token groups (22 KB of sin/cos). With the
+    rule's forward ring 3 deep (33 KB) and the weights that is 57 KB, over a quarter of any
+    GPU's 228 KB or less per SM, so the forward's 4-block plan takes a shallower ring (or
+    none): still the float64 truth. set_norm_rope_stages refuses depths it has no wait
+    for."""
+    case = ("d256 big table", (1, 300, 2, 256), 1, "bshd", {})
+    rope_ext._C.set_norm_rope_rows_per_team(16)  # tiles of 256 rows, halved by the table's cap to 64
     try:
         _check_vs_float64("cuda", torch.bfloat16, case, "tile")
         fwd, bwd = rope_ext._C.last_norm_rope_stages(False), rope_ext._C.last_norm_rope_stages(True)
     finally:
         rope_ext._C.set_norm_rope_rows_per_team(0)
-    assert 1 <= fwd < 4, f"forward ran {fwd} rows in flight: depth 4 cannot fit beside this table at 4 blocks per SM"
+    assert 1 <= fwd < 3, f"forward ran {fwd} rows in flight: depth 3 cannot fit beside this table at 4 blocks per SM"
     assert 1 <= bwd <= 2, f"backward ran {bwd}: the rule's backward depth is 2 at most"
     for bad in (-1, 5):
         with pytest.raises(ValueError, match="set_norm_rope_stages"):

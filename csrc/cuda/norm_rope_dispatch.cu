@@ -34,17 +34,15 @@ std::atomic<int> g_last_stages[2] = {};
 constexpr int max_units(int V) { return 8 / V; }
 
 // The ring's depth where it fits (the plan's rule). H100, Qwen3 q [1, 8192, 32, 128] +
-// k [.., 8, ..], one wave (bench/norm_rope_tiles.py, runs 1-4 of the eleventh session of
-// 2026-11-26, us by depth 1 (no ring) / 2 / 3 / 4): bf16 forward 70.5-70.8 / 69.4-69.7 /
-// 70.0 / 69.2 (at 4 blocks per SM; 70.4-70.6 at every depth with 3), backward 115.8-116.2 /
-// 110.3-110.5 / 111.0-111.4 / 111.5-111.8, at 512 tokens 22.9 / 21.2 / 22.4 / 23.2; fp32
-// (3 blocks, depth 4 does not fit) forward 142.1 / 129.6 / 129.7, backward 203.6 /
-// 204.2 / (3: past the budget, one block per SM) 208.8. ncu: the ring takes the forward's
-// long-scoreboard stalls from 5.9 (bf16) and 12.3 (fp32) to 0.5-0.9 per issue; what holds
-// it at ~88% of a same-size copy after that is the MIO pipe (short-scoreboard ~4.1 and
-// mio-throttle 1.1-1.3 per issue: the shared-memory table, weight and ring reads and the
-// shuffles, per 16 elements of a row).
-constexpr int rule_stages(bool bwd) { return bwd ? 2 : 4; }
+// k [.., 8, ..] (bench/norm_rope_tiles.py), us by depth 1 (no ring) / 2 / 3 / 4: at the
+// backward's one-wave tiles (runs 1-4 of the eleventh session of 2026-11-26) backward bf16
+// 115.8-116.2 / 110.3-110.5 / 111.0-111.4 / 111.5-111.8, at 512 tokens 22.9 / 21.2 / 22.4 /
+// 23.2, fp32 203.6 / 204.2 / (3: past the budget, one block per SM) 208.8; at the forward's
+// tiles of 4 rows per team (run 4 of the twelfth session) forward bf16 - / 65.4 / 64.3 /
+// 66.6 (512 tokens: 10.8 / 11.4 / 11.8), fp32 (3 blocks per SM: depth 4 does not fit) - /
+// 125.2 / 121.1. (At the old one-wave forward tiles the depths were within ~1 us: the ring
+// took ncu's long-scoreboard stalls from 5.9 (bf16) and 12.3 (fp32) to 0.5-0.9 per issue.)
+constexpr int rule_stages(bool bwd) { return bwd ? 2 : 3; }
 
 // Shared memory a block may take with `min_blocks` blocks resident per SM (the device's
 // per-SM capacity less the per-block reservation), within the per-block opt-in limit.

@@ -214,8 +214,12 @@ constexpr int norm_rope_min_blocks(bool bwd, bool ring, int elem_bytes) {
 // math, 32 shared atomics per thread and 64 rows for the dw sums) took 79 us forward and
 // ~520 backward; with the next row in registers 70 and 116 (ncu: 25.6M and 42.4M warp
 // instructions, from 38.5M and 59.0M; the forward's long-scoreboard stalls 6 per issue);
-// through the ring 69.2 and 110.5 (forward stalls 0.5 per issue: what holds it at ~88%
-// of a same-size copy now is the MIO pipe: dispatch's rule_stages).
+// through the ring 69.2 and 110.5 (forward stalls 0.5 per issue); then the forward's
+// tiles of 4 rows per team, not one wave's share (dispatch's tile rule), 64.3 (95% of a
+// same-size copy). ncu's MIO stalls (short-scoreboard ~4 per issue) were not the limit:
+// the lane's sin/cos and weights held in registers (4-8 fewer LDS.128 a row) and teams
+// of half the lanes (half the per-row shuffles and ring steps per byte) gained nothing
+// (twelfth session of 2026-11-26, runs 1-3).
 template <typename T, int V, int kMaxU, bool kInterleaved, bool kBwd, bool kRing>
 __global__ void __launch_bounds__(kNormRopeThreads, norm_rope_min_blocks(kBwd, kRing, sizeof(T)))
     norm_rope_kernel(const __grid_constant__ NormRopeParams np, const NormRopeShape sh) {
