@@ -47,6 +47,7 @@ def main():
     ap.add_argument("--seqs", default="8192,512")
     ap.add_argument("--stages", default="1,2,3,4", help="rows in flight per team at the rule's tiles")
     ap.add_argument("--dtype", default="bf16", choices=list(DTYPES))
+    ap.add_argument("--no-bwd", action="store_true", help="the forward table only")
     ap.add_argument("--profile", action="store_true",
                     help="for ncu: per --stages depth the forward twice, then the backward twice, at the first --seqs, "
                          "nothing timed")
@@ -80,7 +81,7 @@ def main():
         mb = (q.numel() + k.numel()) * q.element_size() / 2**20
         comp = torch.compile(hf_norm_rope, dynamic=False)
         fwd = {"torch.compile": lambda: comp(q, k, qw, kw, cos, sin)}
-        for r in map(int, args.fwd.split(",")):
+        for r in map(int, filter(None, args.fwd.split(","))):
             fwd[f"rope_ext rows/team {r}"] = with_rows(r, lambda: rope_ext.rms_norm_rope_qk(q, k, qw, kw, pos,
                                                                                         base=base))
         for st in map(int, args.stages.split(",")):
@@ -93,11 +94,13 @@ def main():
               "us:")
         for n in fwd:
             print(f"  {n:<28}{got[n]:>9.1f}" if n in got else f"  {n:<28}  n/a: {errs.get(n)}")
+        if args.no_bwd:
+            continue
 
         gq, gk = torch.randn_like(q), torch.randn_like(k)
         opts = _op_options("bshd", pos, None, base, "auto", None, None, False, None, None)
         bwd = {}
-        for r in map(int, args.bwd.split(",")):
+        for r in map(int, filter(None, args.bwd.split(","))):
             bwd[f"rope_ext bwd rows/team {r}"] = with_rows(r, lambda: rope_ext._C.norm_rope_backward_direct(
                 [gq, gk], [q, k], [qw, kw], 1e-6, 0.0, *opts))
         for st in map(int, args.stages.split(",")):
