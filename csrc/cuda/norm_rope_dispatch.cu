@@ -40,9 +40,13 @@ constexpr int max_units(int V) { return 8 / V; }
 // 23.2, fp32 203.6 / 204.2 / (3: past the budget, one block per SM) 208.8; at the forward's
 // tiles of 4 rows per team (run 4 of the twelfth session) forward bf16 - / 65.4 / 64.3 /
 // 66.6 (512 tokens: 10.8 / 11.4 / 11.8), fp32 (3 blocks per SM: depth 4 does not fit) - /
-// 125.2 / 121.1. (At the old one-wave forward tiles the depths were within ~1 us: the ring
-// took ncu's long-scoreboard stalls from 5.9 (bf16) and 12.3 (fp32) to 0.5-0.9 per issue.)
-constexpr int rule_stages(bool bwd) { return bwd ? 2 : 3; }
+// 125.2 / 121.1. Small calls, whose tiles the SM count cuts below 4 rows per team (run 7),
+// depth 2 / 3: bf16 256 tokens 9.1 / 9.5, 512 10.8 / 11.3 (runs 4-5: 10.8 / 11.4, 10.5 /
+// 11.3), from 1024 (4 rows per team) 14.8 / 14.5, 4096 37.3 / 36.9; fp32 (16 teams) depth 3
+// at every size (256 tokens 10.7 / 10.5, 512 14.7 / 14.2, 4096 66.7 / 63.6). (At the old
+// one-wave forward tiles the depths were within ~1 us: the ring took ncu's long-scoreboard
+// stalls from 5.9 (bf16) and 12.3 (fp32) to 0.5-0.9 per issue.)
+constexpr int rule_stages(bool bwd, bool short_16bit_tile) { return bwd || short_16bit_tile ? 2 : 3; }
 
 // Shared memory a block may take with `min_blocks` blocks resident per SM (the device's
 // per-SM capacity less the per-block reservation), within the per-block opt-in limit.
@@ -136,7 +140,8 @@ Plan plan(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int de
   if (ring) {
     const size_t budget = knob_s > 1 ? smem_budget(device, 1)
                                      : smem_budget(device, cuda::norm_rope_min_blocks(np.backward, true, elem_size));
-    for (int s = knob_s > 1 ? knob_s : rule_stages(np.backward); s >= 2 && sh.stages == 1; --s)
+    const bool short16 = elem_size == 2 && sh.rows < kFwdRowsPerTeam * teams;
+    for (int s = knob_s > 1 ? knob_s : rule_stages(np.backward, short16); s >= 2 && sh.stages == 1; --s)
       if (smem_at(s) <= budget) sh.stages = s;
     if (sh.stages == 1) size_tiles(cuda::norm_rope_min_blocks(np.backward, false, elem_size));
   }
