@@ -5,7 +5,7 @@ and backward, against torch.compile of HF's formula, every column of a table tim
 turns (timing.graph_us_interleaved: one call in a CUDA graph, L2 flushed before each
 replay), on the variants suite's Qwen3 shape and a small one.
 
-    python bench/norm_rope_tiles.py [--reps 100] [--fwd 1,2,4,8,-1] [--bwd 2,4,8,16,-1]
+    python bench/norm_rope_tiles.py [--reps 100] [--fwd 1,2,4,8,-1] [--bwd 2,4,8,16,-1] [--no-bwd]
     ncu -k regex:norm_rope_kernel ... python bench/norm_rope_tiles.py --profile [--stages 1,4]
 
 The backward is timed alone (rope_ext's backward op on saved tensors; torch.compile's
@@ -60,7 +60,7 @@ def main():
         w = [(1 + 0.1 * torch.randn(D, device="cuda")).to(dt) for _ in range(2)]
         pos = torch.arange(S, device="cuda")[None]
         opts = _op_options("bshd", pos, None, 1e6, "auto", None, None, False, None, None)
-        for st in map(int, args.stages.split(",")):  # per depth: 2 forward, then 2 backward launches
+        for st in map(int, filter(None, args.stages.split(","))):  # per depth: 2 forward, then 2 backward launches
             for _ in range(2):
                 with_stages(st, lambda: rope_ext.rms_norm_rope_qk(q, k, *w, pos, base=1e6))()
             for _ in range(2):
@@ -84,7 +84,7 @@ def main():
         for r in map(int, filter(None, args.fwd.split(","))):
             fwd[f"rope_ext rows/team {r}"] = with_rows(r, lambda: rope_ext.rms_norm_rope_qk(q, k, qw, kw, pos,
                                                                                         base=base))
-        for st in map(int, args.stages.split(",")):
+        for st in map(int, filter(None, args.stages.split(","))):
             fwd[f"rope_ext stages {st}"] = with_stages(st, lambda: rope_ext.rms_norm_rope_qk(q, k, qw, kw, pos,
                                                                                          base=base))
         fwd["rope_ext rule"] = lambda: rope_ext.rms_norm_rope_qk(q, k, qw, kw, pos, base=base)
@@ -103,7 +103,7 @@ def main():
         for r in map(int, filter(None, args.bwd.split(","))):
             bwd[f"rope_ext bwd rows/team {r}"] = with_rows(r, lambda: rope_ext._C.norm_rope_backward_direct(
                 [gq, gk], [q, k], [qw, kw], 1e-6, 0.0, *opts))
-        for st in map(int, args.stages.split(",")):
+        for st in map(int, filter(None, args.stages.split(","))):
             bwd[f"rope_ext bwd stages {st}"] = with_stages(st, lambda: rope_ext._C.norm_rope_backward_direct(
                 [gq, gk], [q, k], [qw, kw], 1e-6, 0.0, *opts))
         bwd["rope_ext bwd rule"] = lambda: rope_ext._C.norm_rope_backward_direct([gq, gk], [q, k], [qw, kw], 1e-6,

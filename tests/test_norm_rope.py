@@ -162,11 +162,12 @@ def test_ring_depths_cuda(case, dtype, stages, rows_per_team):
 def test_ring_rule_lowers_depth_cuda():
     """The rule's depth where its ring does not fit beside a large table: D = 256 bf16,
     3 rows per token (2 q heads, 1 k head), 16 rows per team: tiles of 256 rows halved by
-    the table's 32 KB cap to 64, which touch 22 token groups (22 KB of sin/cos). With the
-    rule's forward ring 3 deep (33 KB) and the weights that is 57 KB, over a quarter of any
-    GPU's 228 KB or less per SM, so the forward's 4-block plan takes a shallower ring (or
-    none): still the float64 truth. set_norm_rope_stages refuses depths it has no wait
-    for."""
+    the table's 32 KB cap to 64 (4 rows per team: not the small-call depth), which touch
+    22 token groups (22 KB of sin/cos). With the rule's forward ring 3 deep (33 KB) and the
+    weights that is 57 KB, past the 56 KB a block may take at 4 blocks per SM on an H100
+    (a quarter of 228 KB less the 1 KB reserved per block) or any GPU with less, so the
+    forward's plan takes a shallower ring (or none): still the float64 truth.
+    set_norm_rope_stages refuses depths it has no wait for."""
     case = ("d256 big table", (1, 300, 2, 256), 1, "bshd", {})
     rope_ext._C.set_norm_rope_rows_per_team(16)  # tiles of 256 rows, halved by the table's cap to 64
     try:
@@ -179,6 +180,20 @@ def test_ring_rule_lowers_depth_cuda():
     for bad in (-1, 5):
         with pytest.raises(ValueError, match="set_norm_rope_stages"):
             rope_ext._C.set_norm_rope_stages(bad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_every_tensor_empty(device):
+    """q and k with 0 heads: empty outputs, forward and backward, and zero weight grads
+    (nothing to plan: the CUDA plan's table math divides by the rows per token, 0 here)."""
+    q = randn((2, 5, 0, 64), torch.bfloat16, device).requires_grad_()
+    k = randn((2, 5, 0, 64), torch.bfloat16, device).requires_grad_()
+    qw, kw = [w.requires_grad_() for w in _weights(64, device)]
+    qo, ko = rope_ext.rms_norm_rope_qk(q, k, qw, kw)
+    assert qo.shape == q.shape and ko.shape == k.shape
+    dq, dk, dqw, dkw = torch.autograd.grad((qo, ko), (q, k, qw, kw), (torch.ones_like(qo), torch.ones_like(ko)))
+    assert dq.shape == q.shape and dk.shape == k.shape
+    assert torch.equal(dqw, torch.zeros_like(dqw)) and torch.equal(dkw, torch.zeros_like(dkw))
 
 
 @pytest.mark.parametrize("device", DEVICES)

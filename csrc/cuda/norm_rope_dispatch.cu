@@ -40,7 +40,8 @@ constexpr int max_units(int V) { return 8 / V; }
 // 23.2, fp32 203.6 / 204.2 / (3: past the budget, one block per SM) 208.8; at the forward's
 // tiles of 4 rows per team (run 4 of the twelfth session) forward bf16 - / 65.4 / 64.3 /
 // 66.6 (512 tokens: 10.8 / 11.4 / 11.8), fp32 (3 blocks per SM: depth 4 does not fit) - /
-// 125.2 / 121.1. Small calls, whose tiles the SM count cuts below 4 rows per team (run 7),
+// 125.2 / 121.1. Small calls, whose tiles the SM count cuts below 4 rows per team (run 7;
+// the rule takes depth 2 for any 16-bit forward tile of < 4 rows per team),
 // depth 2 / 3: bf16 256 tokens 9.1 / 9.5, 512 10.8 / 11.3 (runs 4-5: 10.8 / 11.4, 10.5 /
 // 11.3), from 1024 (4 rows per team) 14.8 / 14.5, 4096 37.3 / 36.9; fp32 (16 teams) depth 3
 // at every size (256 tokens 10.7 / 10.5, 512 14.7 / 14.2, 4096 66.7 / 63.6). (At the old
@@ -86,8 +87,16 @@ Plan plan(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int de
   const int64_t rows_g = rows_per_group(p);
   const int64_t total = num_groups(p) * rows_g;
   const int teams = cuda::kNormRopeThreads / tpr;
+  sh.stages = 1;
+  if (total == 0) {  // nothing to launch (every tensor empty: rows_g may be 0, which the table math divides by)
+    sh.rows = 1;
+    sh.table_stride = 0;
+    pl.blocks = 0;
+    pl.smem = 0;
+    return pl;
+  }
   // Tiles: kFwdRowsPerTeam rows per team forward, fewer when that would leave SMs idle,
-  // never a token group cut when one tile can hold it. The backward: 2 rows per team the
+  // never a token group of up to 2 rows per team cut. The backward: 2 rows per team the
   // same way, but at least one resident wave's share (its table, weights and dw reduction
   // then come once per SM slot). H100, Qwen3 q [1, 8192, 32, 128] + k [.., 8, ..]
   // (bench/norm_rope_tiles.py, tenth session of 2026-11-26), bf16 us by rows per team 1 /
@@ -95,12 +104,17 @@ Plan plan(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int de
   // backward (2 / 4 / 8 / 16 / wave) 294.5 / 213.3 / 173.2 / 184.4 / 135.0. With the ring
   // (bench/tile_waves.py, runs 2-3 of the twelfth session) the forward by 2 / 4 / 6 / 8 /
   // 12 / 16 / wave: bf16 75.7 / 67.2 / 67.1 / 67.5 / 69.4 / 78.8 / 69.2, fp32 145.3 /
-  // 120.9 / 121.5 / 122.4 / 125.2 / 128.0 / 130.9 (copy 60.3 / 115.3): one wave of long
-  // tiles spreads ~4 x 132 streams over the whole tensors and loses ~8% of HBM bandwidth
+  // 120.9 / 121.5 / 122.4 / 125.2 / 128.0 / 130.9 (copy 60.3 / 115.3; at the depth rule of
+  // then, 4 / fp32 3): one wave of long tiles (~160 KB each in bf16) spreads ~4 x 132
+  // streams over the whole tensors and loses ~8% of HBM bandwidth
   // (the plain RoPE tile kernel too: 95.5% of copy at its 2 rows a thread, 87.6% at one
   // wave); short tiles launched in order keep the resident blocks on neighbouring rows,
   // but below ~4 rows per team each block's table, weights and barrier dominate. A table
   // that fits in 32 KB.
+  // The knob (set_norm_rope_rows_per_team, tests and bench) sets rows per team exactly,
+  // past the SM rule, or -1: one wave (of the launch bound's blocks per SM). (A 16-bit
+  // forward tile of < 4 rows per team, the knob's included, takes the ring depth of
+  // small calls: rule_stages.)
   const int knob = g_rows_per_team.load();
   const int64_t sms = sm_count(device);
   const int half = p.R / 2;
@@ -131,11 +145,10 @@ Plan plan(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int de
   };
   // Rows in flight per team (tile variant): the ring's depth where it fits beside the
   // table with the launch bound's blocks still resident (smem_budget), else no ring
-  // (stages 1, its own launch bound, so its own wave). The knob (set_norm_rope_stages)
+  // (stages 1, its own launch bound: tiles re-sized for it where they depend on the wave). The knob (set_norm_rope_stages)
   // sets the depth, lowered to what fits one block.
   const int knob_s = g_stages.load();
   const bool ring = V > 1 && knob_s != 1;
-  sh.stages = 1;
   size_tiles(cuda::norm_rope_min_blocks(np.backward, ring, elem_size));
   if (ring) {
     const size_t budget = knob_s > 1 ? smem_budget(device, 1)
