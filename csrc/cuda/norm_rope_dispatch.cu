@@ -88,7 +88,7 @@ Plan plan(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int de
   const int64_t total = num_groups(p) * rows_g;
   const int teams = cuda::kNormRopeThreads / tpr;
   sh.stages = 1;
-  if (total == 0) {  // nothing to launch (every tensor empty: rows_g may be 0, which the table math divides by)
+  if (total == 0) {  // nothing to launch (every tensor empty: rows_g may be 0, a divisor below)
     sh.rows = 1;
     sh.table_stride = 0;
     pl.blocks = 0;
@@ -106,11 +106,10 @@ Plan plan(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int de
   // 12 / 16 / wave: bf16 75.7 / 67.2 / 67.1 / 67.5 / 69.4 / 78.8 / 69.2, fp32 145.3 /
   // 120.9 / 121.5 / 122.4 / 125.2 / 128.0 / 130.9 (copy 60.3 / 115.3; at the depth rule of
   // then, 4 / fp32 3): one wave of long tiles (~160 KB each in bf16) spreads ~4 x 132
-  // streams over the whole tensors and loses ~8% of HBM bandwidth
-  // (the plain RoPE tile kernel too: 95.5% of copy at its 2 rows a thread, 87.6% at one
-  // wave); short tiles launched in order keep the resident blocks on neighbouring rows,
-  // but below ~4 rows per team each block's table, weights and barrier dominate. A table
-  // that fits in 32 KB.
+  // streams over the whole tensors and loses ~8% of HBM bandwidth (the plain RoPE tile
+  // kernel too: 95.5% of copy at its 2 rows a thread, 87.6% at one wave); short tiles
+  // launched in order keep the resident blocks on neighbouring rows, but below ~4 rows
+  // per team each block's table, weights and barrier dominate. A table that fits in 32 KB.
   // The knob (set_norm_rope_rows_per_team, tests and bench) sets rows per team exactly,
   // past the SM rule, or -1: one wave (of the launch bound's blocks per SM). (A 16-bit
   // forward tile of < 4 rows per team, the knob's included, takes the ring depth of
@@ -145,8 +144,8 @@ Plan plan(const NormRopeParams& np, NormRopeImpl impl, int64_t elem_size, int de
   };
   // Rows in flight per team (tile variant): the ring's depth where it fits beside the
   // table with the launch bound's blocks still resident (smem_budget), else no ring
-  // (stages 1, its own launch bound: tiles re-sized for it where they depend on the wave). The knob (set_norm_rope_stages)
-  // sets the depth, lowered to what fits one block.
+  // (stages 1, its own launch bound: tiles re-sized for it where they depend on the
+  // wave). The knob (set_norm_rope_stages) sets the depth, lowered to what fits one block.
   const int knob_s = g_stages.load();
   const bool ring = V > 1 && knob_s != 1;
   size_tiles(cuda::norm_rope_min_blocks(np.backward, ring, elem_size));
