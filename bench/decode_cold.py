@@ -3,6 +3,7 @@ cluster or by the combine kernel, against rope + SDPA, all timed in turns.
 
     python bench/decode_cold.py [--reps 200] [--points 1x512,1x2048,8x512] [--splits 1,2,4,8,16]
                                 [--D 128] [--Hq 32] [--Hk 8] [--simt] [--fp8] [--pair] [--loads 4,8,16]
+                                [--chunks 1,3,5]
 
 --splits "": no forced splits (separate and auto only); --simt adds variant 2
 (impl="hybrid_simt"), another large kernel between the replays, as the attn suite has;
@@ -10,7 +11,9 @@ cluster or by the combine kernel, against rope + SDPA, all timed in turns.
 auto over the bf16 cache; --pair (with --fp8): the forced splits and auto with one kv
 head per CTA and again with two (rope_ext._C.set_decode_kv_pair(1) / (2)); --loads: each
 forced split count's combine row again with the combine kernel's splits loaded per warp
-forced to each listed count (rope_ext._C.set_decode_combine_loads). Every point also times
+forced to each listed count (rope_ext._C.set_decode_combine_loads); --chunks: auto's plan
+again with the splits taking chunks of 2^(k-1) 16-key tiles round-robin for each listed k
+(rope_ext._C.set_decode_split_chunk; 0 = one key range per split, the default). Every point also times
 a plain read of the cache's bytes (torch.sum of one fp32 buffer of that size: the read this
 harness allows), and its title line names auto's plan (splits, merge, the combine's
 shape) and how many clusters of 4 / 8 / 16 CTAs can be resident at once
@@ -52,6 +55,7 @@ def main():
     ap.add_argument("--fp8", action="store_true")
     ap.add_argument("--pair", action="store_true")
     ap.add_argument("--loads", default="")
+    ap.add_argument("--chunks", default="")
     args = ap.parse_args()
     Hq, Hk, D = args.Hq, args.Hk, args.D
     dev = "cuda"
@@ -72,19 +76,21 @@ def main():
         ref = torch.empty(nbytes // 4, device=dev)
         ref_out = torch.empty((), device=dev)
 
-        def call(s=None, cluster=True, pair=0, loads=0):
+        def call(s=None, cluster=True, pair=0, loads=0, chunk=0):
             def f():
                 # The knobs are read on the host when the call is captured (graph_us_interleaved
                 # captures every column before any replay).
                 _C.set_decode_cluster_merge(cluster)
                 _C.set_decode_kv_pair(pair)
                 _C.set_decode_combine_loads(loads)
+                _C.set_decode_split_chunk(chunk)
                 try:
                     return rope_ext.attention_decode(q, kd, vd, lens, max_seqlen=ctx, num_splits=s, **kw)
                 finally:
                     _C.set_decode_cluster_merge(True)
                     _C.set_decode_kv_pair(0)
                     _C.set_decode_combine_loads(0)
+                    _C.set_decode_split_chunk(0)
             return f
 
         fns = {"separate (rope + SDPA)": lambda: _separate_attn(q, kc, vc, ctx), "auto": call(),
@@ -96,6 +102,8 @@ def main():
         # --pair: the forced-split rows once with one kv head per CTA (mode 1) and once with
         # two (mode 2); without it auto's choice (0), which pairs fp8 heads at D 64 / 128 from 8192
         # keys, and from 2048 with B * Hk >= 64 (attention_dispatch.cu, decode_kv_per_cta).
+        for ck in (int(x) for x in args.chunks.split(",") if x):
+            fns[f"auto chunk {1 << (ck - 1)} tiles"] = call(chunk=ck)
         pairs = (1, 2) if args.pair else (0,)
         if args.pair:
             fns["one head per CTA, auto splits"] = call(pair=1)

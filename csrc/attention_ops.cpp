@@ -489,6 +489,7 @@ std::tuple<at::Tensor, at::Tensor> decode_run(DecodeParams& p, const at::Tensor&
     const DecodePlan plan = decode_plan(p, max_keys, num_splits, q.device(), q.scalar_type(), which);
     p.num_splits = std::max(1, plan.num_splits);
     p.cluster_merge = plan.cluster_merge;
+    p.split_chunk = which == DecodeImpl::kHybrid && p.num_splits > 1 ? decode_split_chunk() : 0;
     at::Tensor ws_o, ws_lse;
     if (p.num_splits > 1 && !p.cluster_merge) {  // the combine kernel merges, over a workspace
       const CombineShape cs = combine_shape(p.num_splits);

@@ -1224,6 +1224,32 @@ def test_tensor_core_splits_cuda(num_splits, step):
 
 
 @cuda
+@pytest.mark.parametrize("chunk", [1, 2, 3, 5])
+@pytest.mark.parametrize("paged,block_size", [(False, 16), (True, 16), (True, 4)], ids=["contiguous", "paged16", "paged4"])
+def test_split_chunk_cuda(chunk, paged, block_size):
+    """Variant 5's splits taking chunks of 2^(chunk-1) tiles round-robin
+    (rope_ext._C.set_decode_split_chunk) instead of one key range each: against the float64
+    truth at split counts with empty splits, one chunk per split, a partial last round;
+    several tokens per query (causal limits inside a chunk), the one-call step (its new
+    tile stays the last split's), both merges. Bad knob values raise."""
+    rope_ext._C.set_decode_split_chunk(chunk)
+    try:
+        for ns, q_len, step, cap in ((2, 1, "two", 300), (3, 4, "one", 300), (7, 2, "two", 517), (31, 1, "two", 1000),
+                                     (64, 3, "one", 300)):
+            torch.manual_seed(ns * 10 + chunk)
+            o, lse, wo, wl, vs = fill_and_decode("cuda", torch.bfloat16, paged=paged, block_size=block_size, G=4,
+                                                 q_len=q_len, B=3, cap=cap, D=128, num_splits=ns, impl="hybrid",
+                                                 step=step)
+            assert rope_ext._C.last_decode_plan()[0] == ns
+            assert_attn_close(o, lse, wo, wl, vs, f"chunk={chunk} num_splits={ns} q_len={q_len} {step}")
+    finally:
+        rope_ext._C.set_decode_split_chunk(0)
+    for bad in (-1, 13):
+        with pytest.raises(ValueError, match="set_decode_split_chunk"):
+            rope_ext._C.set_decode_split_chunk(bad)
+
+
+@cuda
 @pytest.mark.parametrize("loads", [0, 4, 8, 16])
 @pytest.mark.parametrize("D", [128, 256])
 def test_combine_loads_cuda(D, loads):

@@ -517,6 +517,7 @@ namespace {
 std::atomic<bool> g_cluster_merge{true};
 std::atomic<int> g_kv_pair{0};  // set_decode_kv_pair: 0 auto, 1 never, 2 wherever allowed
 std::atomic<int> g_combine_loads{0};  // set_decode_combine_loads: 0 auto, else 4, 8 or 16
+std::atomic<int> g_split_chunk{0};    // set_decode_split_chunk
 
 // CTAs per split: (b, kv head or pair of them, row group).
 int64_t grid_ctas(const DecodeParams& p) {
@@ -605,6 +606,12 @@ int decode_max_clusters(at::ScalarType dtype, int64_t D, bool fp8, int64_t rows,
                           static_cast<int>(std::clamp<int64_t>(splits, 0, 1024)), device);
 }
 void set_decode_kv_pair(int mode) { g_kv_pair.store(mode == 1 || mode == 2 ? mode : 0); }
+bool set_decode_split_chunk(int k) {
+  if (k < 0 || k > 12) return false;
+  g_split_chunk.store(k);
+  return true;
+}
+int decode_split_chunk() { return g_split_chunk.load(std::memory_order_relaxed); }
 bool set_decode_combine_loads(int loads) {
   if (loads != 0 && loads != 4 && loads != 8 && loads != 16) return false;
   g_combine_loads.store(loads);

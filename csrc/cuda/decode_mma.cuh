@@ -370,10 +370,23 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   // us, contiguous 9.6 / 12.5 -> 9.8 / 12.7, B = 8 ctx 32768 366.5 -> 368.8: a split's
   // keys in one range read faster than strided 4 KB tiles, more than the early ids saved.
   const int n_keys = static_cast<int>(min(old, max(int64_t(0), decode_key_limit(p, seqlen, tok_of(row0 + nrows - 1)))));
-  const int per_split = ((n_keys + p.num_splits - 1) / p.num_splits + kTileKeys - 1) / kTileKeys * kTileKeys;
-  const int kbeg = min(n_keys, split * per_split);
-  const int kend = min(n_keys, kbeg + per_split);
-  const int n_tiles = (kend - kbeg + kTileKeys - 1) / kTileKeys;
+  // p.split_chunk = k > 0 (A/B knob): the splits take chunks of 2^(k-1) tiles round-robin
+  // instead, so the CTAs of all splits read neighbouring keys at any moment. Tile i of the
+  // split starts at key kbeg + (i + (i >> ck) * skip) * kTileKeys (skip 0: one range).
+  int kbeg, n_tiles, ck = 30, skip = 0;
+  if (p.split_chunk > 0) {
+    ck = p.split_chunk - 1;
+    skip = (p.num_splits - 1) << ck;
+    kbeg = (split << ck) * kTileKeys;
+    const int nt = (n_keys + kTileKeys - 1) / kTileKeys, round = p.num_splits << ck;
+    const int full = nt / round;
+    n_tiles = (full << ck) + min(1 << ck, max(0, nt - full * round - (split << ck)));
+  } else {
+    const int per_split = ((n_keys + p.num_splits - 1) / p.num_splits + kTileKeys - 1) / kTileKeys * kTileKeys;
+    kbeg = min(n_keys, split * per_split);
+    n_tiles = (min(n_keys, kbeg + per_split) - kbeg + kTileKeys - 1) / kTileKeys;
+  }
+  const int kend = n_keys;  // a split's tiles end at or before the end of its range: kend - key0 = n_keys - key0
   const int my_tiles = warp < n_tiles ? (n_tiles - warp + kWarps - 1) / kWarps : 0;
 
   // ---- the warp's tile ring. A warp instruction copies whole rows (coalesced: RPI
@@ -394,7 +407,10 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   // Slot of tile t. Modes 0 and 1: ko / vo = the element offset of the tile's first key
   // row, ok = its block exists (rows follow at the slot stride); mode 2: lane k < 16's
   // own key k (shared by shuffle in issue).
-  auto tile_key0 = [&](int t) { return kbeg + (warp + t * kWarps) * kTileKeys; };
+  auto tile_key0 = [&](int t) {
+    const int i = warp + t * kWarps;  // the split's i-th tile
+    return kbeg + (i + (i >> ck) * skip) * kTileKeys;
+  };
   const int64_t ks1 = cv.k_stride[1], vs1 = cv.v_stride[1];
   // Mode 1: the slots of the warp's tiles bt_t0 .. bt_t0 + 31 (lane l: tile bt_t0 + l), looked
   // up by all lanes at once and taken by shuffle per tile. (A lookup per tile, one tile
