@@ -3,7 +3,7 @@ cluster or by the combine kernel, against rope + SDPA, all timed in turns.
 
     python bench/decode_cold.py [--reps 200] [--points 1x512,1x2048,8x512] [--splits 1,2,4,8,16]
                                 [--D 128] [--Hq 32] [--Hk 8] [--simt] [--fp8] [--pair] [--loads 4,8,16]
-                                [--chunks 1,3,5]
+                                [--chunks 0,1,3,5] [--paged 16]
 
 --splits "": no forced splits (separate and auto only); --simt adds variant 2
 (impl="hybrid_simt"), another large kernel between the replays, as the attn suite has;
@@ -13,7 +13,9 @@ head per CTA and again with two (rope_ext._C.set_decode_kv_pair(1) / (2)); --loa
 forced split count's combine row again with the combine kernel's splits loaded per warp
 forced to each listed count (rope_ext._C.set_decode_combine_loads); --chunks: auto's plan
 again with the splits taking chunks of 2^(k-1) 16-key tiles round-robin for each listed k
-(rope_ext._C.set_decode_split_chunk; 0 = one key range per split, the default). Every point also times
+(rope_ext._C.set_decode_split_chunk; 0 = one key range per split; auto takes 4 tiles);
+--paged N: rope_ext's rows read a paged copy of the cache (blocks of N slots in a shuffled
+block table; separate keeps the contiguous one). Every point also times
 a plain read of the cache's bytes (torch.sum of one fp32 buffer of that size: the read this
 harness allows), and its title line names auto's plan (splits, merge, the combine's
 shape) and how many clusters of 4 / 8 / 16 CTAs can be resident at once
@@ -56,6 +58,7 @@ def main():
     ap.add_argument("--pair", action="store_true")
     ap.add_argument("--loads", default="")
     ap.add_argument("--chunks", default="")
+    ap.add_argument("--paged", type=int, default=0)
     args = ap.parse_args()
     Hq, Hk, D = args.Hq, args.Hk, args.D
     dev = "cuda"
@@ -73,10 +76,18 @@ def main():
             kw = dict(k_scale=torch.full((Hk,), 0.02, device=dev), v_scale=torch.full((1,), 0.02, device=dev))
             kd, vd = ((x / 0.02).to(torch.float8_e4m3fn) for x in (kc, vc))
         nbytes = 2 * kd.numel() * kd.element_size()
+        if args.paged:  # the same keys in shuffled blocks of args.paged slots
+            nb = B * ctx // args.paged
+            perm = torch.randperm(nb, device=dev)
+            kw["block_table"] = perm.view(B, -1).to(torch.int32)
+            pk, pv = (torch.empty((nb, args.paged, Hk, D), device=dev, dtype=x.dtype) for x in (kd, vd))
+            pk[perm] = kd.reshape(nb, args.paged, Hk, D)
+            pv[perm] = vd.reshape(nb, args.paged, Hk, D)
+            kd, vd = pk, pv
         ref = torch.empty(nbytes // 4, device=dev)
         ref_out = torch.empty((), device=dev)
 
-        def call(s=None, cluster=True, pair=0, loads=0, chunk=0):
+        def call(s=None, cluster=True, pair=0, loads=0, chunk=-1):
             def f():
                 # The knobs are read on the host when the call is captured (graph_us_interleaved
                 # captures every column before any replay).
@@ -90,7 +101,7 @@ def main():
                     _C.set_decode_cluster_merge(True)
                     _C.set_decode_kv_pair(0)
                     _C.set_decode_combine_loads(0)
-                    _C.set_decode_split_chunk(0)
+                    _C.set_decode_split_chunk(-1)
             return f
 
         fns = {"separate (rope + SDPA)": lambda: _separate_attn(q, kc, vc, ctx), "auto": call(),
@@ -103,7 +114,7 @@ def main():
         # two (mode 2); without it auto's choice (0), which pairs fp8 heads at D 64 / 128 from 8192
         # keys, and from 2048 with B * Hk >= 64 (attention_dispatch.cu, decode_kv_per_cta).
         for ck in (int(x) for x in args.chunks.split(",") if x):
-            fns[f"auto chunk {1 << (ck - 1)} tiles"] = call(chunk=ck)
+            fns[f"auto chunk {1 << (ck - 1)} tiles" if ck else "auto, one range per split"] = call(chunk=ck)
         pairs = (1, 2) if args.pair else (0,)
         if args.pair:
             fns["one head per CTA, auto splits"] = call(pair=1)
@@ -118,7 +129,7 @@ def main():
                     fns[f"{tag}splits {s} cluster"] = call(s, True, pr)
         got, errs = graph_us_interleaved(fns, args.reps, captures=1)
         base = got.get("separate (rope + SDPA)")
-        cache = "fp8" if args.fp8 else "bf16"
+        cache = ("fp8" if args.fp8 else "bf16") + (f" paged({args.paged})" if args.paged else "")
         rope_ext.attention_decode(q, kd, vd, lens, max_seqlen=ctx, **kw)
         plan = _C.last_decode_plan()
         kv_cta = _C.last_decode_kv_per_cta()

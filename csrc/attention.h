@@ -54,9 +54,11 @@ void set_decode_cluster_merge(bool on);
 int decode_kv_per_cta(const DecodeParams& p, int64_t max_keys, DecodeImpl impl);
 // tests/bench: 0 auto, 1 never pair kv heads, 2 pair them wherever allowed.
 void set_decode_kv_pair(int mode);
-// tests/bench: variant 5's keys per split (DecodeParams::split_chunk): 0 = one contiguous
-// range per split, k in 1..12 = chunks of 2^(k-1) 16-key tiles dealt round-robin.
-// Returns false (and changes nothing) for any other value.
+// Variant 5's keys per split (DecodeParams::split_chunk) for calls with several splits:
+// the rule's chunks (attention_dispatch.cu), or what set_decode_split_chunk forced.
+// tests/bench: k = -1 the rule (default), 0 one contiguous range per split, 1..12 chunks
+// of 2^(k-1) 16-key tiles dealt round-robin. Returns false (and changes nothing) for any
+// other value.
 bool set_decode_split_chunk(int k);
 int decode_split_chunk();
 // The combine kernel's (variant 4) shape for `num_splits` splits: splits each warp loads

@@ -123,7 +123,7 @@ struct DecodeParams {
   int32_t row_groups = 1;
   int32_t num_splits = 1;
   // Variant 5: 0 = split s takes the s-th contiguous range of the keys; k > 0 = the splits
-  // take chunks of 2^(k-1) tiles of 16 keys round-robin (set_decode_split_chunk, an A/B knob).
+  // take chunks of 2^(k-1) tiles of 16 keys round-robin (decode_split_chunk).
   int32_t split_chunk = 0;
   // Variant 5 over fp8 caches: kv heads per CTA (1, or 2: neighbouring heads whose rows
   // lie side by side in the cache; grid y is then Hk / 2 and a CTA's query rows are both

@@ -133,11 +133,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_decode_split_chunk",
         [](int k) {
           if (!rope_ext::set_decode_split_chunk(k))
-            throw pybind11::value_error("rope_ext: set_decode_split_chunk: k must be in 0..12, got " +
+            throw pybind11::value_error("rope_ext: set_decode_split_chunk: k must be in -1..12, got " +
                                         std::to_string(k));
         },
-        "tests/bench: attention_decode (variant 5) with several splits: 0 = each split one contiguous key "
-        "range (default); k in 1..12 = chunks of 2^(k-1) 16-key tiles dealt to the splits round-robin");
+        "tests/bench: attention_decode (variant 5) with several splits: -1 = the rule (default); 0 = each split "
+        "one contiguous key range; k in 1..12 = chunks of 2^(k-1) 16-key tiles dealt to the splits round-robin");
   m.def("decode_max_clusters",
         [](const std::string& dtype, int64_t D, bool fp8, int64_t rows, int64_t splits, int device) {
           TORCH_CHECK_VALUE(dtype == "bfloat16" || dtype == "float16",

@@ -1224,11 +1224,11 @@ def test_tensor_core_splits_cuda(num_splits, step):
 
 
 @cuda
-@pytest.mark.parametrize("chunk", [1, 2, 3, 5])
+@pytest.mark.parametrize("chunk", [0, 1, 2, 3, 5])
 @pytest.mark.parametrize("paged,block_size", [(False, 16), (True, 16), (True, 4)], ids=["contiguous", "paged16", "paged4"])
 def test_split_chunk_cuda(chunk, paged, block_size):
     """Variant 5's splits taking chunks of 2^(chunk-1) tiles round-robin
-    (rope_ext._C.set_decode_split_chunk) instead of one key range each: against the float64
+    (rope_ext._C.set_decode_split_chunk; the rule takes 4 tiles), or one key range each (0): against the float64
     truth at split counts with empty splits, one chunk per split, a partial last round;
     several tokens per query (causal limits inside a chunk), the one-call step (its new
     tile stays the last split's), both merges. Bad knob values raise."""
@@ -1243,8 +1243,8 @@ def test_split_chunk_cuda(chunk, paged, block_size):
             assert rope_ext._C.last_decode_plan()[0] == ns
             assert_attn_close(o, lse, wo, wl, vs, f"chunk={chunk} num_splits={ns} q_len={q_len} {step}")
     finally:
-        rope_ext._C.set_decode_split_chunk(0)
-    for bad in (-1, 13):
+        rope_ext._C.set_decode_split_chunk(-1)
+    for bad in (-2, 13):
         with pytest.raises(ValueError, match="set_decode_split_chunk"):
             rope_ext._C.set_decode_split_chunk(bad)
 

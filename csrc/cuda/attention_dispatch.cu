@@ -517,7 +517,7 @@ namespace {
 std::atomic<bool> g_cluster_merge{true};
 std::atomic<int> g_kv_pair{0};  // set_decode_kv_pair: 0 auto, 1 never, 2 wherever allowed
 std::atomic<int> g_combine_loads{0};  // set_decode_combine_loads: 0 auto, else 4, 8 or 16
-std::atomic<int> g_split_chunk{0};    // set_decode_split_chunk
+std::atomic<int> g_split_chunk{-1};   // set_decode_split_chunk: -1 the rule, else forced
 
 // CTAs per split: (b, kv head or pair of them, row group).
 int64_t grid_ctas(const DecodeParams& p) {
@@ -607,11 +607,23 @@ int decode_max_clusters(at::ScalarType dtype, int64_t D, bool fp8, int64_t rows,
 }
 void set_decode_kv_pair(int mode) { g_kv_pair.store(mode == 1 || mode == 2 ? mode : 0); }
 bool set_decode_split_chunk(int k) {
-  if (k < 0 || k > 12) return false;
+  if (k < -1 || k > 12) return false;
   g_split_chunk.store(k);
   return true;
 }
-int decode_split_chunk() { return g_split_chunk.load(std::memory_order_relaxed); }
+// The splits take chunks of 4 tiles (64 keys) round-robin rather than one range each, so
+// every CTA of the call reads within a window of splits x 64 keys that moves through the
+// cache. H100, in turns, Hq 32 Hk 8 D 128 (bench/decode_cold.py --chunks, run 1 of the
+// thirteenth session of 2026-11-26, bench/NOTES.md), one range -> 4-tile chunks: bf16 B = 1
+// ctx 8192 26.56 -> 26.37 us, ctx 32768 63.50 -> 62.54; B = 8 ctx 8192 106.26 -> 105.54,
+// ctx 32768 366.08 -> 364.48; fp8 B = 1 ctx 32768 41.09 -> 40.67, B = 8 ctx 8192 65.22 ->
+// 64.42, ctx 32768 197.18 -> 194.00. Chunks of 16 tiles were slower at B = 1 ctx 32768
+// (64.69), of 64 tiles far slower (74.14: 2048 tiles over 31 splits of 64 leave most
+// splits one chunk and a few two).
+int decode_split_chunk() {
+  const int k = g_split_chunk.load(std::memory_order_relaxed);
+  return k >= 0 ? k : 3;
+}
 bool set_decode_combine_loads(int loads) {
   if (loads != 0 && loads != 4 && loads != 8 && loads != 16) return false;
   g_combine_loads.store(loads);

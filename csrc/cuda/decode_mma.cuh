@@ -363,16 +363,18 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   }
   cp_async_commit();  // group 0: Q (empty without q_vec); the tiles' groups follow
   // Keys: rows see [0, lim(row)), nondecreasing in the row's token; this split takes
-  // [kbeg, kend) of [0, n_keys), in whole tiles (so tiles align with 16-slot pages).
+  // whole tiles of [0, n_keys) (so tiles align with 16-slot pages): chunks of 2^ck tiles
+  // dealt to the splits round-robin (the host's rule, decode_split_chunk: 4 tiles), or one
+  // range per split.
   // Tried and reverted (run 4 of 2026-11-25): tiles dealt round-robin to the splits (a
   // tile's key independent of the length, so paged caches could load their block ids with
   // cache_seqlens at any split count): paged B = 1 ctx 512 / 2048 10.3 / 13.4 -> 10.7 / 13.8
   // us, contiguous 9.6 / 12.5 -> 9.8 / 12.7, B = 8 ctx 32768 366.5 -> 368.8: a split's
   // keys in one range read faster than strided 4 KB tiles, more than the early ids saved.
   const int n_keys = static_cast<int>(min(old, max(int64_t(0), decode_key_limit(p, seqlen, tok_of(row0 + nrows - 1)))));
-  // p.split_chunk = k > 0 (A/B knob): the splits take chunks of 2^(k-1) tiles round-robin
-  // instead, so the CTAs of all splits read neighbouring keys at any moment. Tile i of the
-  // split starts at key kbeg + (i + (i >> ck) * skip) * kTileKeys (skip 0: one range).
+  // p.split_chunk = k > 0: chunks of 2^(k-1) tiles, so the CTAs of all splits read
+  // neighbouring keys at any moment; 0: one range. Tile i of the split starts at key
+  // kbeg + (i + (i >> ck) * skip) * kTileKeys (skip 0: one range).
   int kbeg, n_tiles, ck = 30, skip = 0;
   if (p.split_chunk > 0) {
     ck = p.split_chunk - 1;
