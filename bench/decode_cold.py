@@ -13,7 +13,8 @@ head per CTA and again with two (rope_ext._C.set_decode_kv_pair(1) / (2)); --loa
 forced split count's combine row again with the combine kernel's splits loaded per warp
 forced to each listed count (rope_ext._C.set_decode_combine_loads); --chunks: auto's plan
 again with the splits taking chunks of 2^(k-1) 16-key tiles round-robin for each listed k
-(rope_ext._C.set_decode_split_chunk; 0 = one key range per split; auto takes 4 tiles);
+(rope_ext._C.set_decode_split_chunk; 0 = one key range per split; auto takes 4 tiles), and
+each forced split count's row again per listed k (merged in the cluster up to 16 splits);
 --paged N: rope_ext's rows read a paged copy of the cache (blocks of N slots in a shuffled
 block table; separate keeps the contiguous one). Every point also times
 a plain read of the cache's bytes (torch.sum of one fp32 buffer of that size: the read this
@@ -127,6 +128,9 @@ def main():
                     fns[f"{tag}splits {s} combine L{ld}"] = call(s, False, pr, ld)
                 if 1 < s <= 16:  # past the cluster limit (kMaxClusterSplits) it would be the combine row again
                     fns[f"{tag}splits {s} cluster"] = call(s, True, pr)
+                for ck in (int(x) for x in args.chunks.split(",") if x):  # --chunks: each forced count again
+                    how = f"chunk {1 << (ck - 1)}" if ck else "one range"
+                    fns[f"{tag}splits {s} {how}"] = call(s, 1 < s <= 16, pr, chunk=ck)
         got, errs = graph_us_interleaved(fns, args.reps, captures=1)
         base = got.get("separate (rope + SDPA)")
         cache = ("fp8" if args.fp8 else "bf16") + (f" paged({args.paged})" if args.paged else "")
