@@ -1308,12 +1308,14 @@ def test_decode_plan_rules_cuda(step):
     """Variant 5's automatic split plan (decode_plan) beyond Hq 32 / Hk 8 / D 128: D 256
     (16-bit cache) at B = 1 through the combine kernel (its clusters of 16 did not all fit
     and ran in two waves; smaller ones were no faster than the combine kernel); few kv
-    heads at long contexts (Hk 2, ctx 8192; Hk 1) split 32 / 64 ways through the combine kernel; and
-    a plan that takes a cluster (Hk 8, ctx 2048: 8 splits) has all its clusters resident at
-    once. Each result against the float64 truth."""
+    heads at long contexts (Hk 2, ctx 8192; Hk 1) split 32 / 64 ways through the combine kernel;
+    a plan that takes a cluster (Hk 8, ctx 2048 and 4096: 8 splits) has all its clusters resident at
+    once; Hk 8 at ctx 8192 keeps the short rule's 8 splits (~64 CTAs) through the combine kernel
+    (1024 keys a split: past the cluster's 512). Each result against the float64 truth."""
     dev = torch.cuda.current_device()
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    for D, G, Hk, cap in ((256, 2, 8, 8192), (128, 16, 2, 8192), (128, 8, 1, 8192), (128, 4, 8, 2048)):
+    for D, G, Hk, cap in ((256, 2, 8, 8192), (128, 16, 2, 8192), (128, 8, 1, 8192), (128, 4, 8, 2048),
+                          (128, 4, 8, 4096), (128, 4, 8, 8192)):
         o, lse, wo, wl, vs = fill_and_decode("cuda", torch.bfloat16, paged=False, G=G, q_len=1, Hk=Hk, D=D, B=1,
                                              cap=cap, impl="hybrid", step=step)
         splits, cluster = rope_ext._C.last_decode_plan()
@@ -1324,6 +1326,8 @@ def test_decode_plan_rules_cuda(step):
             assert (splits, cluster) == (32, False) or sms < 64, what
         elif Hk == 1:  # MQA: 64 splits (the SM count on a smaller GPU)
             assert (splits, cluster) == (min(64, sms), False) or sms < 32, what
+        elif cap == 8192:  # (>= 64 SMs)
+            assert (splits, cluster) == (8, False) or sms < 64, what
         else:
             assert (splits, cluster) == (8, True), what
             assert rope_ext._C.decode_max_clusters("bfloat16", D, False, G, splits, dev) >= Hk, what  # B = 1: Hk clusters
