@@ -371,13 +371,15 @@ constexpr int64_t kClusterSplitKeys = 512;
 // 14.3-14.6, ctx 512 10.8 vs 11.8).
 constexpr int64_t kNoSplitKeys = 2048;
 constexpr int64_t kClusterShortKeys = 256;
-// ... and from there up to kShortRuleKeys keys, with 4..16 CTAs per split, the same
-// ~kShortCtas CTAs, through the combine kernel where a split is longer than the cluster
-// takes (decode_plan; measured with the splits in 4-tile chunks, run 4 of the thirteenth
-// session of 2026-11-26, Hq 32 Hk 8 D 128, in turns, us: B = 1 ctx 4096 8 splits 16.16-16.22
-// against the old rule's 16 in a cluster 17.49; ctx 8192 24.64-24.90 against 26.11; ctx
-// 16384 38.91 against 39.87 (the plain read 38.37); B = 2 ctx 8192 4 splits 38.85-39.15
-// against 8's 39.18-39.57).
+// ... and at D = 128 from there up to kShortRuleKeys keys, with 4..16 CTAs per split, the
+// same ~kShortCtas CTAs, through the combine kernel where a split is longer than the
+// cluster takes (decode_plan; measured with the splits in 4-tile chunks, runs 4-5 of the
+// thirteenth session of 2026-11-26, Hq 32 Hk 8, in turns, us: B = 1 ctx 4096 8 splits
+// 16.16-16.22 against the old rule's 16 in a cluster 17.49; ctx 8192 24.64-24.90 against
+// 26.11; ctx 16384 38.91 against 39.87 (the plain read 38.37); B = 2 ctx 8192 4 splits
+// 38.85-39.15 against 8's 39.18-39.57; paged(16) B = 1 ctx 8192 25.6 against 27.0). Not at
+// D = 64: B = 1 ctx 8192 8 splits 19.2-19.3 against 16's 16.8-17.0 (run 5); D = 256 was
+// not measured.
 constexpr int64_t kShortRuleKeys = 16384;
 // Few CTAs per split (decode_plan): at most kFewCtas of them (a cluster's 16 splits then
 // fill at most kShortCtas SMs) and kFewCtasKeys..kFewCtasMaxKeys keys (the measured range)
@@ -728,12 +730,13 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
     }
     int sc = static_cast<int>(std::min<int64_t>({cuda::kMaxClusterSplits, sm_count(dev) / ctas,
                                                   ceil_div(max_keys, kMinKeysPerSplitMma)}));
-    // Short contexts: ~kShortCtas CTAs in all, at least 4 splits (up to kShortRuleKeys
-    // keys). Hk 8 at B = 1: 8 splits (64 CTAs); Hk 2 at B = 8 ctx 2048: 4 splits (64 CTAs)
-    // 17.2-17.5 us against 8's 18.9-19.3; Hk 2 at B = 1 ctx 2048: 16 (32 CTAs) 13.1-13.2
-    // against 8's 13.9-14.1 (runs 4-5 of the fourth session of 2026-11-26); up to 16384
-    // keys: kShortRuleKeys.
-    if (!p.cache.fp8 && max_keys <= kShortRuleKeys) sc = std::min<int64_t>(sc, std::max<int64_t>(4, kShortCtas / ctas));
+    // Short contexts: ~kShortCtas CTAs in all, at least 4 splits (up to 8 x
+    // kClusterShortKeys keys; at D = 128 up to kShortRuleKeys). Hk 8 at B = 1: 8 splits (64
+    // CTAs); Hk 2 at B = 8 ctx 2048: 4 splits (64 CTAs) 17.2-17.5 us against 8's 18.9-19.3;
+    // Hk 2 at B = 1 ctx 2048: 16 (32 CTAs) 13.1-13.2 against 8's 13.9-14.1 (runs 4-5 of the
+    // fourth session of 2026-11-26).
+    const int64_t short_keys = p.rope.D == 128 ? kShortRuleKeys : 8 * kClusterShortKeys;
+    if (!p.cache.fp8 && max_keys <= short_keys) sc = std::min<int64_t>(sc, std::max<int64_t>(4, kShortCtas / ctas));
     const int short_sc = sc;
     // Clusters that cannot all be resident run in waves: halve them, to 4 at least
     // (cluster_merge_pays).
@@ -746,9 +749,9 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
     // no sm_90, set_decode_cluster_merge(false)) it falls to the efficiency rule, as before.
     if ((!p.cache.paged || sc >= 4) && cluster_merge_pays(p, sc, max_keys, dev, dtype, true))
       return {sc, !combine_only};
-    // Past the cluster's keys per split (kClusterSplitKeys) up to kShortRuleKeys keys: the
+    // Past the cluster's keys per split (kClusterSplitKeys) up to short_keys keys: the
     // short rule's count, ~kShortCtas CTAs, through the combine kernel.
-    if (!p.cache.fp8 && max_keys > 8 * kClusterShortKeys && max_keys <= kShortRuleKeys && short_sc >= 4 &&
+    if (!p.cache.fp8 && max_keys > 8 * kClusterShortKeys && max_keys <= short_keys && short_sc >= 4 &&
         ctas * short_sc <= kShortCtas)
       return {short_sc, false};
   }
