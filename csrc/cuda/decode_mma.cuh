@@ -60,6 +60,11 @@
 //     second body (56-111 KB from the entry) took 21 us against 10.7 for the first (run
 //     8, ncu: instruction-fetch stalls 445 vs 51). Code past ~56-64 KB of an instance
 //     fetches far slower cold: keep the B = 1 path in the first ~3,500 instructions.
+//   - A split's keys are chunks of 4 tiles dealt round-robin (DecodeParams::split_chunk),
+//     not one range: all CTAs then read within a window moving through the cache. 0.3-1.6%
+//     faster on contiguous bf16 / fp8 caches from ctx 8192 up, level on paged ones (run
+//     1-2 of the thirteenth session of 2026-11-26; one resident wave of long per-CTA streams
+//     cost the norm + RoPE forward ~8%, but a decode call has 62-256 such streams, not ~500).
 //   - Shared-memory tiles are XOR-swizzled by 16-byte chunk (chunk ^ key % 8), so the
 //     8 rows an ldmatrix reads fall in 8 different bank groups.
 //   - FP8 caches (kFp8, issue 20): the rings hold e4m3 tiles and the MMA fragments
