@@ -14,9 +14,10 @@ forced split count's combine row again with the combine kernel's splits loaded p
 forced to each listed count (rope_ext._C.set_decode_combine_loads); --chunks: auto's plan
 again with the splits taking chunks of 2^(k-1) 16-key tiles round-robin for each listed k
 (rope_ext._C.set_decode_split_chunk; 0 = one key range per split; auto takes 4 tiles), and
-each forced split count's row again per listed k (merged in the cluster up to 16 splits);
---paged N: rope_ext's rows read a paged copy of the cache (blocks of N slots in a shuffled
-block table; separate keeps the contiguous one). Every point also times
+each forced split count's row again per listed k (the cluster allowed up to 16 splits: it
+merges where it fits, as in the "cluster" rows, which take the rule's chunks);
+--paged N: rope_ext's decode rows read a paged copy of the cache (blocks of N slots in a
+shuffled block table; separate, "auto, bf16 cache" and hybrid_simt keep the contiguous one). Every point also times
 a plain read of the cache's bytes (torch.sum of one fp32 buffer of that size: the read this
 harness allows), and its title line names auto's plan (splits, merge, the combine's
 shape) and how many clusters of 4 / 8 / 16 CTAs can be resident at once
@@ -44,6 +45,12 @@ import rope_ext  # noqa: E402
 from rope_ext import _C  # noqa: E402
 from attn import _separate_attn  # noqa: E402  (the attn suite's rope + SDPA)
 from timing import Timer, copy_bandwidth, graph_us_interleaved  # noqa: E402
+
+
+def chunk_name(head, ck):
+    """A row's name for split-chunk knob value ck (-1 the rule, 0 one range, k chunks of 2^(k-1) tiles)."""
+    return f"{head}, " + ("the rule's chunks" if ck < 0 else "one range per split" if ck == 0 else
+                          f"chunks of {1 << (ck - 1)} tiles")
 
 
 def main():
@@ -78,6 +85,8 @@ def main():
             kd, vd = ((x / 0.02).to(torch.float8_e4m3fn) for x in (kc, vc))
         nbytes = 2 * kd.numel() * kd.element_size()
         if args.paged:  # the same keys in shuffled blocks of args.paged slots
+            if ctx % args.paged:
+                sys.exit(f"--paged {args.paged}: ctx {ctx} is not a multiple of the block size")
             nb = B * ctx // args.paged
             perm = torch.randperm(nb, device=dev)
             kw["block_table"] = perm.view(B, -1).to(torch.int32)
@@ -92,11 +101,11 @@ def main():
             def f():
                 # The knobs are read on the host when the call is captured (graph_us_interleaved
                 # captures every column before any replay).
-                _C.set_decode_cluster_merge(cluster)
-                _C.set_decode_kv_pair(pair)
-                _C.set_decode_combine_loads(loads)
-                _C.set_decode_split_chunk(chunk)
                 try:
+                    _C.set_decode_cluster_merge(cluster)
+                    _C.set_decode_kv_pair(pair)
+                    _C.set_decode_combine_loads(loads)
+                    _C.set_decode_split_chunk(chunk)
                     return rope_ext.attention_decode(q, kd, vd, lens, max_seqlen=ctx, num_splits=s, **kw)
                 finally:
                     _C.set_decode_cluster_merge(True)
@@ -115,7 +124,7 @@ def main():
         # two (mode 2); without it auto's choice (0), which pairs fp8 heads at D 64 / 128 from 8192
         # keys, and from 2048 with B * Hk >= 64 (attention_dispatch.cu, decode_kv_per_cta).
         for ck in (int(x) for x in args.chunks.split(",") if x):
-            fns[f"auto chunk {1 << (ck - 1)} tiles" if ck else "auto, one range per split"] = call(chunk=ck)
+            fns[chunk_name("auto", ck)] = call(chunk=ck)
         pairs = (1, 2) if args.pair else (0,)
         if args.pair:
             fns["one head per CTA, auto splits"] = call(pair=1)
@@ -129,8 +138,7 @@ def main():
                 if 1 < s <= 16:  # past the cluster limit (kMaxClusterSplits) it would be the combine row again
                     fns[f"{tag}splits {s} cluster"] = call(s, True, pr)
                 for ck in (int(x) for x in args.chunks.split(",") if x):  # --chunks: each forced count again
-                    how = f"chunk {1 << (ck - 1)}" if ck else "one range"
-                    fns[f"{tag}splits {s} {how}"] = call(s, 1 < s <= 16, pr, chunk=ck)
+                    fns[chunk_name(f"{tag}splits {s}", ck)] = call(s, 1 < s <= 16, pr, chunk=ck)
         got, errs = graph_us_interleaved(fns, args.reps, captures=1)
         base = got.get("separate (rope + SDPA)")
         cache = ("fp8" if args.fp8 else "bf16") + (f" paged({args.paged})" if args.paged else "")

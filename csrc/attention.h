@@ -27,6 +27,7 @@ struct DecodePlan {
   bool cluster_merge = false;
   int kv_per_cta = 1;  // variant 5's kv heads per CTA (DecodeParams::kv_per_cta)
   int combine_loads = 0, combine_warps = 0;  // the combine kernel's shape (0: no combine)
+  int split_chunk = 0;  // DecodeParams::split_chunk
 };
 DecodePlan& last_decode_plan();
 

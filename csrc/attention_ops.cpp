@@ -500,7 +500,8 @@ std::tuple<at::Tensor, at::Tensor> decode_run(DecodeParams& p, const at::Tensor&
       p.ws_o = ws_o.data_ptr<float>();
       p.ws_lse = ws_lse.data_ptr<float>();
     }
-    last_decode_plan() = DecodePlan{p.num_splits, p.cluster_merge, p.kv_per_cta, p.combine_loads, p.combine_warps};
+    last_decode_plan() =
+        DecodePlan{p.num_splits, p.cluster_merge, p.kv_per_cta, p.combine_loads, p.combine_warps, p.split_chunk};
     attention_decode_cuda(p, q.scalar_type(), q.device(), which);
 #else
     TORCH_CHECK(false, "rope_ext was built without CUDA; rebuild with nvcc available (see README)");

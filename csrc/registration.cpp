@@ -69,6 +69,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           const auto& d = rope_ext::last_decode_plan();
           return std::make_tuple(d.num_splits, d.cluster_merge);
         }, "tests: (num_splits, cluster_merge) of this thread's last CUDA attention_decode");
+  m.def("last_decode_split_chunk", [] { return rope_ext::last_decode_plan().split_chunk; },
+        "tests: DecodeParams::split_chunk of this thread's last CUDA attention_decode (0: one key range per split)");
   m.def("last_decode_kv_per_cta", [] { return rope_ext::last_decode_plan().kv_per_cta; },
         "tests: kv heads per CTA of this thread's last CUDA attention_decode (variant 5)");
   m.def("last_decode_combine", [] {

@@ -1224,6 +1224,524 @@ def test_tensor_core_splits_cuda(num_splits, step):
 
 
 @cuda
+@pytest.mark.parametrize("chunk", [1, 2, 3, 5])
+@pytest.mark.parametrize("paged,block_size", [(False, 16), (True, 16), (True, 4)], ids=["contiguous", "paged16", "paged4"])
+def test_split_chunk_cuda(chunk, paged, block_size):
+    """Variant 5's splits taking chunks of 2^(chunk-1) tiles round-robin
+    (rope_ext._C.set_decode_split_chunk; the rule takes 4 tiles, chunk 3) against one key
+    range each (0), on the same data: each against the float64 truth, and their lse within
+    1e-4 of each other (a tile skipped or read twice moves it by ~1e-2). Split counts with
+    empty splits, one chunk per split, partial and several rounds (cap 1300 at 2 splits:
+    chunks of 16 tiles wrap); several tokens per query (causal limits inside a chunk), the
+    one-call step (its new tile stays the last split's), both merges. Bad knob values raise."""
+    for ns, q_len, step, cap in ((2, 1, "two", 1300), (3, 4, "one", 300), (7, 2, "two", 517), (31, 1, "two", 1000),
+                                 (64, 3, "one", 300)):
+        got = {}
+        for k in (0, chunk):
+            rope_ext._C.set_decode_split_chunk(k)
+            try:
+                torch.manual_seed(ns * 10 + chunk)
+                o, lse, wo, wl, vs = fill_and_decode("cuda", torch.bfloat16, paged=paged, block_size=block_size, G=4,
+                                                     q_len=q_len, B=3, cap=cap, D=128, num_splits=ns, impl="hybrid",
+                                                     step=step)
+                assert rope_ext._C.last_decode_plan()[0] == ns
+                assert rope_ext._C.last_decode_split_chunk() == k
+            finally:
+                rope_ext._C.set_decode_split_chunk(-1)
+            what = f"chunk={k} num_splits={ns} q_len={q_len} {step}"
+            assert_attn_close(o, lse, wo, wl, vs, what)
+            got[k] = (o, lse)
+        (o0, l0), (o1, l1) = got[0], got[chunk]
+        fin = torch.isfinite(l0)
+        assert torch.equal(torch.isfinite(l1), fin), what
+        assert (l1[fin] - l0[fin]).abs().max().item() <= 1e-4, what
+        assert (o1.double() - o0.double()).abs().max().item() <= 2 * ATTN_TOL[torch.bfloat16] * vs, what
+    # The rule's default: 4-tile chunks wherever there are splits, one range without.
+    fill_and_decode("cuda", torch.bfloat16, paged=paged, block_size=block_size, G=4, q_len=1, B=3, cap=300, D=128,
+                    num_splits=5, impl="hybrid")
+    assert rope_ext._C.last_decode_split_chunk() == 3
+    fill_and_decode("cuda", torch.bfloat16, paged=paged, block_size=block_size, G=4, q_len=1, B=3, cap=300, D=128,
+                    num_splits=1, impl="hybrid")
+    assert rope_ext._C.last_decode_split_chunk() == 0
+    for bad in (-2, 13):
+        with pytest.raises(ValueError, match="set_decode_split_chunk"):
+            rope_ext._C.set_decode_split_chunk(bad)
+
+
+@cuda
+@pytest.mark.parametrize("loads", [0, 4, 8, 16])
+@pytest.mark.parametrize("num_splits", [3, 12, 19, 40, 100, 300])
+def test_combine_nan_and_empty_cuda(num_splits, loads):
+    """The combine kernel with one warp per row (3 splits; 12 at 16 loads per warp: no
+    shared-memory merge), several warps per row and rounds of loads (19 splits at 16 loads
+    per warp: 2 warps, 40: 4, 100 and 300: 8, 300 in three rounds; at 4 loads 300 splits take
+    10 rounds), every forced loads count: a NaN key in one late split makes its row NaN
+    (output and lse), a sequence without keys gives zeros and lse -inf, and a finite one
+    matches the same call without splits."""
+    D, cap = 64, 640
+    kc, vc = randn((3, cap, 1, D), torch.bfloat16, "cuda"), randn((3, cap, 1, D), torch.bfloat16, "cuda")
+    kc[0, 517, 0, 3] = NAN
+    q = randn((3, 1, 1, D), torch.bfloat16, "cuda")
+    lens = torch.tensor([600, 0, 333], dtype=torch.int32, device="cuda")
+    rope_ext._C.set_decode_cluster_merge(False)
+    rope_ext._C.set_decode_combine_loads(loads)
+    try:
+        o, lse = rope_ext.attention_decode(q, kc, vc, lens, return_lse=True, num_splits=num_splits, impl="hybrid")
+        assert rope_ext._C.last_decode_plan() == (num_splits, False)
+        assert rope_ext._C.last_decode_combine() == combine_shape(num_splits, loads)
+    finally:
+        rope_ext._C.set_decode_cluster_merge(True)
+        rope_ext._C.set_decode_combine_loads(0)
+    for bad in (1, 32, -4):
+        with pytest.raises(ValueError, match="loads"):
+            rope_ext._C.set_decode_combine_loads(bad)
+    o1, l1 = rope_ext.attention_decode(q, kc, vc, lens, return_lse=True, num_splits=1, impl="hybrid")
+    assert torch.isnan(o[0].float()).all() and torch.isnan(lse[0]).all(), o[0].flatten()[:4].tolist()
+    assert torch.equal(o[1], torch.zeros_like(o[1])) and torch.isneginf(lse[1]).all()
+    # Row 2 against the float64 truth, and split against unsplit: the P.V MMAs take P rounded
+    # to bf16 (up to 2^-8 relative), after a different running max in each split, so the
+    # two differ by up to 2^-7 * max|v| before their own output roundings (one ulp). (An
+    # absolute 2e-2 failed once on an H100: scale 2 puts |o| at 4-8, one ulp 0.031.)
+    qr = ref.rope_float64(q[2:], (lens[2:, None] - 1).long())
+    wo, wl = ref.attention_float64(qr, kc[2:], vc[2:], lens[2:])
+    assert_attn_close(o[2:], lse[2:], wo, wl, 8.0, f"{num_splits} splits")
+    a, b = o[2].double().cpu(), o1[2].double().cpu()
+    vmax = vc[2, :333].double().abs().max().item()
+    bound = 2.0**-7 * vmax + ulp(torch.maximum(a.abs(), b.abs()), torch.bfloat16)
+    assert ((a - b).abs() <= bound).all(), ((a - b).abs().max().item(), vmax)
+    assert (lse[2] - l1[2]).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("where", ["q", "all_keys", "one_key"])
+def test_decode_nan_propagates(device, where):
+    """A NaN score gives NaN (output and lse), as softmax and SDPA do: an all-NaN row was
+    taken for a row without keys (zeros, lse = -inf) on the CPU."""
+    D, n = 64, 40
+    dt = torch.float32 if device == "cpu" else torch.bfloat16
+    kc, vc = randn((1, 48, 1, D), dt, device), randn((1, 48, 1, D), dt, device)
+    q = randn((1, 1, 1, D), dt, device)
+    if where == "q":
+        q.fill_(NAN)
+    elif where == "all_keys":
+        kc[:, :n] = NAN
+    else:
+        kc[0, 7, 0, 3] = NAN
+    lens = torch.tensor([n], dtype=torch.int32, device=device)
+    o, lse = rope_ext.attention_decode(q, kc, vc, lens, return_lse=True)
+    assert torch.isnan(o.float()).all(), f"{where}: {o.flatten()[:4].tolist()}"
+    assert torch.isnan(lse).all(), f"{where}: lse {lse.flatten().tolist()}"
+
+
+def test_rope_attention_grad_takes_the_separate_path(device):
+    B, S, Hq, Hk, D = 1, 6, 4, 2, 32
+    q, k, v = (randn((B, S, h, D), torch.float32, device).requires_grad_() for h in (Hq, Hk, Hk))
+    out = rope_ext.rope_attention(q, k, v)
+    g = randn(out.shape, torch.float32, device)
+    out.backward(g)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    pos = torch.arange(S, device=device)[None]
+    wo, _ = ref.rope_attention_float64(q64, k64, v64, pos, pos)
+    wo.backward(g.double())
+    for a, b in ((q, q64), (k, k64), (v, v64)):
+        assert (a.grad.double() - b.grad).abs().max().item() < 1e-4
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        rope_ext.rope_attention(q, k, v, impl="fused")
+
+
+# ---------------------------------------------------------------------------- bad input
+def bad_cases(dev):
+    """(what, call, exception, pattern, check_values): each call must raise before
+    writing anything. check_values: a value check (CUDA: needs set_value_checks)."""
+    dt = torch.bfloat16
+    B, Hk, D = 2, 2, 64
+    kc, vc, _ = new_cache(B, 16, Hk, D, dt, dev, paged=False)
+    pk, pv, bt = new_cache(B, 16, Hk, D, dt, dev, paged=True, block_size=8)
+    k, v = randn((B, 3, Hk, D), dt, dev), randn((B, 3, Hk, D), dt, dev)
+    q = randn((B, 1, 4, D), dt, dev)
+    sl = torch.tensor([2, 5], dtype=torch.int32, device=dev)
+    bad_bt = bt.clone()
+    bad_bt[1, 0] = pk.shape[0]  # one past the last block
+    i32 = dict(dtype=torch.int32, device=dev)
+    return [
+        ("cache too small", lambda: rope_ext.append_kv(k, v, kc, vc, torch.tensor([2, 14], **i32)), ValueError,
+         "cache is too small", True),
+        ("append block table out of range", lambda: rope_ext.append_kv(k, v, pk, pv, sl, block_table=bad_bt), ValueError,
+         "block_table entries", True),
+        ("append negative seqlens", lambda: rope_ext.append_kv(k, v, kc, vc, torch.tensor([-1, 0], **i32)), ValueError,
+         "cache_seqlens must be >= 0", True),
+        ("decode seqlens past capacity", lambda: rope_ext.attention_decode(q, kc, vc, torch.tensor([2, 17], **i32)),
+         ValueError, "seqlens past capacity", True),
+        ("decode block table out of range", lambda: rope_ext.attention_decode(q, pk, pv, sl, block_table=bad_bt),
+         ValueError, "block_table entries", True),
+        ("cu_seqlens end", lambda: rope_ext.append_kv(k[0], v[0], kc, vc, sl, cu_seqlens=torch.tensor([0, 1, 2], **i32)),
+         ValueError, "cu_seqlens must end", True),
+        ("k heads vs cache", lambda: rope_ext.append_kv(k[:, :, :1], v[:, :, :1], kc, vc, sl), ValueError,
+         "heads but k_cache has", False),
+        ("Hq not a multiple of Hk", lambda: rope_ext.attention_decode(randn((B, 1, 3, D), dt, dev), kc, vc, sl),
+         ValueError, "multiple of the cache's kv heads", False),
+        ("k head dim", lambda: rope_ext.append_kv(k[..., :32], v[..., :32], kc, vc, sl), ValueError,
+         "head dim of k", False),
+        ("q head dim", lambda: rope_ext.attention_decode(q[..., :32], kc, vc, sl), ValueError, "head dim of q", False),
+        ("q dtype vs cache", lambda: rope_ext.attention_decode(q.half(), kc, vc, sl), TypeError,
+         "k_cache must have the dtype of q", False),
+        ("k dtype vs cache", lambda: rope_ext.append_kv(k.half(), v.half(), kc, vc, sl), TypeError,
+         "k_cache must have the dtype of k", False),
+        ("cache last dim strided", lambda: rope_ext.attention_decode(
+            q, kc.transpose(-1, -2).contiguous().transpose(-1, -2), vc, sl), ValueError, "contiguous last", False),
+        ("append cache last dim strided", lambda: rope_ext.append_kv(
+            k, v, kc, vc.transpose(-1, -2).contiguous().transpose(-1, -2), sl), ValueError, "contiguous last", False),
+        ("v_cache shape", lambda: rope_ext.append_kv(k, v, kc, vc[:, :8], sl), ValueError, "v_cache must have the shape",
+         False),
+        ("q aliases k", lambda: rope_ext.append_kv(k, v, kc, vc, sl, q=k), ValueError, "must not share memory with k",
+         False),
+        ("same cache twice", lambda: rope_ext.append_kv(k, v, kc, kc, sl), ValueError, "must not share memory", False),
+        ("seqlens shape", lambda: rope_ext.attention_decode(q, kc, vc, sl[:1]), ValueError, "cache_seqlens must have shape",
+         False),
+        ("seqlens float", lambda: rope_ext.attention_decode(q, kc, vc, sl.float()), TypeError, "cache_seqlens must be an int",
+         False),
+        ("contiguous cache batch", lambda: rope_ext.attention_decode(q, kc[:1], vc[:1], sl), ValueError,
+         "k_cache must hold B", False),
+        ("block_table shape", lambda: rope_ext.attention_decode(q, pk, pv, sl, block_table=bt[:1]), ValueError,
+         "block_table must have shape", False),
+        ("positions shape", lambda: rope_ext.attention_decode(q, kc, vc, sl, positions=torch.zeros(B, 2, **i32)),
+         ValueError, "positions must have shape", False),
+        ("positions and offsets", lambda: rope_ext.append_kv(k, v, kc, vc, sl, positions=torch.zeros(3, **i32),
+                                                             offsets=3), ValueError, "not both", False),
+        ("unknown impl", lambda: rope_ext.attention_decode(q, kc, vc, sl, impl="fast"), ValueError, "impl must be", False),
+        ("full fusion with positions", lambda: rope_ext.attention_decode(q, kc, vc, sl, impl="full_fusion",
+                                                                         positions=torch.zeros(B, 1, **i32)),
+         ValueError, "full_fusion", False),
+        ("rotary_dim odd", lambda: rope_ext.append_kv(k, v, kc, vc, sl, rotary_dim=7), ValueError, "rotary_dim", False),
+        ("not a tensor", lambda: rope_ext.append_kv(k, v, kc, vc, [2, 5]), TypeError, "cache_seqlens must be a torch.Tensor",
+         False),
+        ("step k without v", lambda: rope_ext.attention_decode(q, kc, vc, sl, k=k[:, :1]), ValueError,
+         "k and v together", False),
+        ("step k tokens vs q", lambda: rope_ext.attention_decode(q, kc, vc, sl, k=k, v=v), ValueError,
+         "one new token per query token", False),
+        ("step k dtype", lambda: rope_ext.attention_decode(q, kc, vc, sl, k=k[:, :1].half(), v=v[:, :1].half()),
+         TypeError, "k must have the dtype of q", False),
+        ("step cache too small", lambda: rope_ext.attention_decode(q, kc, vc, torch.tensor([2, 16], **i32), k=k[:, :1],
+                                                                   v=v[:, :1]), ValueError, "cache is too small", True),
+        ("step bad num_splits", lambda: rope_ext.attention_decode(q, kc, vc, sl, k=k[:, :1], v=v[:, :1], num_splits=-1),
+         ValueError, "num_splits must be", False),
+    ], (kc, vc, pk, pv, k, v, q)
+
+
+BAD_NAMES = [c[0] for c in bad_cases("cpu")[0]]
+
+
+@pytest.mark.parametrize("what", BAD_NAMES)
+def test_bad_input_raises_clearly(device, what):
+    cases, tensors = bad_cases(device)
+    _, call, exc, pat, value_check = next(c for c in cases if c[0] == what)
+    before = [t.clone() for t in tensors]
+    if device == "cuda" and value_check:
+        rope_ext.set_value_checks(True)
+    try:
+        with pytest.raises(exc, match=pat):
+            call()
+    finally:
+        rope_ext.set_value_checks(False)
+    for t, b in zip(tensors, before):
+        assert torch.equal(t.nan_to_num(), b.nan_to_num()) and torch.equal(t.isnan(), b.isnan()), "nothing written"
+    if device == "cuda":
+        torch.cuda.synchronize()  # the context is still healthy
+
+
+@cuda
+def test_decode_rows_per_kv_head_limit_cuda():
+    """Variant 5 maps a query row to its token through a float reciprocal of the group
+    size, exact below 2^22 rows per kv head: more raise a ValueError naming the limit
+    (impl hybrid and auto), before anything runs."""
+    D = 64
+    q = torch.empty(1, 1 << 22, 1, D, dtype=torch.bfloat16, device="cuda")  # 512 MB, never read
+    kc, vc, _ = new_cache(1, 16, 1, D, torch.bfloat16, "cuda", paged=False)
+    sl = torch.tensor([16], dtype=torch.int32, device="cuda")
+    for impl in ("hybrid", "auto"):
+        with pytest.raises(ValueError, match=r"q_len \* \(Hq / Hk\) below 2\^22"):
+            rope_ext.attention_decode(q, kc, vc, sl, impl=impl)
+    del q
+    torch.cuda.synchronize()
+
+
+@cuda
+def test_cuda_kernel_drops_slots_out_of_range():
+    """Without value checks (CUDA default) a token whose slot does not exist (past the
+    capacity, or a block id out of range) is dropped: nothing outside the cache changes,
+    the other tokens are written."""
+    dt = torch.bfloat16
+    B, Hk, D, cap = 2, 2, 64, 16
+    guard = torch.full((B + 2, cap, Hk, D), NAN, dtype=dt, device="cuda")
+    kc, vc_buf = guard[1:B + 1], torch.full((B + 2, cap, Hk, D), NAN, dtype=dt, device="cuda")
+    vc = vc_buf[1:B + 1]
+    k, v = randn((B, 4, Hk, D), dt, "cuda"), randn((B, 4, Hk, D), dt, "cuda")
+    rope_ext.append_kv(k, v, kc, vc, torch.tensor([2, 14], dtype=torch.int32, device="cuda"))
+    torch.cuda.synchronize()
+    assert torch.isnan(guard[0]).all() and torch.isnan(guard[B + 1]).all()
+    assert torch.isnan(vc_buf[0]).all() and torch.isnan(vc_buf[B + 1]).all()
+    assert torch.isfinite(kc[0, 2:6]).all() and torch.isfinite(kc[1, 14:16]).all()
+    # Paged: block ids one past the last block are dropped, on write and on read. The
+    # cache sits inside a NaN guard buffer, so a write through a bad id would show.
+    nb, bs = 2 * B, 8
+    big_k = torch.full((nb + 2, bs, Hk, D), NAN, dtype=dt, device="cuda")
+    big_v = torch.full_like(big_k, NAN)
+    pk, pv = big_k[1:nb + 1], big_v[1:nb + 1]
+    pk.zero_()
+    pv.zero_()
+    bt = torch.arange(nb, dtype=torch.int32, device="cuda").view(B, 2)
+    bt[1, 1] = nb  # out of range: sequence 1's tokens at indices 8.. are dropped
+    rope_ext.append_kv(k, v, pk, pv, torch.tensor([0, 6], dtype=torch.int32, device="cuda"), block_table=bt)
+    o = rope_ext.attention_decode(randn((B, 1, 4, D), dt, "cuda"), pk, pv,
+                                  torch.tensor([4, 10], dtype=torch.int32, device="cuda"), block_table=bt)
+    torch.cuda.synchronize()
+    assert torch.isfinite(o).all(), "keys in a bad block are skipped, not read"
+    assert torch.isnan(big_k[0]).all() and torch.isnan(big_k[nb + 1]).all()
+    assert torch.isnan(big_v[0]).all() and torch.isnan(big_v[nb + 1]).all()
+    assert (pk[2, 6:8] != 0).any() and (pk[0, :4] != 0).any(), "the valid tokens are written"
+
+
+# ---------------------------------------------------------------------------- op layer
+def op_samples(device):
+    dt = torch.bfloat16
+    B, Hk, D = 2, 2, 64
+    kc, vc, _ = new_cache(B, 24, Hk, D, dt, device, paged=False)
+    kc.normal_()
+    vc.normal_()
+    pk, pv, bt = new_cache(B, 24, Hk, D, dt, device, paged=True, block_size=8)
+    pk.normal_()
+    pv.normal_()
+    k, v, q = randn((B, 3, Hk, D), dt, device), randn((B, 3, Hk, D), dt, device), randn((B, 3, 4, D), dt, device)
+    sl = torch.tensor([2, 9], dtype=torch.int32, device=device)
+    cu = torch.tensor([0, 1, 3], dtype=torch.int32, device=device)
+    pos = torch.randint(0, 100, (B, 3), device=device)
+    f = rope_ext.inv_freq(D, 500.0, device=device)
+    # fp8 caches (per kv head / per tensor scales) and MLA's latent + rope halves of one cache row.
+    fk, fv = (torch.randn(B, 24, Hk, D, device=device).to(torch.float8_e4m3fn) for _ in range(2))
+    ks, vs = torch.rand(Hk, device=device) + 0.5, torch.rand(1, device=device) + 0.5
+    L, R = 96, 32
+    latent = torch.randn(6, 8, L + R, device=device, dtype=dt)
+    lbt = torch.tensor([[0, 2, 4], [5, 1, 3]], dtype=torch.int32, device=device)
+    kv_c, k_pe, q_pe = randn((3, 1, L), dt, device), randn((3, 1, R), dt, device), randn((3, 4, R), dt, device)
+    mla = (latent[..., L:].unsqueeze(-2), latent[..., :L].unsqueeze(-2))
+    A, D_, S = "append_kv", "attention_decode", "attention_decode_append"
+    return [
+        (A, (k, v, kc, vc, sl), {}),
+        (A, (k, v, pk, pv, sl), dict(positions=pos, block_table=bt, q=q.clone(), inv_freq=f, interleaved=True)),
+        (A, (k[0], v[0], kc, vc, sl), dict(cu_seqlens=cu, offset=5, rotary_dim=32, rotate_k=False)),
+        (A, (k, v, fk, fv, sl), dict(q=q.clone(), k_scale=ks, v_scale=vs, attention_factor=1.2)),
+        (A, (k_pe, kv_c, *mla, sl), dict(cu_seqlens=cu, block_table=lbt, q=q_pe, interleaved=True)),
+        (D_, (q, kc, vc, sl + 3), {}),
+        (D_, (q, pk, pv, sl + 3), dict(positions=pos, block_table=bt, inv_freq=f, interleaved=True, softmax_scale=0.3,
+                                       max_seqlen=12, impl="hybrid")),
+        (D_, (q[:, :1], kc, vc, sl), dict(offsets=torch.tensor([1, 7], device=device), rotary_dim=32, causal=False,
+                                          impl="full_fusion")),
+        (D_, (q, fk, fv, sl + 3), dict(k_scale=ks, v_scale=vs, attention_factor=1.1)),
+        (S, (q, k, v, kc, vc, sl), {}),
+        (S, (q, k, v, pk, pv, sl), dict(positions=pos, block_table=bt, inv_freq=f, interleaved=True, softmax_scale=0.3,
+                                        max_seqlen=12, num_splits=3, impl="hybrid")),
+        (S, (q, k, v, fk, fv, sl), dict(k_scale=ks, v_scale=vs, attention_factor=1.1)),
+    ]
+
+
+# The attention ops' options at the API's defaults (every argument after an op's tensors).
+ATTN_DEFAULTS = dict(cu_seqlens=None, q=None, positions=None, block_table=None, offsets=None, offset=0, inv_freq=None,
+                     cos_sin_cache=None, base=10000.0, rotary_dim=-1, interleaved=False, rotate_k=True,
+                     softmax_scale=None, causal=True, max_seqlen=0, num_splits=0, impl="auto", k_scale=None,
+                     v_scale=None, attention_factor=1.0)
+
+
+def op_args(name, tensors, kw):
+    """(args, kwargs) of an attention op: its tensors, then every option by name (the given
+    ones, the rest at ATTN_DEFAULTS); the schemas' order is csrc/attention_options.h's."""
+    names = [a.name for a in getattr(OPS, name).default._schema.arguments][len(tensors):]
+    unknown = set(kw) - set(names)
+    assert not unknown, f"{name} has no options {unknown}"
+    return tensors, {n: kw.get(n, ATTN_DEFAULTS[n]) for n in names}
+
+
+@pytest.mark.parametrize("i", range(12))
+def test_opcheck(device, i):
+    name, tensors, kw = op_samples(device)[i]
+    args, kwargs = op_args(name, tensors, kw)
+    # test_schema runs the op under torch's SchemaCheckMode, which multiplies the inputs
+    # and has no float8 kernels ("mul_cpu_reduced_float" not implemented for
+    # Float8_e4m3fn): the fp8 samples take the other checks.
+    fp8 = any(isinstance(a, torch.Tensor) and a.dtype == torch.float8_e4m3fn for a in args)
+    utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    utils = utils if fp8 else ("test_schema",) + utils
+    torch.library.opcheck(getattr(OPS, name).default, args, kwargs, test_utils=utils)
+
+
+def test_compile_fullgraph(device):
+    """append_kv + attention_decode in one compiled graph, no graph break, equal to eager."""
+    dt = torch.bfloat16
+    B, Hk, D = 2, 2, 64
+    k, v, q = randn((B, 2, Hk, D), dt, device), randn((B, 2, Hk, D), dt, device), randn((B, 2, 8, D), dt, device)
+    sl = torch.tensor([3, 10], dtype=torch.int32, device=device)
+
+    def step(q, k, v, kc, vc, sl, bt):
+        rope_ext.append_kv(k, v, kc, vc, sl, block_table=bt)
+        o, lse = rope_ext.attention_decode(q, kc, vc, sl + k.shape[1], block_table=bt, return_lse=True)
+        return o * 1, lse
+
+    def one_call(q, k, v, kc, vc, sl, bt):
+        o, lse = rope_ext.attention_decode(q, kc, vc, sl, block_table=bt, return_lse=True, k=k, v=v)
+        return o * 1, lse
+
+    for paged in (False, True):
+        kc, vc, bt = new_cache(B, 24, Hk, D, dt, device, paged=paged, block_size=8)
+        kc.zero_()
+        vc.zero_()
+        kc2, vc2 = kc.clone(), vc.clone()
+        want = step(q, k, v, kc, vc, sl, bt)
+        for backend in ("aot_eager", "inductor"):
+            torch._dynamo.reset()
+            kc3, vc3 = kc2.clone(), vc2.clone()
+            got = torch.compile(step, fullgraph=True, backend=backend)(q, k, v, kc3, vc3, sl, bt)
+            for a, b in zip(want, got):
+                assert torch.equal(a, b), backend
+            assert torch.equal(kc3, kc) and torch.equal(vc3, vc), f"{backend}: cache writes kept"
+            # The one-call step: the same cache writes; its output within the tolerance of
+            # the two-launch one (the new keys are summed in another order on CUDA).
+            torch._dynamo.reset()
+            kc4, vc4 = kc2.clone(), vc2.clone()
+            got = torch.compile(one_call, fullgraph=True, backend=backend)(q, k, v, kc4, vc4, sl, bt)
+            assert torch.equal(kc4, kc) and torch.equal(vc4, vc), f"{backend}: one-call cache writes kept"
+            assert (got[0].float() - want[0].float()).abs().max().item() <= ATTN_TOL[dt] * v.abs().max().item()
+    # rope_attention's fused path (and the separate one) trace without a graph break too.
+    kk, vv = randn((B, 2, Hk, D), dt, device), randn((B, 2, Hk, D), dt, device)
+    pos = torch.randint(0, 99, (B, 2), device=device)
+    for impl in ("fused", "separate"):
+        for p in (None, pos):
+            torch._dynamo.reset()
+            f = torch.compile(lambda a, b, c, p: rope_ext.rope_attention(a, b, c, p, impl=impl), fullgraph=True,
+                              backend="aot_eager")
+            assert torch.equal(f(q, kk, vv, p), rope_ext.rope_attention(q, kk, vv, p, impl=impl)), (impl, p is None)
+
+
+@cuda
+def test_cuda_graph_capture():
+    """append_kv + attention_decode captured once (no host sync inside), replayed with new
+    cache lengths and inputs written into the captured buffers."""
+    dt = torch.bfloat16
+    B, Hk, G, D, cap = 4, 2, 4, 128, 512
+    kc, vc, bt = new_cache(B, cap, Hk, D, dt, "cuda", paged=True, block_size=16)
+    kc.zero_()
+    vc.zero_()
+    k, v, q = randn((B, 1, Hk, D), dt, "cuda"), randn((B, 1, Hk, D), dt, "cuda"), randn((B, 1, Hk * G, D), dt, "cuda")
+    sl = torch.tensor([0, 5, 100, 400], dtype=torch.int32, device="cuda")
+    sl_after = sl + 1
+
+    def step():
+        rope_ext.append_kv(k, v, kc, vc, sl, block_table=bt)
+        return rope_ext.attention_decode(q, kc, vc, sl_after, block_table=bt, return_lse=True)
+
+    kc1, vc1 = kc.clone(), vc.clone()
+
+    def one_call():  # the decode step in one launch, into its own copy of the cache
+        return rope_ext.attention_decode(q, kc1, vc1, sl, block_table=bt, return_lse=True, k=k, v=v)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            step()
+            one_call()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        o, lse = step()
+        o1, lse1 = one_call()
+    for lens in ([7, 0, 300, 511], [1, 2, 3, 4]):
+        sl.copy_(torch.tensor(lens, dtype=torch.int32))
+        sl_after.copy_(sl + 1)
+        for t in (k, v, q):
+            t.copy_(randn(t.shape, dt, "cuda"))
+        g.replay()
+        torch.cuda.synchronize()
+        kc2, vc2 = kc.clone(), vc.clone()
+        rope_ext.append_kv(k, v, kc2, vc2, sl, block_table=bt)
+        want_o, want_lse = rope_ext.attention_decode(q, kc2, vc2, sl_after, block_table=bt, return_lse=True)
+        assert torch.equal(kc, kc2) and torch.equal(o, want_o) and torch.equal(lse, want_lse), lens
+        assert torch.equal(kc1, kc2) and torch.equal(vc1, vc2), f"one call: cache writes {lens}"
+        assert_attn_close(o1, lse1, want_o.double(), want_lse.double(), v.abs().max().item(), f"one call {lens}")
+
+
+def test_reference_matches_sdpa():
+    """The float64 reference itself, against torch's SDPA (full causal square case)."""
+    B, S, Hq, Hk, D = 2, 9, 6, 2, 16
+    q, k, v = torch.randn(B, S, Hq, D), torch.randn(B, S, Hk, D), torch.randn(B, S, Hk, D)
+    o, _ = ref.attention_float64(q, k, v)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q.double().transpose(1, 2), k.double().transpose(1, 2), v.double().transpose(1, 2), is_causal=True,
+        enable_gqa=True).transpose(1, 2)
+    assert (o - want).abs().max().item() < 1e-12
+
+
+def test_exports():
+    assert set(("append_kv", "attention_decode", "rope_attention")) <= set(rope_ext.__all__)
+
+
+# ---------------------------------------------------------------------------- decode kernels on CUDA
+@cuda
+@pytest.mark.parametrize("step", ["two", "one"], ids=["append+decode", "one_call"])
+@pytest.mark.parametrize("impl", ["hybrid", "hybrid_simt"])
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("G,q_len,Hk", [(1, 1, 4), (4, 1, 2), (8, 1, 1), (4, 3, 2), (8, 2, 1), (1, 16, 2), (4, 16, 1),
+                                        (8, 16, 1)])
+def test_decode_kernel_matrix_cuda(impl, D, G, q_len, Hk, step):
+    """Each CUDA decode kernel against the float64 truth: head dims 64/128/256, GQA
+    groups 1/4/8 (Hk 1 too), q_len 1..16 (variant 5: up to 8 rows, 9..16 rows, several
+    16-row groups), contiguous and paged caches with block sizes 1, 16 and 64, random
+    lengths (not multiples of the 16-key tile) in fp16 and bf16."""
+    for paged, bs in ((False, 16), (True, 1), (True, 16), (True, 64)):
+        dtype = torch.float16 if bs == 16 else torch.bfloat16
+        o, lse, wo, wl, vs = fill_and_decode("cuda", dtype, paged=paged, G=G, q_len=q_len, Hk=Hk, D=D, cap=150,
+                                             block_size=bs, impl=impl, step=step)
+        assert_attn_close(o, lse, wo, wl, vs, f"{impl} D={D} G={G} q_len={q_len} paged={paged} block={bs}")
+
+
+@cuda
+@pytest.mark.parametrize("step", ["two", "one"], ids=["append+decode", "one_call"])
+@pytest.mark.parametrize("D,G,q_len,cfg", [(128, 4, 1, "default"), (64, 1, 5, "interleaved"), (128, 8, 2, "partial"),
+                                           (256, 3, 3, "partial_interleaved"), (128, 16, 1, "cos_sin_cache"),
+                                           (128, 3, 7, "default"), (64, 6, 5, "interleaved")])
+def test_decode_q_layouts_cuda(D, G, q_len, cfg, step):
+    """Variant 5 copies q's rows into shared memory 16 bytes at a time where they allow it
+    (features contiguous, rows 16-byte aligned) and loads q element by element otherwise:
+    every layout of q_view gives the contiguous q's output and lse bit for bit (the same
+    values reach the rotation and the MMAs), and that is the float64 truth's. Several
+    tokens per query (rows of a kv head spanning tokens), group sizes 1..16, and row
+    groups of 16 rows that start inside a token (G 3 x q_len 7, G 6 x q_len 5: the second
+    group's first row is head 1 of token 5, head 4 of token 2)."""
+    got = {}
+    for layout in ("contiguous", "strided", "misaligned", "fused", "fused_odd"):
+        torch.manual_seed(1234)
+        o, lse, wo, wl, vs = fill_and_decode("cuda", torch.bfloat16, paged=True, G=G, q_len=q_len, Hk=2, D=D, cap=150,
+                                             cfg=cfg, impl="hybrid", step=step, q_layout=layout)
+        assert_attn_close(o, lse, wo, wl, vs, f"q {layout} D={D} G={G} q_len={q_len} {cfg}")
+        got[layout] = (o, lse)
+    for layout, (o, lse) in got.items():
+        assert torch.equal(o, got["contiguous"][0]) and torch.equal(lse, got["contiguous"][1]), f"q {layout}"
+
+
+@cuda
+@pytest.mark.parametrize("step", ["two", "one"], ids=["append+decode", "one_call"])
+@pytest.mark.parametrize("num_splits", [1, 3, 5, 19, 40, 100, 1024])
+def test_tensor_core_splits_cuda(num_splits, step):
+    """Variant 5 with forced split counts: splits round up to whole 16-key tiles, so high
+    counts leave splits with no key at all (lse -inf partials) that the combine ignores;
+    lengths 1 and a few keys sit inside one tile. The combine kernel's shape follows the
+    count (3: 4 loads, one warp per row; 5: 8 loads; 19: 8 loads x 4 warps, 40: x 8; 100: 16
+    x 8; 1024: 16 x 8 in 8 rounds of loads); D 256 has two feature groups per lane."""
+    for D in (128, 256) if num_splits >= 40 else (128,):
+        for B, cap in ((3, 300), (4, 17)):
+            o, lse, wo, wl, vs = fill_and_decode("cuda", torch.bfloat16, paged=True, G=4, q_len=1, B=B, cap=cap, D=D,
+                                                 num_splits=num_splits, impl="hybrid", step=step)
+            assert_attn_close(o, lse, wo, wl, vs, f"num_splits={num_splits} cap={cap} D={D}")
+
+
+@cuda
 @pytest.mark.parametrize("chunk", [0, 1, 2, 3, 5])
 @pytest.mark.parametrize("paged,block_size", [(False, 16), (True, 16), (True, 4)], ids=["contiguous", "paged16", "paged4"])
 def test_split_chunk_cuda(chunk, paged, block_size):

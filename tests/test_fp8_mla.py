@@ -271,6 +271,7 @@ def test_fp8_decode_split_chunk(chunk, pair):
                     "cuda", torch.bfloat16, paged=paged, G=4, q_len=2, per_head=True, D=128, Hk=4,
                     num_splits=splits, cap=704)
                 assert rope_ext._C.last_decode_plan()[0] == splits
+                assert rope_ext._C.last_decode_split_chunk() == chunk
                 assert rope_ext._C.last_decode_kv_per_cta() == pair
                 assert_attn_close(o, lse, want_o, want_lse, vmax, f"fp8 chunk={chunk} splits={splits} paged={paged}")
     finally:

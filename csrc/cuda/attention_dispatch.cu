@@ -371,15 +371,16 @@ constexpr int64_t kClusterSplitKeys = 512;
 // 14.3-14.6, ctx 512 10.8 vs 11.8).
 constexpr int64_t kNoSplitKeys = 2048;
 constexpr int64_t kClusterShortKeys = 256;
-// ... and at D = 128 from there up to kShortRuleKeys keys, with 4..16 CTAs per split, the
-// same ~kShortCtas CTAs, through the combine kernel where a split is longer than the
-// cluster takes (decode_plan; measured with the splits in 4-tile chunks, runs 4-5 of the
-// thirteenth session of 2026-11-26, Hq 32 Hk 8, in turns, us: B = 1 ctx 4096 8 splits
-// 16.16-16.22 against the old rule's 16 in a cluster 17.49; ctx 8192 24.64-24.90 against
-// 26.11; ctx 16384 38.91 against 39.87 (the plain read 38.37); B = 2 ctx 8192 4 splits
-// 38.85-39.15 against 8's 39.18-39.57; paged(16) B = 1 ctx 8192 25.6 against 27.0). Not at
-// D = 64: B = 1 ctx 8192 8 splits 19.2-19.3 against 16's 16.8-17.0 (run 5); D = 256 was
-// not measured.
+// ... and at D = 128 from there up to kShortRuleKeys keys, for grids of at most 8 CTAs per
+// split (so >= 8 splits), the same ~kShortCtas CTAs, through the combine kernel where a
+// split is longer than the cluster takes (decode_plan). Measured with the splits in 4-tile
+// chunks (runs 4-5 of the thirteenth session of 2026-11-26, Hq 32 Hk 8, in turns, us): B =
+// 1 ctx 4096 8 splits 16.16-16.22 against the old rule's 16 in a cluster 17.49; ctx 8192
+// 24.64-24.90 against 26.11; ctx 16384 38.91 against 39.87 (the plain read 38.37); paged(16)
+// B = 1 ctx 8192 25.6 against 27.0. B = 2 (16 CTAs per split) ctx 8192 took 4 splits in
+// 38.85-39.15 against 8's 39.18-39.57: too little to move grids of 9-33 CTAs off the
+// plans they had. Not at D = 64: B = 1 ctx 8192 8 splits 19.2-19.3 against 16's 16.8-17.0
+// (run 5); D = 256 was not measured.
 constexpr int64_t kShortRuleKeys = 16384;
 // Few CTAs per split (decode_plan): at most kFewCtas of them (a cluster's 16 splits then
 // fill at most kShortCtas SMs) and kFewCtasKeys..kFewCtasMaxKeys keys (the measured range)
@@ -628,8 +629,8 @@ bool set_decode_split_chunk(int k) {
 // ctx 8192 26.56 -> 26.37 us, ctx 32768 63.50 -> 62.54; B = 8 ctx 8192 106.26 -> 105.54,
 // ctx 32768 366.08 -> 364.48; fp8 B = 1 ctx 32768 41.09 -> 40.67, B = 8 ctx 8192 65.22 ->
 // 64.42, ctx 32768 197.18 -> 194.00. Chunks of 16 tiles were slower at B = 1 ctx 32768
-// (64.69), of 64 tiles far slower (74.14: 2048 tiles over 31 splits of 64 leave most
-// splits one chunk and a few two).
+// (64.69), of 64 tiles far slower (74.14: 2048 tiles are 32 chunks of 64 over 31 splits,
+// so one split reads twice the keys of the others).
 int decode_split_chunk() {
   const int k = g_split_chunk.load(std::memory_order_relaxed);
   return k >= 0 ? k : 3;
@@ -708,7 +709,8 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
     // Few kv heads in the grid (B = 1): as many splits as one CTA per SM allows (<= 16, >=
     // 64 keys each), merged in their cluster, where that measured fastest (ctx 512: 8
     // splits 10.8 us vs 16 splits 11.8; ctx 2048: 8 splits 13.7 vs 16 14.3; ctx 8192: 16
-    // splits 26.4 vs 32 + combine 27.3). Paged caches need >= 4 of them: at B = 8 ctx 512
+    // splits 26.4 vs 32 + combine 27.3, before the short rule below reached 8192 keys at D =
+    // 128 and took 8 splits + combine there). Paged caches need >= 4 of them: at B = 8 ctx 512
     // paged, 2 splits in a cluster took 21.1-21.2 us against the rule's 4 splits + combine
     // 20.2-20.4 (first kernel, runs 2 and 3 of the evening). A grid of >= 45% of the SMs
     // takes no split at short contexts (kNoSplitKeys; run 4 had "half", which 64 CTAs on
@@ -735,8 +737,12 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
     // CTAs); Hk 2 at B = 8 ctx 2048: 4 splits (64 CTAs) 17.2-17.5 us against 8's 18.9-19.3;
     // Hk 2 at B = 1 ctx 2048: 16 (32 CTAs) 13.1-13.2 against 8's 13.9-14.1 (runs 4-5 of the
     // fourth session of 2026-11-26).
-    const int64_t short_keys = p.rope.D == 128 ? kShortRuleKeys : 8 * kClusterShortKeys;
-    if (!p.cache.fp8 && max_keys <= short_keys) sc = std::min<int64_t>(sc, std::max<int64_t>(4, kShortCtas / ctas));
+    // Past 2048 keys (`longer`) only where it was measured to pay (kShortRuleKeys): D = 128,
+    // grids of <= 8 CTAs per split.
+    const bool longer = !p.cache.fp8 && p.rope.D == 128 && max_keys > 8 * kClusterShortKeys &&
+                        max_keys <= kShortRuleKeys && ctas * 8 <= kShortCtas;
+    const bool short_ctx = (!p.cache.fp8 && max_keys <= 8 * kClusterShortKeys) || longer;
+    if (short_ctx) sc = std::min<int64_t>(sc, std::max<int64_t>(4, kShortCtas / ctas));
     const int short_sc = sc;
     // Clusters that cannot all be resident run in waves: halve them, to 4 at least
     // (cluster_merge_pays).
@@ -749,11 +755,10 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
     // no sm_90, set_decode_cluster_merge(false)) it falls to the efficiency rule, as before.
     if ((!p.cache.paged || sc >= 4) && cluster_merge_pays(p, sc, max_keys, dev, dtype, true))
       return {sc, !combine_only};
-    // Past the cluster's keys per split (kClusterSplitKeys) up to short_keys keys: the
-    // short rule's count, ~kShortCtas CTAs, through the combine kernel.
-    if (!p.cache.fp8 && max_keys > 8 * kClusterShortKeys && max_keys <= short_keys && short_sc >= 4 &&
-        ctas * short_sc <= kShortCtas)
-      return {short_sc, false};
+    // The longer short contexts where the cluster does not take them (splits past its
+    // kClusterSplitKeys keys; or no cluster at all: merge off, before sm_90, not resident):
+    // the short rule's count through the combine kernel.
+    if (longer) return {short_sc, false};
   }
   const int s = rule_splits(p, max_keys, dev, dtype, impl);
   return {s, hybrid && !combine_only && cluster_merge_pays(p, s, max_keys, dev, dtype, true)};

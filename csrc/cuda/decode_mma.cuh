@@ -371,11 +371,10 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
   // whole tiles of [0, n_keys) (so tiles align with 16-slot pages): chunks of 2^ck tiles
   // dealt to the splits round-robin (the host's rule, decode_split_chunk: 4 tiles), or one
   // range per split.
-  // Tried and reverted (run 4 of 2026-11-25): tiles dealt round-robin to the splits (a
-  // tile's key independent of the length, so paged caches could load their block ids with
-  // cache_seqlens at any split count): paged B = 1 ctx 512 / 2048 10.3 / 13.4 -> 10.7 / 13.8
-  // us, contiguous 9.6 / 12.5 -> 9.8 / 12.7, B = 8 ctx 32768 366.5 -> 368.8: a split's
-  // keys in one range read faster than strided 4 KB tiles, more than the early ids saved.
+  // (Run 4 of 2026-11-25 dealt single tiles round-robin and had paged caches guess their
+  // block ids early from the length; that version lost 0.2-0.4 us at B = 1 and 2.3 at B = 8
+  // ctx 32768. The chunks here, block ids looked up as for one range, did not lose: NOTES,
+  // thirteenth session of 2026-11-26.)
   const int n_keys = static_cast<int>(min(old, max(int64_t(0), decode_key_limit(p, seqlen, tok_of(row0 + nrows - 1)))));
   // p.split_chunk = k > 0: chunks of 2^(k-1) tiles, so the CTAs of all splits read
   // neighbouring keys at any moment; 0: one range. Tile i of the split starts at key
@@ -393,7 +392,9 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
     kbeg = min(n_keys, split * per_split);
     n_tiles = (min(n_keys, kbeg + per_split) - kbeg + kTileKeys - 1) / kTileKeys;
   }
-  const int kend = n_keys;  // a split's tiles end at or before the end of its range: kend - key0 = n_keys - key0
+  // A tile's keys past n_keys are masked: for one range per split this is the range's end
+  // too (ranges end on a tile boundary or at n_keys).
+  const int kend = n_keys;
   const int my_tiles = warp < n_tiles ? (n_tiles - warp + kWarps - 1) / kWarps : 0;
 
   // ---- the warp's tile ring. A warp instruction copies whole rows (coalesced: RPI
