@@ -377,12 +377,11 @@ constexpr int64_t kClusterShortKeys = 256;
 // chunks (runs 4-5 of the thirteenth session of 2026-11-26, Hq 32 Hk 8, in turns, us): B =
 // 1 ctx 4096 8 splits 16.16-16.22 against the old rule's 16 in a cluster 17.49; ctx 8192
 // 24.64-24.90 against 26.11; ctx 16384 38.91 against 39.87 (the old rule's 32 splits; the
-// plain read 38.37); paged(16)
-// B = 1 ctx 8192 25.6 against 27.0. B = 2 (16 CTAs per split) ctx 8192 took 4 splits in
-// 38.85-39.39 against the old rule's 16 + combine 39.57-40.19 (runs 4, 7), and ctx 4096
-// 24.53-24.61 against its 8 in a cluster 24.40: too little to move grids of 9-33 CTAs off
-// the plans they had. Not at D = 64: B = 1 ctx 8192 8 splits 19.2-19.3 against 16's 16.8-17.0
-// (run 5); D = 256 was not measured.
+// plain read 38.37); paged(16) B = 1 ctx 8192 25.6 against 27.0. B = 2 (16 CTAs per split)
+// ctx 8192 took 4 splits in 38.85-39.39 against the old rule's 16 + combine 39.57-40.19
+// (runs 4, 7), and ctx 4096 24.53-24.61 against its 8 in a cluster 24.40: too little to
+// move grids of 9-33 CTAs off the plans they had. Not at D = 64: B = 1 ctx 8192 8 splits
+// 19.2-19.3 against 16's 16.8-17.0 (run 5); D = 256 was not measured.
 constexpr int64_t kShortRuleKeys = 16384;
 // Few CTAs per split (decode_plan): at most kFewCtas of them (a cluster's 16 splits then
 // fill at most kShortCtas SMs) and kFewCtasKeys..kFewCtasMaxKeys keys (the measured range)
