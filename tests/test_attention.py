@@ -1330,26 +1330,27 @@ def test_decode_plan_rules_cuda(step):
     heads at long contexts (Hk 2, ctx 8192; Hk 1) split 32 / 64 ways through the combine kernel;
     a plan that takes a cluster (Hk 8, ctx 2048 and 4096: 8 splits) has all its clusters resident at
     once; Hk 8 at ctx 8192 keeps the short rule's 8 splits (~64 CTAs) through the combine kernel
-    (1024 keys a split: past the cluster's 512). Each result against the float64 truth."""
+    (1024 keys a split: past the cluster's 512), and so does B = 2 (at least 8 splits). Each
+    result against the float64 truth."""
     dev = torch.cuda.current_device()
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    for D, G, Hk, cap in ((256, 2, 8, 8192), (128, 16, 2, 8192), (128, 8, 1, 8192), (128, 4, 8, 2048),
-                          (128, 4, 8, 4096), (128, 4, 8, 8192)):
-        o, lse, wo, wl, vs = fill_and_decode("cuda", torch.bfloat16, paged=False, G=G, q_len=1, Hk=Hk, D=D, B=1,
+    for D, G, Hk, cap, B in ((256, 2, 8, 8192, 1), (128, 16, 2, 8192, 1), (128, 8, 1, 8192, 1), (128, 4, 8, 2048, 1),
+                             (128, 4, 8, 4096, 1), (128, 4, 8, 8192, 1), (128, 4, 8, 4096, 2), (128, 4, 8, 8192, 2)):
+        o, lse, wo, wl, vs = fill_and_decode("cuda", torch.bfloat16, paged=False, G=G, q_len=1, Hk=Hk, D=D, B=B,
                                              cap=cap, impl="hybrid", step=step)
         splits, cluster = rope_ext._C.last_decode_plan()
-        what = f"D={D} G={G} Hk={Hk} ctx={cap}: plan ({splits}, {cluster})"
+        what = f"D={D} G={G} Hk={Hk} B={B} ctx={cap}: plan ({splits}, {cluster})"
         if D == 256:  # the split count follows the SM count (the efficiency rule)
             assert splits > 1 and not cluster, what
         elif Hk == 2:  # (>= 64 SMs: 32 splits of 2 CTAs in one wave)
             assert (splits, cluster) == (32, False) or sms < 64, what
         elif Hk == 1:  # MQA: 64 splits (the SM count on a smaller GPU)
             assert (splits, cluster) == (min(64, sms), False) or sms < 32, what
-        elif cap == 8192:  # (>= 64 SMs)
-            assert (splits, cluster) == (8, False) or sms < 64, what
+        elif cap == 8192:  # (>= 64 SMs per sequence; B = 2 too: at least kLongerSplits)
+            assert (splits, cluster) == (8, False) or sms < 64 * B, what
         else:
-            assert (splits, cluster) == (8, True), what
-            assert rope_ext._C.decode_max_clusters("bfloat16", D, False, G, splits, dev) >= Hk, what  # B = 1: Hk clusters
+            assert (splits, cluster) == (8, True) or sms < 64 * B, what
+            assert rope_ext._C.decode_max_clusters("bfloat16", D, False, G, splits, dev) >= B * Hk, what  # all resident
         assert_attn_close(o, lse, wo, wl, vs, what)
     assert rope_ext._C.decode_max_clusters("bfloat16", 128, False, 4, 8, dev) > 0
     assert rope_ext._C.decode_max_clusters("float16", 64, True, 4, 17, dev) == 0  # past the cluster limit

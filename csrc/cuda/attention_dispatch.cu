@@ -371,18 +371,21 @@ constexpr int64_t kClusterSplitKeys = 512;
 // 14.3-14.6, ctx 512 10.8 vs 11.8).
 constexpr int64_t kNoSplitKeys = 2048;
 constexpr int64_t kClusterShortKeys = 256;
-// ... and at D = 128 from there up to kShortRuleKeys keys, for grids of at most 8 CTAs per
-// split (so >= 8 splits), the same ~kShortCtas CTAs, through the combine kernel where a
-// split is longer than the cluster takes (decode_plan). Measured with the splits in 4-tile
-// chunks (runs 4-5 of the thirteenth session of 2026-11-26, Hq 32 Hk 8, in turns, us): B =
-// 1 ctx 4096 8 splits 16.16-16.22 against the old rule's 16 in a cluster 17.49; ctx 8192
-// 24.64-24.90 against 26.11; ctx 16384 38.91 against 39.87 (the old rule's 32 splits; the
-// plain read 38.37); paged(16) B = 1 ctx 8192 25.6 against 27.0. B = 2 (16 CTAs per split)
-// ctx 8192 took 4 splits in 38.85-39.39 against the old rule's 16 + combine 39.57-40.19
-// (runs 4, 7), and ctx 4096 24.53-24.61 against its 8 in a cluster 24.40: too little to
-// move grids of 9-33 CTAs off the plans they had. Not at D = 64: B = 1 ctx 8192 8 splits
-// 19.2-19.3 against 16's 16.8-17.0 (run 5); D = 256 was not measured.
+// ... and at D = 128 from there up to kShortRuleKeys keys, for grids of at most 16 CTAs per
+// split: ~kShortCtas CTAs and at least kLongerSplits splits, through the combine kernel where
+// a split is longer than the cluster takes (decode_plan). Measured with the splits in 4-tile
+// chunks, Hq 32 Hk 8, in turns, us. B = 1 (runs 4-5 of the thirteenth session of
+// 2026-11-26): ctx 4096 8 splits 16.16-16.22 against the old rule's 16 in a cluster 17.49;
+// ctx 8192 24.64-24.90 against 26.11; ctx 16384 38.91 against 39.87 (the old rule's 32
+// splits; the plain read 38.37); paged(16) ctx 8192 25.6 against 27.0. B = 2 (16 CTAs per
+// split; run 1 of the fourteenth session): ctx 4096 8 in a cluster 24.43 (4: 24.56); ctx
+// 8192 8 + combine 39.17 against the old plan's 16 + combine 39.87 (4: 39.02; 4 led 16 by
+// 0.8-1 us in runs 4 and 7 of the thirteenth too); ctx 16384 8 62.5-62.6 against 16's 63.3
+// (4: 63.9). B = 4 (32 CTAs per split) keeps its plan (ctx 8192 8 + combine 62.6, within
+// 0.2 of the best). Not at D = 64: B = 1 ctx 8192 8 splits 19.2-19.3 against 16's 16.8-17.0
+// (run 5 of the thirteenth); D = 256 was not measured.
 constexpr int64_t kShortRuleKeys = 16384;
+constexpr int64_t kLongerSplits = 8;
 // Few CTAs per split (decode_plan): at most kFewCtas of them (a cluster's 16 splits then
 // fill at most kShortCtas SMs) and kFewCtasKeys..kFewCtasMaxKeys keys (the measured range)
 // take at least kFewCtasSplits splits (~kShortCtas CTAs in all where that is more),
@@ -739,11 +742,11 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
     // Hk 2 at B = 1 ctx 2048: 16 (32 CTAs) 13.1-13.2 against 8's 13.9-14.1 (runs 4-5 of the
     // fourth session of 2026-11-26).
     // Past 2048 keys (`longer`) only where it was measured to pay (kShortRuleKeys): D = 128,
-    // grids of <= 8 CTAs per split.
+    // grids of <= 16 CTAs per split, at least kLongerSplits splits (B = 2 at Hk 8: 8).
     const bool longer = !p.cache.fp8 && p.rope.D == 128 && max_keys > 8 * kClusterShortKeys &&
-                        max_keys <= kShortRuleKeys && ctas * 8 <= kShortCtas;
+                        max_keys <= kShortRuleKeys && ctas * kLongerSplits <= 2 * kShortCtas;
     const bool short_ctx = (!p.cache.fp8 && max_keys <= 8 * kClusterShortKeys) || longer;
-    if (short_ctx) sc = std::min<int64_t>(sc, std::max<int64_t>(4, kShortCtas / ctas));
+    if (short_ctx) sc = std::min<int64_t>(sc, std::max<int64_t>(longer ? kLongerSplits : 4, kShortCtas / ctas));
     const int short_sc = sc;
     // Clusters that cannot all be resident run in waves: halve them, to 4 at least
     // (cluster_merge_pays).
