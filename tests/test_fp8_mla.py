@@ -322,7 +322,7 @@ def test_fp8_decode_kv_pair(paged, G, q_len, Hk, splits, D):
 @cuda
 def test_fp8_decode_kv_pair_auto():
     """auto pairs kv heads from 8192 keys per sequence up (the capacity, or the max_seqlen
-    hint), and from 2048 with B * Hk >= 64 (at D = 128 also from B * Hk >= 256 at any length:
+    hint), and from 2048 with B * Hk >= 64 (also from B * Hk >= 256 at any length:
     test_fp8_decode_pair_grid_auto), with the same result bit for bit as one kv head
     per CTA under the same split count; elsewhere one kv head per CTA. D 128 and D 64."""
     torch.manual_seed(7)
@@ -364,19 +364,20 @@ def test_fp8_decode_kv_pair_auto():
 
 @cuda
 def test_fp8_decode_pair_grid_auto():
-    """At D = 128 auto pairs kv heads at any length from B * Hk >= 256 up, and where that
-    grid of pairs covers >= 90% of the SMs takes one split (decode_plan, kPairGridHeads):
-    Hk 8 at B = 64 and 32, contiguous and paged, against the float64 truth over the
-    quantized cache. B = 16 (128 (b, kv head) pairs) and D = 64 keep one kv head per CTA
-    below 2048 keys."""
+    """auto pairs kv heads at any length from B * Hk >= 256 up, and where that grid of
+    pairs covers >= 90% of the SMs takes one split (decode_plan, kPairGridHeads): Hk 8 at B
+    = 64 and 32, D 128 and 64, contiguous and paged, against the float64 truth over the
+    quantized cache. B = 16 (128 (b, kv head) pairs) keeps one kv head per CTA below 2048
+    keys."""
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    for B, D, paged in ((64, 128, False), (64, 128, True), (32, 128, False), (16, 128, False), (64, 64, False)):
+    for B, D, paged in ((64, 128, False), (64, 128, True), (32, 128, False), (16, 128, False), (64, 64, False),
+                        (32, 64, True), (16, 64, False)):
         torch.manual_seed(B + D + paged)
         o, lse, want_o, want_lse, _, vmax, _ = fp8_fill_and_decode(
             "cuda", torch.bfloat16, paged=paged, G=4, q_len=1, per_head=True, D=D, Hk=8, B=B, cap=512)
         what = f"B={B} D={D} paged={paged}: kv per CTA {rope_ext._C.last_decode_kv_per_cta()}, " \
                f"plan {rope_ext._C.last_decode_plan()}"
-        pair = D == 128 and B * 8 >= 256
+        pair = B * 8 >= 256
         assert rope_ext._C.last_decode_kv_per_cta() == (2 if pair else 1), what
         if pair and 10 * (B * 8 // 2) >= 9 * sms:
             assert rope_ext._C.last_decode_plan() == (1, False), what

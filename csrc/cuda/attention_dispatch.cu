@@ -399,11 +399,13 @@ constexpr int kFewCtasSplits = 32;
 constexpr int64_t kPairKeys = 8192;
 constexpr int64_t kPairShortKeys = 2048;
 constexpr int64_t kPairHeads = 64;
-// ... and at D = 128 at any length from kPairGridHeads (b, kv head) pairs up, where a grid
-// of pairs with one split covers the SMs (decode_plan; >= 90% of them: Hk 8 from B = 32 on
-// 132 SMs). One split there, contiguous or paged (run 2 of the fourteenth session of
+// ... and at any length from kPairGridHeads (b, kv head) pairs up, where a grid of pairs
+// with one split covers the SMs (decode_plan; >= 90% of them: Hk 8 from B = 32 on 132 SMs).
+// One split there, contiguous or paged (runs 2 and 4 of the fourteenth session of
 // 2026-11-26, Hq 32 Hk 8, in turns, us; pairs with one split against the plan before:
-// pairs (one head below 2048 keys) with 4 splits + combine): B = 64 ctx 512 37.50 against
+// pairs (one head below 2048 keys) with 4 splits + combine). D = 64: B = 64 ctx 512 22.66
+// against 33.12, ctx 2048 63.87 against 69.14, ctx 8192 201.26 against 210.24; B = 32 ctx
+// 2048 37.54 against 42.21. D = 128: B = 64 ctx 512 37.50 against
 // 46.40 (one head, one split 43.39); ctx 2048 105.86 against 114.86 (run 1; the plain read
 // 104.37), paged(16) 107.14 against 119.15; ctx 4096 192.94 against 202.03; ctx 8192
 // 364.98 against 376.74 (97.9% of copy). B = 32 (128 CTAs): ctx 2048 63.46 against 68.74,
@@ -694,7 +696,7 @@ int decode_kv_per_cta(const DecodeParams& p, int64_t max_keys, DecodeImpl impl) 
   // splits): B = 1 ctx 32768 30.5 -> 26.5, B = 8 ctx 8192 43.3 -> 39.9, ctx 32768 120.7 ->
   // 111.8, B = 64 ctx 8192 224.0 -> 214.4; the same rule (short contexts not measured there).
   const bool pays = max_keys >= kPairKeys || (max_keys >= kPairShortKeys && p.B * c.Hk >= kPairHeads) ||
-                    (D == 128 && p.B * c.Hk >= kPairGridHeads);
+                    p.B * c.Hk >= kPairGridHeads;
   return mode == 2 || pays ? 2 : 1;
 }
 void set_append_shape(int shape) { g_append_shape.store(shape); }
@@ -736,8 +738,8 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
     // 132 SMs missed).
     const int64_t ctas = grid_ctas(p);
     if (!p.cache.fp8 && 20 * ctas >= 9 * sm_count(dev) && max_keys <= kNoSplitKeys) return {1, false};
-    // fp8 kv-head pairs at D = 128 whose grid covers >= 90% of the SMs: one split (kPairGridHeads).
-    if (p.cache.fp8 && p.kv_per_cta == 2 && p.rope.D == 128 && 10 * ctas >= 9 * sm_count(dev)) return {1, false};
+    // fp8 kv-head pairs whose grid covers >= 90% of the SMs: one split (kPairGridHeads).
+    if (p.cache.fp8 && p.kv_per_cta == 2 && 10 * ctas >= 9 * sm_count(dev)) return {1, false};
     // Few CTAs per split at long contexts (16-bit caches; B * Hk * row groups <= 4, as B = 1
     // with GQA 16 or MQA): a cluster's 16 splits are <= 64 CTAs, so kShortCtas CTAs, at
     // least kFewCtasSplits splits, through the combine kernel, within one wave (Hq 32, Hk 2:
