@@ -1352,6 +1352,12 @@ def test_decode_plan_rules_cuda(step):
             assert (splits, cluster) == (8, True) or sms < 64 * B, what
             assert rope_ext._C.decode_max_clusters("bfloat16", D, False, G, splits, dev) >= B * Hk, what  # all resident
         assert_attn_close(o, lse, wo, wl, vs, what)
+    # A grid of >= 90% of the SMs (B = 16 at Hk 8 on 132) takes one split up to 8192 keys
+    o, lse, wo, wl, vs = fill_and_decode("cuda", torch.bfloat16, paged=False, G=4, q_len=1, Hk=8, D=128, B=16,
+                                         cap=4096, impl="hybrid", step=step)
+    what = f"B=16 ctx=4096: plan {rope_ext._C.last_decode_plan()}"
+    assert rope_ext._C.last_decode_plan() == (1, False) or 10 * 16 * 8 < 9 * sms, what
+    assert_attn_close(o, lse, wo, wl, vs, what)
     assert rope_ext._C.decode_max_clusters("bfloat16", 128, False, 4, 8, dev) > 0
     assert rope_ext._C.decode_max_clusters("float16", 64, True, 4, 17, dev) == 0  # past the cluster limit
     with pytest.raises(ValueError, match="D must be 64, 128 or 256"):

@@ -370,6 +370,11 @@ constexpr int64_t kClusterSplitKeys = 512;
 // least 4 splits (decode_plan; Hk 8 at B = 1: 8 splits, ctx 2048 13.5-13.7 us vs 16 splits
 // 14.3-14.6, ctx 512 10.8 vs 11.8).
 constexpr int64_t kNoSplitKeys = 2048;
+// ... and a grid of >= 90% of the SMs (B = 16 at Hk 8: 128 CTAs) up to kNoSplitFullKeys
+// (run 5 of the fourteenth session of 2026-11-26, in turns, us): B = 16 ctx 4096 one split
+// 103.38 against the efficiency rule's 2 + combine 105.60 (4: 106.75); ctx 8192 189.63
+// against 192.14 (the plain read 191.68). Longer contexts were not measured.
+constexpr int64_t kNoSplitFullKeys = 8192;
 constexpr int64_t kClusterShortKeys = 256;
 // ... and at D = 128 from there up to kShortRuleKeys keys, for grids of at most 16 CTAs per
 // split: ~kShortCtas CTAs and at least kLongerSplits splits, through the combine kernel where
@@ -738,6 +743,7 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
     // 132 SMs missed).
     const int64_t ctas = grid_ctas(p);
     if (!p.cache.fp8 && 20 * ctas >= 9 * sm_count(dev) && max_keys <= kNoSplitKeys) return {1, false};
+    if (!p.cache.fp8 && 10 * ctas >= 9 * sm_count(dev) && max_keys <= kNoSplitFullKeys) return {1, false};
     // fp8 kv-head pairs whose grid covers >= 90% of the SMs: one split (kPairGridHeads).
     if (p.cache.fp8 && p.kv_per_cta == 2 && 10 * ctas >= 9 * sm_count(dev)) return {1, false};
     // Few CTAs per split at long contexts (16-bit caches; B * Hk * row groups <= 4, as B = 1
