@@ -392,9 +392,8 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
     kbeg = min(n_keys, split * per_split);
     n_tiles = (min(n_keys, kbeg + per_split) - kbeg + kTileKeys - 1) / kTileKeys;
   }
-  // A tile's keys past n_keys are masked: for one range per split this is the range's end
-  // too (ranges end on a tile boundary or at n_keys).
-  const int kend = n_keys;
+  // A tile's keys past n_keys are masked (below): for one range per split this is the
+  // range's end too (ranges end on a tile boundary or at n_keys).
   const int my_tiles = warp < n_tiles ? (n_tiles - warp + kWarps - 1) / kWarps : 0;
 
   // ---- the warp's tile ring. A warp instruction copies whole rows (coalesced: RPI
@@ -454,7 +453,7 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
       s.vo = __shfl_sync(0xffffffffu, bt.vo, l);
     } else {
       const int key = key0 + (lane & (kTileKeys - 1));
-      if (key < kend) s.ok = cache_slot(cv, b, key, &s.ko, &s.vo);
+      if (key < n_keys) s.ok = cache_slot(cv, b, key, &s.ko, &s.vo);
     }
     return s;
   };
@@ -472,7 +471,7 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const __grid_const
     const int key0 = tile_key0(t);
     uint32_t m;  // bit k: key k of the tile exists (read by the masking below)
     if (mode != 2) {
-      const int nv = s.ok ? min(kTileKeys, kend - key0) : 0;
+      const int nv = s.ok ? min(kTileKeys, n_keys - key0) : 0;
       const C* ksrc = k_lane + s.ko;
       const C* vsrc = v_lane + s.vo;
 #pragma unroll
