@@ -368,7 +368,8 @@ def test_fp8_decode_pair_grid_auto():
     pairs covers >= 90% of the SMs takes one split (decode_plan, kPairGridHeads): Hk 8 at B
     = 64 and 32, D 128 and 64, contiguous and paged, against the float64 truth over the
     quantized cache. B = 16 (128 (b, kv head) pairs) keeps one kv head per CTA below 2048
-    keys."""
+    keys and the fp8 rule's splits; so do head-major caches and the one-call step at B = 64
+    (no pairs there)."""
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     for B, D, paged in ((64, 128, False), (64, 128, True), (32, 128, False), (16, 128, False), (64, 64, False),
                         (32, 64, True), (16, 64, False)):
@@ -381,6 +382,14 @@ def test_fp8_decode_pair_grid_auto():
         assert rope_ext._C.last_decode_kv_per_cta() == (2 if pair else 1), what
         if pair and 10 * (B * 8 // 2) >= 9 * sms:
             assert rope_ext._C.last_decode_plan() == (1, False), what
+        elif not pair:
+            assert rope_ext._C.last_decode_plan()[0] > 1, what
+        assert_attn_close(o, lse, want_o, want_lse, vmax, "fp8 decode " + what)
+    for kw in (dict(head_major=True), dict(step="one")):  # one kv head per CTA: the rule's splits
+        o, lse, want_o, want_lse, _, vmax, _ = fp8_fill_and_decode(
+            "cuda", torch.bfloat16, paged=False, G=4, q_len=1, per_head=True, D=128, Hk=8, B=64, cap=512, **kw)
+        what = f"B=64 {kw}: kv per CTA {rope_ext._C.last_decode_kv_per_cta()}, plan {rope_ext._C.last_decode_plan()}"
+        assert rope_ext._C.last_decode_kv_per_cta() == 1 and rope_ext._C.last_decode_plan()[0] > 1, what
         assert_attn_close(o, lse, want_o, want_lse, vmax, "fp8 decode " + what)
 
 

@@ -370,14 +370,17 @@ constexpr int64_t kClusterSplitKeys = 512;
 // least 4 splits (decode_plan; Hk 8 at B = 1: 8 splits, ctx 2048 13.5-13.7 us vs 16 splits
 // 14.3-14.6, ctx 512 10.8 vs 11.8).
 constexpr int64_t kNoSplitKeys = 2048;
-// ... and a grid of >= 90% of the SMs (B = 16 at Hk 8: 128 CTAs) up to kNoSplitFullKeys
-// (run 5 of the fourteenth session of 2026-11-26, in turns, us): B = 16 ctx 4096 one split
-// 103.38 against the efficiency rule's 2 + combine 105.60 (4: 106.75); ctx 8192 189.63
-// against 192.14 (the plain read 191.68). Longer contexts were not measured.
+// ... and at D = 128 a grid of >= 90% of the SMs (B = 16 at Hk 8: 128 CTAs) up to
+// kNoSplitFullKeys (runs 5-6 of the fourteenth session of 2026-11-26, Hq 32, contiguous,
+// one query token, in turns, us): B = 16 ctx 4096 one split 103.38 against the efficiency
+// rule's 2 + combine 105.60 (4: 106.75); ctx 8192 189.63 against 192.14 (the plain read
+// 191.68). Longer contexts, other head dims were not measured; paged caches and more query
+// rows take it as the 45% rule above does.
 constexpr int64_t kNoSplitFullKeys = 8192;
 constexpr int64_t kClusterShortKeys = 256;
 // ... and at D = 128 from there up to kShortRuleKeys keys, for grids of at most 16 CTAs per
-// split: ~kShortCtas CTAs and at least kLongerSplits splits, through the combine kernel where
+// split (kLongerCtas): ~kShortCtas CTAs and at least kLongerSplits splits where one wave of the
+// SMs holds them, through the combine kernel where
 // a split is longer than the cluster takes (decode_plan). Measured with the splits in 4-tile
 // chunks, Hq 32 Hk 8, in turns, us. B = 1 (runs 4-5 of the thirteenth session of
 // 2026-11-26): ctx 4096 8 splits 16.16-16.22 against the old rule's 16 in a cluster 17.49;
@@ -386,10 +389,12 @@ constexpr int64_t kClusterShortKeys = 256;
 // split; run 1 of the fourteenth session): ctx 4096 8 in a cluster 24.43 (4: 24.56); ctx
 // 8192 8 + combine 39.17 against the old plan's 16 + combine 39.87 (4: 39.02; 4 led 16 by
 // 0.8-1 us in runs 4 and 7 of the thirteenth too); ctx 16384 8 62.5-62.6 against 16's 63.3
-// (4: 63.9). B = 4 (32 CTAs per split) keeps its plan (ctx 8192 8 + combine 62.6, within
-// 0.2 of the best). Not at D = 64: B = 1 ctx 8192 8 splits 19.2-19.3 against 16's 16.8-17.0
+// (4: 63.95). B = 4 (32 CTAs per split) keeps its plan (ctx 8192 8 + combine 62.6, within
+// 0.4 of the best). Run 2 (auto on 8 splits): ctx 8192 39.02 (16: 39.78), ctx 16384 62.61
+// (16: 62.90). Not at D = 64: B = 1 ctx 8192 8 splits 19.2-19.3 against 16's 16.8-17.0
 // (run 5 of the thirteenth); D = 256 was not measured.
 constexpr int64_t kShortRuleKeys = 16384;
+constexpr int64_t kLongerCtas = 16;
 constexpr int64_t kLongerSplits = 8;
 // Few CTAs per split (decode_plan): at most kFewCtas of them (a cluster's 16 splits then
 // fill at most kShortCtas SMs) and kFewCtasKeys..kFewCtasMaxKeys keys (the measured range)
@@ -404,8 +409,10 @@ constexpr int kFewCtasSplits = 32;
 constexpr int64_t kPairKeys = 8192;
 constexpr int64_t kPairShortKeys = 2048;
 constexpr int64_t kPairHeads = 64;
-// ... and at any length from kPairGridHeads (b, kv head) pairs up, where a grid of pairs
-// with one split covers the SMs (decode_plan; >= 90% of them: Hk 8 from B = 32 on 132 SMs).
+// ... and at any length from kPairGridHeads (b, kv head) pairs up; where that grid of pairs
+// with one split covers the SMs (decode_plan; >= 90% of them: Hk 8 from B = 32 on 132 SMs)
+// it takes one split. (On a GPU of more than ~142 SMs such a grid does not cover them and
+// keeps the fp8 rule's splits: not measured.)
 // One split there, contiguous or paged (runs 2 and 4 of the fourteenth session of
 // 2026-11-26, Hq 32 Hk 8, in turns, us; pairs with one split against the plan before:
 // pairs (one head below 2048 keys) with 4 splits + combine). D = 64: B = 64 ctx 512 22.66
@@ -416,9 +423,10 @@ constexpr int64_t kPairHeads = 64;
 // 364.98 against 376.74 (97.9% of copy). B = 32 (128 CTAs): ctx 2048 63.46 against 68.74,
 // ctx 8192 193.26 against 198.00. B = 16 (64 CTAs of pairs) keeps its plan: there one head
 // per CTA with one split (128 CTAs) was level at ctx 2048 (40.21 against 40.78) and 2%
-// ahead at 4096 (62.94 against 64.29), pairs with one split 2% and 9% behind. With one head
-// per CTA (the pairs not allowed: odd Hk, a head-major cache) a split count stays the
-// rule's: at B = 64 ctx 2048 one split took 123.60 against 4's 116.26.
+// ahead at 4096 (62.94 against 64.29), pairs with one split 1% and 12% behind that. With one
+// head per CTA (the pairs not allowed: odd Hk, a head-major cache, the one-call step) the split
+// count stays the rule's: at B = 64 ctx 2048 one head per CTA with one split took 123.60
+// against 4 splits' 116.26 (run 1).
 constexpr int64_t kPairGridHeads = 256;
 
 template <typename T, int D, int kRows, bool kFull>
@@ -743,9 +751,11 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
     // 132 SMs missed).
     const int64_t ctas = grid_ctas(p);
     if (!p.cache.fp8 && 20 * ctas >= 9 * sm_count(dev) && max_keys <= kNoSplitKeys) return {1, false};
-    if (!p.cache.fp8 && 10 * ctas >= 9 * sm_count(dev) && max_keys <= kNoSplitFullKeys) return {1, false};
-    // fp8 kv-head pairs whose grid covers >= 90% of the SMs: one split (kPairGridHeads).
-    if (p.cache.fp8 && p.kv_per_cta == 2 && 10 * ctas >= 9 * sm_count(dev)) return {1, false};
+    if (!p.cache.fp8 && p.rope.D == 128 && 10 * ctas >= 9 * sm_count(dev) && max_keys <= kNoSplitFullKeys)
+      return {1, false};
+    // fp8 kv-head pairs from kPairGridHeads up whose grid covers >= 90% of the SMs: one split.
+    if (p.cache.fp8 && p.kv_per_cta == 2 && p.B * p.cache.Hk >= kPairGridHeads && 10 * ctas >= 9 * sm_count(dev))
+      return {1, false};
     // Few CTAs per split at long contexts (16-bit caches; B * Hk * row groups <= 4, as B = 1
     // with GQA 16 or MQA): a cluster's 16 splits are <= 64 CTAs, so kShortCtas CTAs, at
     // least kFewCtasSplits splits, through the combine kernel, within one wave (Hq 32, Hk 2:
@@ -767,9 +777,10 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
     // Hk 2 at B = 1 ctx 2048: 16 (32 CTAs) 13.1-13.2 against 8's 13.9-14.1 (runs 4-5 of the
     // fourth session of 2026-11-26).
     // Past 2048 keys (`longer`) only where it was measured to pay (kShortRuleKeys): D = 128,
-    // grids of <= 16 CTAs per split, at least kLongerSplits splits (B = 2 at Hk 8: 8).
+    // grids of <= kLongerCtas CTAs per split, at least kLongerSplits splits where one wave holds
+    // them (B = 2 at Hk 8: 8).
     const bool longer = !p.cache.fp8 && p.rope.D == 128 && max_keys > 8 * kClusterShortKeys &&
-                        max_keys <= kShortRuleKeys && ctas * kLongerSplits <= 2 * kShortCtas;
+                        max_keys <= kShortRuleKeys && ctas <= kLongerCtas && ctas * kLongerSplits <= sm_count(dev);
     const bool short_ctx = (!p.cache.fp8 && max_keys <= 8 * kClusterShortKeys) || longer;
     if (short_ctx) sc = std::min<int64_t>(sc, std::max<int64_t>(longer ? kLongerSplits : 4, kShortCtas / ctas));
     const int short_sc = sc;
