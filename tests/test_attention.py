@@ -1331,8 +1331,9 @@ def test_decode_plan_rules_cuda(step):
     a plan that takes a cluster (Hk 8, ctx 2048 and 4096: 8 splits) has all its clusters resident at
     once; Hk 8 at ctx 8192 keeps the short rule's 8 splits (~64 CTAs) through the combine kernel
     (1024 keys a split: past the cluster's 512), and B = 2 at ctx 8192 and 16384 takes 8 too
-    (kLongerSplits: 128 CTAs); B = 16 (a grid of >= 90% of the SMs) takes one split up to
-    8192 keys (kNoSplitFullKeys) and splits past them. Each result against the float64 truth."""
+    (kLongerSplits: 128 CTAs); B = 16 (a grid of >= 90% of the SMs) takes one split at D 64
+    and 128 at any length (ctx 4096; 8208 keys, where the fourteenth session's rule split).
+    Each result against the float64 truth."""
     dev = torch.cuda.current_device()
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     for D, G, Hk, cap, B in ((256, 2, 8, 8192, 1), (128, 16, 2, 8192, 1), (128, 8, 1, 8192, 1), (128, 4, 8, 2048, 1),
@@ -1355,21 +1356,22 @@ def test_decode_plan_rules_cuda(step):
             if cluster:
                 assert rope_ext._C.decode_max_clusters("bfloat16", D, False, G, splits, dev) >= B * Hk, what  # all resident
         assert_attn_close(o, lse, wo, wl, vs, what)
-    # A grid of >= 90% of the SMs (B = 16 at Hk 8 on 132) takes one split up to 8192 keys
-    o, lse, wo, wl, vs = fill_and_decode("cuda", torch.bfloat16, paged=False, G=4, q_len=1, Hk=8, D=128, B=16,
-                                         cap=4096, impl="hybrid", step=step)
-    what = f"B=16 ctx=4096: plan {rope_ext._C.last_decode_plan()}"
-    assert rope_ext._C.last_decode_plan() == (1, False) or 10 * 16 * 8 < 9 * sms, what
-    assert_attn_close(o, lse, wo, wl, vs, what)
-    # ... and splits past 8192 keys (8208 here), where one split was not measured
+    # A grid of >= 90% of the SMs (B = 16 at Hk 8 on 132) takes one split, D 64 and 128
+    for D in (128, 64):
+        o, lse, wo, wl, vs = fill_and_decode("cuda", torch.bfloat16, paged=False, G=4, q_len=1, Hk=8, D=D, B=16,
+                                             cap=4096, impl="hybrid", step=step)
+        what = f"B=16 D={D} ctx=4096: plan {rope_ext._C.last_decode_plan()}"
+        assert rope_ext._C.last_decode_plan() == (1, False) or 10 * 16 * 8 < 9 * sms, what
+        assert_attn_close(o, lse, wo, wl, vs, what)
+    # ... at any length (8208 keys: past the fourteenth session's 8192), equal to 2 splits' result
     kc = torch.randn(16, 8208, 8, 128, device="cuda", dtype=torch.bfloat16)
     vc, q = torch.randn_like(kc), torch.randn(16, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
     lens = torch.full((16,), 8208, dtype=torch.int32, device="cuda")
     o = rope_ext.attention_decode(q, kc, vc, lens, impl="hybrid")
     what = f"B=16 ctx=8208: plan {rope_ext._C.last_decode_plan()}"
-    assert rope_ext._C.last_decode_plan()[0] > 1 or 10 * 16 * 8 < 9 * sms, what
-    o1 = rope_ext.attention_decode(q, kc, vc, lens, impl="hybrid", num_splits=1)
-    assert torch.isfinite(o).all() and (o.float() - o1.float()).abs().max().item() < 2e-2, what
+    assert rope_ext._C.last_decode_plan() == (1, False) or 10 * 16 * 8 < 9 * sms, what
+    o2 = rope_ext.attention_decode(q, kc, vc, lens, impl="hybrid", num_splits=2)
+    assert torch.isfinite(o).all() and (o.float() - o2.float()).abs().max().item() < 2e-2, what
     assert rope_ext._C.decode_max_clusters("bfloat16", 128, False, 4, 8, dev) > 0
     assert rope_ext._C.decode_max_clusters("float16", 64, True, 4, 17, dev) == 0  # past the cluster limit
     with pytest.raises(ValueError, match="D must be 64, 128 or 256"):

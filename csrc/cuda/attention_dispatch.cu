@@ -370,13 +370,14 @@ constexpr int64_t kClusterSplitKeys = 512;
 // least 4 splits (decode_plan; Hk 8 at B = 1: 8 splits, ctx 2048 13.5-13.7 us vs 16 splits
 // 14.3-14.6, ctx 512 10.8 vs 11.8).
 constexpr int64_t kNoSplitKeys = 2048;
-// ... and at D = 128 a grid of >= 90% of the SMs (B = 16 at Hk 8: 128 CTAs) up to
-// kNoSplitFullKeys (runs 5-6 of the fourteenth session of 2026-11-26, Hq 32, contiguous,
-// one query token, in turns, us): B = 16 ctx 4096 one split 103.38 against the efficiency
-// rule's 2 + combine 105.60 (4: 106.75); ctx 8192 189.63 against 192.14 (the plain read
-// 191.68). Longer contexts, other head dims were not measured; paged caches and more query
-// rows take it as the 45% rule above does.
-constexpr int64_t kNoSplitFullKeys = 8192;
+// ... and at D = 64 and 128 a grid of >= 90% of the SMs (B = 16 at Hk 8: 128 CTAs) at any
+// length (Hq 32, one query token, in turns, us; one split against the efficiency rule's 2
+// (D 128) or 4 (D 64) + combine). D 128 (runs 5-6 of the fourteenth session of 2026-11-26,
+// run 1 of the fifteenth): B = 16 ctx 4096 103.38 against 105.60; 8192 189.63 against 192.14
+// (the plain read 191.68); 16384 360.74 against 365.54; 32768 704.98 against 713.84;
+// paged(16) ctx 4096 105.78 against 2 splits' 108.88, 8192 194.11 against 196.86. D 64 (run
+// 1 of the fifteenth): ctx 4096 62.18 against 65.31; 8192 105.63 against 111.26. D 256 was
+// not measured; more query rows take it as the 45% rule above does.
 constexpr int64_t kClusterShortKeys = 256;
 // ... and at D = 128 from there up to kShortRuleKeys keys, for grids of at most 16 CTAs per
 // split (kLongerCtas): ~kShortCtas CTAs and at least kLongerSplits splits where one wave of the
@@ -409,11 +410,9 @@ constexpr int kFewCtasSplits = 32;
 constexpr int64_t kPairKeys = 8192;
 constexpr int64_t kPairShortKeys = 2048;
 constexpr int64_t kPairHeads = 64;
-// ... and at any length from kPairGridHeads (b, kv head) pairs up; where that grid of pairs
-// with one split covers the SMs (decode_plan; >= 90% of them: Hk 8 from B = 32 on 132 SMs)
-// it takes one split. (On a GPU of more than ~142 SMs such a grid does not cover them and
-// keeps the fp8 rule's splits: not measured.)
-// One split there, contiguous or paged (runs 2 and 4 of the fourteenth session of
+// ... and at any length from kPairGridHeads (b, kv head) pairs up. A grid of pairs that
+// covers the SMs takes one split (decode_plan; kPairOneSplitPct below: Hk 8 from B = 24 on
+// 132 SMs). One split there, contiguous or paged (runs 2 and 4 of the fourteenth session of
 // 2026-11-26, Hq 32 Hk 8, in turns, us; pairs with one split against the plan before:
 // pairs (one head below 2048 keys) with 4 splits + combine). D = 64: B = 64 ctx 512 22.66
 // against 33.12, ctx 2048 63.87 against 69.14, ctx 8192 201.26 against 210.24; B = 32 ctx
@@ -428,6 +427,19 @@ constexpr int64_t kPairHeads = 64;
 // count stays the rule's: at B = 64 ctx 2048 one head per CTA with one split took 123.60
 // against 4 splits' 116.26 (run 1).
 constexpr int64_t kPairGridHeads = 256;
+// Fewer pair CTAs (fifteenth session of 2026-11-27, run 1, Hq 32 Hk 8 D 128, in turns, us):
+// a pair grid of >= 70% of the SMs takes one split (B = 24, 96 CTAs, ctx 4096: 86.72 against
+// 4 splits' 91.71 and 2's 93.09); below that the fp8 rule takes at most kFp8Ctas CTAs, at
+// least 2 splits (rule_splits; B = 12, 48 CTAs, ctx 4096: 2 splits 53.25 against 4's 55.28;
+// B = 16, 64 CTAs: 2 splits level with 4 at ctx 2048-4096 (41.25 / 40.88, 64.43 / 64.45),
+// 0.3-0.6% ahead at 8192 / 16384 (108.21 / 108.83, 195.02 / 196.19), one split 8-31% behind).
+constexpr int kPairOneSplitPct = 70;
+// One kv head per CTA at D = 128 where that grid is one wave of one CTA per SM on >= 90%
+// of the SMs (B = 16 at Hk 8 on 132) up to kFp8OneWaveKeys keys: one split, and no pairs
+// (decode_kv_per_cta). Same run, B = 16: ctx 2048 40.10 against pairs' 4 splits 41.04 (2:
+// 41.25); ctx 4096 63.07 against 64.51 (the fourteenth session's run 2: 40.21 / 40.78,
+// 62.94 / 64.29); at ctx 8192 one split of one head lost (113.79 against pairs' 108.21).
+constexpr int64_t kFp8OneWaveKeys = 4096;
 
 template <typename T, int D, int kRows, bool kFull>
 void launch_decode_kernel(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
@@ -568,6 +580,23 @@ int64_t grid_ctas(const DecodeParams& p) {
   return std::max<int64_t>(1, p.B * (p.cache.Hk / p.kv_per_cta) * p.row_groups);
 }
 
+// Whether a pair instance serves this call (decode_mma_launch.cuh, has_pair): fp8 at D =
+// 64 and 128, the two heads' rows side by side (the interleaved [.., slot, Hk, D] layout),
+// one row group, and not the decode step in one launch (its new tile is built per kv head).
+bool pair_allowed(const DecodeParams& p, DecodeImpl impl) {
+  const KVCacheView& c = p.cache;
+  const int64_t D = p.rope.D;
+  return impl == DecodeImpl::kHybrid && c.fp8 && (D == 64 || D == 128) && c.Hk % 2 == 0 && c.k_stride[2] == D &&
+         c.v_stride[2] == D && p.k_new == nullptr && 2 * p.G * p.q_len <= cuda::mma_decode::kRows;
+}
+
+// kFp8OneWaveKeys: `ctas` CTAs of one kv head each are one wave of one per SM on >= 90% of
+// the SMs, in a call that could pair its heads.
+bool fp8_one_wave(const DecodeParams& p, int64_t ctas, int64_t max_keys, DecodeImpl impl, int sms) {
+  return pair_allowed(p, impl) && p.rope.D == 128 && max_keys <= kFp8OneWaveKeys && 10 * ctas >= 9 * sms &&
+         ctas <= sms;
+}
+
 // The number of key splits, from shapes only (variant 5: the cluster merge's choice
 // and the no-split case come first in decode_plan below).
 int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType dtype, DecodeImpl impl) {
@@ -587,8 +616,9 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
       // 409 us vs 458 with the rule above's 1 split), 16 at B = 1 (ctx 2048, 8192: 22.2
       // us vs 36.0 with 43). Half the bytes per key make a split's fixed cost relatively
       // dearer but leave the wave tail the same, so: at least 4 splits, ~128 CTAs, and at
-      // least kFp8SplitKeys keys per split.
-      s = std::max<int64_t>(4, ceil_div(kFp8Ctas, ctas));
+      // least kFp8SplitKeys keys per split. Pairs of kv heads: at most kFp8Ctas CTAs, at least 2
+      // splits (kPairOneSplitPct; B = 8: 4 splits either way).
+      s = p.kv_per_cta == 2 ? std::max<int64_t>(2, kFp8Ctas / ctas) : std::max<int64_t>(4, ceil_div(kFp8Ctas, ctas));
       s = std::min<int64_t>(s, std::max<int64_t>(1, max_keys / kFp8SplitKeys));
     }
     if (s <= 1) return 1;
@@ -689,17 +719,10 @@ CombineShape combine_shape(int num_splits) {
   return {loads, warps};
 }
 
-int decode_kv_per_cta(const DecodeParams& p, int64_t max_keys, DecodeImpl impl) {
+int decode_kv_per_cta(const DecodeParams& p, int64_t max_keys, c10::Device device, DecodeImpl impl) {
   const KVCacheView& c = p.cache;
-  const int64_t D = p.rope.D;
-  // The pair instances (decode_mma_launch.cuh, has_pair): fp8 at D = 64 and 128, the two
-  // heads' rows side by side (the interleaved [.., slot, Hk, D] layout), one row group, and
-  // not the decode step in one launch (its new tile is built per kv head).
-  const bool allowed = impl == DecodeImpl::kHybrid && c.fp8 && (D == 64 || D == 128) && c.Hk % 2 == 0 &&
-                       c.k_stride[2] == D && c.v_stride[2] == D && p.k_new == nullptr &&
-                       2 * p.G * p.q_len <= cuda::mma_decode::kRows;
   const int mode = g_kv_pair.load(std::memory_order_relaxed);
-  if (!allowed || mode == 1) return 1;
+  if (!pair_allowed(p, impl) || mode == 1) return 1;
   // Auto: where it was measured faster (Hq 32, Hk 8, runs C and D of the fifth session of
   // 2026-11-26, us, single -> pair at their plans): B = 1 ctx 32768 46.1 -> 44.2, B = 8 ctx
   // 8192 69.2 -> 67.1, ctx 32768 210.3 -> 198.9 (90% of copy), B = 64 ctx 8192 400.4 ->
@@ -708,8 +731,11 @@ int decode_kv_per_cta(const DecodeParams& p, int64_t max_keys, DecodeImpl impl) 
   // head-major one. D = 64 (64-byte rows of one head, run C of the sixth session, auto
   // splits): B = 1 ctx 32768 30.5 -> 26.5, B = 8 ctx 8192 43.3 -> 39.9, ctx 32768 120.7 ->
   // 111.8, B = 64 ctx 8192 224.0 -> 214.4; the same rule (short contexts not measured there).
-  const bool pays = max_keys >= kPairKeys || (max_keys >= kPairShortKeys && p.B * c.Hk >= kPairHeads) ||
-                    p.B * c.Hk >= kPairGridHeads;
+  // Not where one kv head per CTA is one wave of one per SM (kFp8OneWaveKeys; one row group:
+  // pair_allowed).
+  const bool pays = (max_keys >= kPairKeys || (max_keys >= kPairShortKeys && p.B * c.Hk >= kPairHeads) ||
+                     p.B * c.Hk >= kPairGridHeads) &&
+                    !fp8_one_wave(p, p.B * c.Hk, max_keys, impl, sm_count(device.index()));
   return mode == 2 || pays ? 2 : 1;
 }
 void set_append_shape(int shape) { g_append_shape.store(shape); }
@@ -751,11 +777,11 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
     // 132 SMs missed).
     const int64_t ctas = grid_ctas(p);
     if (!p.cache.fp8 && 20 * ctas >= 9 * sm_count(dev) && max_keys <= kNoSplitKeys) return {1, false};
-    if (!p.cache.fp8 && p.rope.D == 128 && 10 * ctas >= 9 * sm_count(dev) && max_keys <= kNoSplitFullKeys)
-      return {1, false};
-    // fp8 kv-head pairs from kPairGridHeads up whose grid covers >= 90% of the SMs: one split.
-    if (p.cache.fp8 && p.kv_per_cta == 2 && p.B * p.cache.Hk >= kPairGridHeads && 10 * ctas >= 9 * sm_count(dev))
-      return {1, false};
+    if (!p.cache.fp8 && p.rope.D <= 128 && 10 * ctas >= 9 * sm_count(dev)) return {1, false};
+    // fp8 kv-head pairs whose grid covers >= kPairOneSplitPct % of the SMs, and one kv head
+    // per CTA in one wave of one per SM (kFp8OneWaveKeys): one split.
+    if (p.cache.fp8 && p.kv_per_cta == 2 && 100 * ctas >= kPairOneSplitPct * sm_count(dev)) return {1, false};
+    if (p.cache.fp8 && p.kv_per_cta == 1 && fp8_one_wave(p, ctas, max_keys, impl, sm_count(dev))) return {1, false};
     // Few CTAs per split at long contexts (16-bit caches; B * Hk * row groups <= 4, as B = 1
     // with GQA 16 or MQA): a cluster's 16 splits are <= 64 CTAs, so kShortCtas CTAs, at
     // least kFewCtasSplits splits, through the combine kernel, within one wave (Hq 32, Hk 2:
