@@ -365,10 +365,10 @@ def test_fp8_decode_kv_pair_auto():
 @cuda
 def test_fp8_decode_pair_grid_auto():
     """auto's kv heads per CTA and split count on fp8 caches at mid-size grids (decode_kv_per_cta,
-    decode_plan): kv-head pairs at any length from B * Hk >= 256 up, and a grid of pairs
-    covering >= 70% of the SMs takes one split (Hk 8: B = 64 and 32 at ctx 512, B = 24 at
-    2048); smaller pair grids take at most ~128 CTAs, at least 2 splits (B = 12 at 2048
-    keys and B = 16 at 4112, paged: 2); one kv head per CTA where that grid is one wave of one per SM on
+    decode_plan): kv-head pairs at any length from B * Hk >= 256 up; pair grids take at
+    most 128 CTAs, as many splits as that allows (Hk 8: one split at B = 64 and 32 at ctx
+    512 and B = 24 at 2048; 2 at B = 12 at 2048 keys and B = 16 at 4112, paged); one kv
+    head per CTA where that grid is one wave of one per SM on
     >= 90% of the SMs, at D = 128 up to 4096 keys, takes one split (B = 16 at ctx 512 and
     2048); D = 64 keeps the fp8 rule's splits there (B = 16 ctx 512); head-major caches and
     the one-call step (no pairs) at B = 64 keep the rule's splits. Each case against the

@@ -370,9 +370,11 @@ constexpr int64_t kClusterSplitKeys = 512;
 // least 4 splits (decode_plan; Hk 8 at B = 1: 8 splits, ctx 2048 13.5-13.7 us vs 16 splits
 // 14.3-14.6, ctx 512 10.8 vs 11.8).
 constexpr int64_t kNoSplitKeys = 2048;
-// ... and at D = 64 and 128 a grid of >= 90% of the SMs (B = 16 at Hk 8: 128 CTAs) at any
+// ... and at D = 64 and 128 a grid of 90-100% of the SMs (B = 16 at Hk 8: 128 CTAs) at any
 // length (Hq 32, one query token, in turns, us; one split against the efficiency rule's 2
-// (D 128) or 4 (D 64) + combine). D 128 (runs 5-6 of the fourteenth session of 2026-11-26,
+// (D 128) or 4 (D 64) + combine). More CTAs than SMs keep the efficiency rule: B = 20 (160
+// CTAs) ctx 16384 3 splits 457.66 against one split's 515.54; B = 24 534.88 against 573.14
+// (run 2 of the fifteenth). D 128 (runs 5-6 of the fourteenth session of 2026-11-26,
 // run 1 of the fifteenth): B = 16 ctx 4096 103.38 against 105.60; 8192 189.63 against 192.14
 // (the plain read 191.68); 16384 360.74 against 365.54; 32768 704.98 against 713.84;
 // paged(16) ctx 4096 105.78 against 2 splits' 108.88, 8192 194.11 against 196.86. D 64 (run
@@ -410,9 +412,9 @@ constexpr int kFewCtasSplits = 32;
 constexpr int64_t kPairKeys = 8192;
 constexpr int64_t kPairShortKeys = 2048;
 constexpr int64_t kPairHeads = 64;
-// ... and at any length from kPairGridHeads (b, kv head) pairs up. A grid of pairs that
-// covers the SMs takes one split (decode_plan; kPairOneSplitPct below: Hk 8 from B = 24 on
-// 132 SMs). One split there, contiguous or paged (runs 2 and 4 of the fourteenth session of
+// ... and at any length from kPairGridHeads (b, kv head) pairs up. Pair grids take at most
+// kFp8Ctas CTAs (rule_splits; fifteenth session below): one split from 65 pair CTAs up (Hk
+// 8 from B = 17). One split at B >= 32, contiguous or paged (runs 2 and 4 of the fourteenth session of
 // 2026-11-26, Hq 32 Hk 8, in turns, us; pairs with one split against the plan before:
 // pairs (one head below 2048 keys) with 4 splits + combine). D = 64: B = 64 ctx 512 22.66
 // against 33.12, ctx 2048 63.87 against 69.14, ctx 8192 201.26 against 210.24; B = 32 ctx
@@ -427,13 +429,16 @@ constexpr int64_t kPairHeads = 64;
 // count stays the rule's: at B = 64 ctx 2048 one head per CTA with one split took 123.60
 // against 4 splits' 116.26 (run 1).
 constexpr int64_t kPairGridHeads = 256;
-// Fewer pair CTAs (fifteenth session of 2026-11-27, run 1, Hq 32 Hk 8 D 128, in turns, us):
-// a pair grid of >= 70% of the SMs takes one split (B = 24, 96 CTAs, ctx 4096: 86.72 against
-// 4 splits' 91.71 and 2's 93.09); below that the fp8 rule takes at most kFp8Ctas CTAs, at
-// least 2 splits (rule_splits; B = 12, 48 CTAs, ctx 4096: 2 splits 53.25 against 4's 55.28;
-// B = 16, 64 CTAs: 2 splits level with 4 at ctx 2048-4096 (41.25 / 40.88, 64.43 / 64.45),
-// 0.3-0.6% ahead at 8192 / 16384 (108.21 / 108.83, 195.02 / 196.19), one split 8-31% behind).
-constexpr int kPairOneSplitPct = 70;
+// Smaller pair grids (runs 1-2 of the fifteenth session of 2026-11-27, Hq 32 Hk 8 D 128, in
+// turns, us; the plan before: at least 4 splits, >= kFp8Ctas CTAs): a pair CTA streams two
+// heads' rows, so ~100-128 of them read at the plain read's pace, and more than one per SM
+// leaves a tail (B = 6, 24 pair CTAs, ctx 8192: 5 splits 54.70 against 6's 61.65). So at
+// most kFp8Ctas CTAs, as many splits as that allows: B = 24 (96 CTAs) ctx 4096 one split
+// 86.72 against 4's 91.71, ctx 8192 150.62 against 2's 166.21; B = 20 (80) ctx 4096 one split
+// 75.73 against 2's 86.10; B = 12 (48) ctx 4096 2 splits 53.26 against 3's 60.27 and 4's
+// 55.09; B = 16 (64) 2 splits level with 4 at ctx 2048-4096 (41.25 / 40.88, 64.43 / 64.45),
+// 0.3-0.6% ahead at 8192 / 16384 (108.21 / 108.83, 195.02 / 196.19), one split 8-31% behind;
+// D 64 B 16 ctx 8192 2 splits 65.89 against 4's 68.90 (level at 4096).
 // One kv head per CTA at D = 128 where that grid is one wave of one CTA per SM on >= 90%
 // of the SMs (B = 16 at Hk 8 on 132) up to kFp8OneWaveKeys keys: one split, and no pairs
 // (decode_kv_per_cta). Same run, B = 16: ctx 2048 40.10 against pairs' 4 splits 41.04 (2:
@@ -616,15 +621,16 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
       // 409 us vs 458 with the rule above's 1 split), 16 at B = 1 (ctx 2048, 8192: 22.2
       // us vs 36.0 with 43). Half the bytes per key make a split's fixed cost relatively
       // dearer but leave the wave tail the same, so: at least 4 splits, ~128 CTAs, and at
-      // least kFp8SplitKeys keys per split. Pairs of kv heads: at most kFp8Ctas CTAs, at least 2
-      // splits (kPairOneSplitPct; B = 8: 4 splits either way).
-      s = p.kv_per_cta == 2 ? std::max<int64_t>(2, kFp8Ctas / ctas) : std::max<int64_t>(4, ceil_div(kFp8Ctas, ctas));
+      // least kFp8SplitKeys keys per split. Pairs of kv heads: at most kFp8Ctas CTAs
+      // (kPairGridHeads' note; B <= 4 and B = 8 as before).
+      s = p.kv_per_cta == 2 ? std::max<int64_t>(1, kFp8Ctas / ctas) : std::max<int64_t>(4, ceil_div(kFp8Ctas, ctas));
       s = std::min<int64_t>(s, std::max<int64_t>(1, max_keys / kFp8SplitKeys));
     }
     if (s <= 1) return 1;
     // Whole tiles per warp: t = the tiles per warp s splits would give (rounded down, at
-    // least 1), then the fewest splits with at most t.
-    const int64_t t = std::max<int64_t>(1, max_keys / (kMinKeysPerSplitMma * s));
+    // least 1; up for pairs, whose count is a cap), then the fewest splits with at most t.
+    const int64_t tiles = kMinKeysPerSplitMma * s;
+    const int64_t t = p.cache.fp8 && p.kv_per_cta == 2 ? ceil_div(max_keys, tiles) : std::max<int64_t>(1, max_keys / tiles);
     return static_cast<int>(std::min<int64_t>(kMaxSplits, ceil_div(max_keys, kMinKeysPerSplitMma * t)));
   }
   visit_decode(dtype, p.rope.D, p.rows_per_group, impl == DecodeImpl::kFullFusion,
@@ -777,10 +783,8 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
     // 132 SMs missed).
     const int64_t ctas = grid_ctas(p);
     if (!p.cache.fp8 && 20 * ctas >= 9 * sm_count(dev) && max_keys <= kNoSplitKeys) return {1, false};
-    if (!p.cache.fp8 && p.rope.D <= 128 && 10 * ctas >= 9 * sm_count(dev)) return {1, false};
-    // fp8 kv-head pairs whose grid covers >= kPairOneSplitPct % of the SMs, and one kv head
-    // per CTA in one wave of one per SM (kFp8OneWaveKeys): one split.
-    if (p.cache.fp8 && p.kv_per_cta == 2 && 100 * ctas >= kPairOneSplitPct * sm_count(dev)) return {1, false};
+    if (!p.cache.fp8 && p.rope.D <= 128 && 10 * ctas >= 9 * sm_count(dev) && ctas <= sm_count(dev)) return {1, false};
+    // fp8, one kv head per CTA in one wave of one per SM (kFp8OneWaveKeys): one split.
     if (p.cache.fp8 && p.kv_per_cta == 1 && fp8_one_wave(p, ctas, max_keys, impl, sm_count(dev))) return {1, false};
     // Few CTAs per split at long contexts (16-bit caches; B * Hk * row groups <= 4, as B = 1
     // with GQA 16 or MQA): a cluster's 16 splits are <= 64 CTAs, so kShortCtas CTAs, at
