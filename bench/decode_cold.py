@@ -16,6 +16,9 @@ again with the splits taking chunks of 2^(k-1) 16-key tiles round-robin for each
 (rope_ext._C.set_decode_split_chunk; 0 = one key range per split; auto takes 4 tiles), and
 each forced split count's row again per listed k (the cluster allowed up to 16 splits: it
 merges where it fits, as in the "cluster" rows, which take the rule's chunks);
+--sweep: a survey of auto's plans over many points: no separate, bf16-cache or cluster
+rows (the forced counts merge by the combine kernel), and each point ends with one line:
+auto against the fastest forced row (a plan search, not a comparison with the peers);
 --paged N: rope_ext's decode rows read a paged copy of the cache (blocks of N slots in a
 shuffled block table; separate, "auto, bf16 cache" and hybrid_simt keep the contiguous one). Every point also times
 a plain read of the cache's bytes (torch.sum of one fp32 buffer of that size: the read this
@@ -67,6 +70,7 @@ def main():
     ap.add_argument("--loads", default="")
     ap.add_argument("--chunks", default="")
     ap.add_argument("--paged", type=int, default=0)
+    ap.add_argument("--sweep", action="store_true")
     args = ap.parse_args()
     Hq, Hk, D = args.Hq, args.Hk, args.D
     dev = "cuda"
@@ -116,7 +120,9 @@ def main():
 
         fns = {"separate (rope + SDPA)": lambda: _separate_attn(q, kc, vc, ctx), "auto": call(),
                "same-size read (torch.sum)": lambda: torch.sum(ref, dim=0, out=ref_out)}
-        if args.fp8:
+        if args.sweep:
+            del fns["separate (rope + SDPA)"]
+        if args.fp8 and not args.sweep:
             fns["auto, bf16 cache"] = lambda: rope_ext.attention_decode(q, kc, vc, lens, max_seqlen=ctx)
         if args.simt:
             fns["hybrid_simt"] = lambda: rope_ext.attention_decode(q, kc, vc, lens, max_seqlen=ctx, impl="hybrid_simt")
@@ -126,7 +132,7 @@ def main():
         for ck in (int(x) for x in args.chunks.split(",") if x):
             fns[chunk_name("auto", ck)] = call(chunk=ck)
         pairs = (1, 2) if args.pair else (0,)
-        if args.pair:
+        if args.pair and not args.sweep:
             fns["one head per CTA, auto splits"] = call(pair=1)
             fns["pair auto"] = call(pair=2)
         for pr in pairs:
@@ -135,12 +141,12 @@ def main():
                 fns[f"{tag}splits {s} combine"] = call(s, False, pr)
                 for ld in (int(x) for x in args.loads.split(",") if x):  # --loads: forced combine shapes
                     fns[f"{tag}splits {s} combine L{ld}"] = call(s, False, pr, ld)
-                if 1 < s <= 16:  # past the cluster limit (kMaxClusterSplits) it would be the combine row again
+                if 1 < s <= 16 and not args.sweep:  # past the cluster limit (kMaxClusterSplits) it would be the combine row again
                     fns[f"{tag}splits {s} cluster"] = call(s, True, pr)
                 for ck in (int(x) for x in args.chunks.split(",") if x):  # --chunks: each forced count again
                     fns[chunk_name(f"{tag}splits {s}", ck)] = call(s, 1 < s <= 16, pr, chunk=ck)
         got, errs = graph_us_interleaved(fns, args.reps, captures=1)
-        base = got.get("separate (rope + SDPA)")
+        base = got.get("separate (rope + SDPA)", got.get("auto"))
         cache = ("fp8" if args.fp8 else "bf16") + (f" paged({args.paged})" if args.paged else "")
         rope_ext.attention_decode(q, kd, vd, lens, max_seqlen=ctx, **kw)
         plan = _C.last_decode_plan()
@@ -157,6 +163,13 @@ def main():
                 print(f"  {n:<28} n/a: {str(errs[n]).splitlines()[0][:70]}")
             else:
                 print(f"  {n:<28}{got[n]:8.2f}{base / got[n]:8.2f}x{100 * nbytes / (got[n] * 1e3) / bw:7.1f}%")
+        if args.sweep and "auto" in got:
+            forced = {n: t for n, t in got.items() if "splits" in n}
+            if forced:
+                best = min(forced, key=forced.get)
+                print(f"  SWEEP {cache} B={B} ctx={ctx} D={D}: auto {got['auto']:.2f} (plan {plan[0]}, "
+                      f"{kv_cta} kv/CTA) best forced {forced[best]:.2f} ({best}): auto / best "
+                      f"{got['auto'] / forced[best]:.3f}")
 
 
 if __name__ == "__main__":
