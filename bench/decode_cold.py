@@ -19,6 +19,8 @@ merges where it fits, as in the "cluster" rows, which take the rule's chunks);
 --sweep: a survey of auto's plans over many points: no separate, bf16-cache or cluster
 rows (the forced counts merge by the combine kernel), and each point ends with one line:
 auto against the fastest forced row (a plan search, not a comparison with the peers);
+--offset-mb N: an N MB buffer allocated before each point's tensors (where the caches lie
+moves some split counts' times: run the same points at two offsets);
 --paged N: rope_ext's decode rows read a paged copy of the cache (blocks of N slots in a
 shuffled block table; separate, "auto, bf16 cache" and hybrid_simt keep the contiguous one). Every point also times
 a plain read of the cache's bytes (torch.sum of one fp32 buffer of that size: the read this
@@ -71,6 +73,7 @@ def main():
     ap.add_argument("--chunks", default="")
     ap.add_argument("--paged", type=int, default=0)
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--offset-mb", type=int, default=0)
     args = ap.parse_args()
     Hq, Hk, D = args.Hq, args.Hk, args.D
     dev = "cuda"
@@ -78,6 +81,7 @@ def main():
     for pt in args.points.split(","):
         B, ctx = (int(x) for x in pt.split("x"))
         torch.manual_seed(0)
+        pad = torch.empty(args.offset_mb << 20, dtype=torch.uint8, device=dev) if args.offset_mb else None  # noqa: F841
         kc = torch.randn(B, ctx, Hk, D, device=dev, dtype=torch.bfloat16)
         vc = torch.randn_like(kc)
         q = torch.randn(B, 1, Hq, D, device=dev, dtype=torch.bfloat16)
