@@ -52,7 +52,8 @@ void set_decode_cluster_merge(bool on);
 // Variant 5's kv heads per CTA (DecodeParams::kv_per_cta) for this call (`max_keys` keys
 // per sequence, as decode_plan): 2 where a pair instance serves it and the rule (or
 // set_decode_kv_pair) takes it, else 1.
-int decode_kv_per_cta(const DecodeParams& p, int64_t max_keys, c10::Device device, DecodeImpl impl);
+int decode_kv_per_cta(const DecodeParams& p, int64_t max_keys, c10::Device device, at::ScalarType dtype,
+                      DecodeImpl impl);
 // tests/bench: 0 auto, 1 never pair kv heads, 2 pair them wherever allowed.
 void set_decode_kv_pair(int mode);
 // Variant 5's keys per split (DecodeParams::split_chunk) for calls with several splits:

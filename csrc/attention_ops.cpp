@@ -481,7 +481,7 @@ std::tuple<at::Tensor, at::Tensor> decode_run(DecodeParams& p, const at::Tensor&
 #ifdef ROPE_EXT_WITH_CUDA
     const int64_t cap = p.cache.capacity;
     const int64_t max_keys = max_seqlen > 0 ? std::min<int64_t>(max_seqlen + p.appended, cap) : cap;
-    p.kv_per_cta = decode_kv_per_cta(p, max_keys, q.device(), which);
+    p.kv_per_cta = decode_kv_per_cta(p, max_keys, q.device(), q.scalar_type(), which);
     const int64_t cta_rows = rows * p.kv_per_cta;  // query rows of a CTA's kv heads
     const int kr = decode_rows_per_cta(cta_rows, which);
     p.rows_per_group = kr;

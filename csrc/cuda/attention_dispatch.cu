@@ -445,6 +445,31 @@ constexpr int64_t kPairGridHeads = 256;
 // 41.25); ctx 4096 63.07 against 64.51 (the fourteenth session's run 2: 40.21 / 40.78,
 // 62.94 / 64.29); at ctx 8192 one split of one head lost (113.79 against pairs' 108.21).
 constexpr int64_t kFp8OneWaveKeys = 4096;
+// The wave rule (wave_splits; 42 points each of bf16 and fp8 caches, ctx 1024 / 4096 / 16384,
+// B 2-64, forced 1-32 splits, runs 5-6 of the fifteenth session of 2026-11-27,
+// bench/decode_cold.py --sweep; the same times within 0.5% at two cache offsets). A grid's
+// time followed how evenly its CTAs load the SMs more than its split count: with more CTAs
+// than SMs, grids of 144 / 160 / 192 / 288 / 320 CTAs (some SMs holding one more CTA than
+// the rest, or a few in a last wave) took 7-13% longer than their neighbours, at every B;
+// with at most one CTA per SM, ~60% of the SMs (bf16) or ~70% (fp8 kv-head pairs) read at
+// the plain read's pace. So: the fewest splits whose grid has a wave efficiency of at least
+// kWaveEff (wave_efficiency). Against the rules before, mean / worst loss to the fastest
+// forced count over the measured points: bf16 B 3-64 (not 16) ctx 4096-16384 3.6% / 12.3% ->
+// 1.0% / 5.5% (B 5 ctx 16384 143.6 -> 127.9 us, B 6 166.5 -> 156.8, B 10 259.9 -> 232.8, B
+// 48 1104.3 -> 1054.7; lost: B 4 and 12 at ctx 16384, 96 CTAs, 4.9 / 5.5% behind 128 / 768
+// CTAs); fp8 pairs B 3-64 1.7% / 10.8% -> 0.6% / 2.7% (B 20 ctx 16384 261.9 -> 245.7, B 48
+// 603.2 -> 544.2; B 8 3 splits, 0.9-1.1% behind its 4).
+constexpr double kWaveEff = 0.9;
+constexpr double kWaveSat16 = 0.6;      // 16-bit caches, one kv head per CTA
+constexpr double kWaveSatPair = 0.7;    // fp8 kv-head pairs
+constexpr int64_t kWaveMinCtas = 24;    // 16-bit: B >= 3 at Hk 8 (B <= 2: the short rules)
+constexpr int64_t kWaveMinPairCtas = 12;  // fp8 pairs: B >= 3 at Hk 8
+// fp8 at short contexts (<= kPairShortKeys keys, D 128, where pairs are allowed): a grid of
+// at least kWaveSat16 of the SMs in one kv head per CTA takes one split, with one kv head or
+// two per CTA, whichever grid's wave_efficiency is higher (fp8_short_kv). Same runs, ctx
+// 1024, us, before -> after: B 12 23.7 -> 21.3 (one head), B 20 32.2 -> 27.0 (pairs), B 24
+// 36.6 -> 31.5 (pairs), B 48 53.4 -> 51.0 (one head; pairs 53.4); B 10, 16, 32 and 64 kept
+// their (best) plans.
 
 template <typename T, int D, int kRows, bool kFull>
 void launch_decode_kernel(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
@@ -602,6 +627,49 @@ bool fp8_one_wave(const DecodeParams& p, int64_t ctas, int64_t max_keys, DecodeI
          ctas <= sms;
 }
 
+// The wave rule's model of n equal CTAs on `sms` SMs holding up to `occ` each: within one
+// CTA per SM, the share of the SMs that reads at the DRAM's pace (n / (sat x SMs), at most
+// 1); past it, the per-SM balance (n / SMs over its ceiling) and, below two waves of `occ`
+// per SM, that wave's balance too.
+double wave_efficiency(int64_t n, int sms, int occ, double sat) {
+  if (n <= sms) return std::min(1.0, static_cast<double>(n) / (sat * sms));
+  auto balance = [](double w) { return w / std::ceil(w); };
+  double e = balance(static_cast<double>(n) / sms);
+  if (n < 2 * int64_t(sms) * occ) e = std::min(e, balance(static_cast<double>(n) / (double(sms) * occ)));
+  return e;
+}
+// The fewest splits (1..hi) whose grid reaches kWaveEff; else the most efficient.
+int64_t wave_splits(int64_t ctas, int64_t hi, int sms, int occ, double sat) {
+  int64_t best = 1;
+  double best_e = -1;
+  for (int64_t s = 1; s <= hi; ++s) {
+    const double e = wave_efficiency(ctas * s, sms, occ, sat);
+    if (e >= kWaveEff) return s;
+    if (e > best_e) best_e = e, best = s;
+  }
+  return best;
+}
+// Resident CTAs per SM of variant 5's instance for this call with kv_per_cta heads per CTA.
+int mma_occupancy(const DecodeParams& p, int kv_per_cta, at::ScalarType dtype, int dev) {
+  int occ = 1;
+  visit_decode_mma(dtype, p.rope.D, p.cache.fp8, [&]<typename T, int D, bool kFp8>() {
+    occ = decode_mma_ctas_per_sm<T, D, kFp8>(p.G * kv_per_cta * p.q_len, kv_per_cta, dev);
+  });
+  return occ;
+}
+// kWaveSat16's short-context rule for fp8 caches: 1 or 2 kv heads per CTA with one split,
+// or 0 where it does not apply.
+int fp8_short_kv(const DecodeParams& p, int64_t max_keys, DecodeImpl impl, at::ScalarType dtype, int dev) {
+  const int sms = sm_count(dev);
+  const int64_t one = p.B * p.cache.Hk;  // one row group (pair_allowed)
+  if (!pair_allowed(p, impl) || p.rope.D != 128 || max_keys > kPairShortKeys ||
+      static_cast<double>(one) < kWaveSat16 * sms)
+    return 0;
+  const double e1 = wave_efficiency(one, sms, mma_occupancy(p, 1, dtype, dev), kWaveSat16);
+  const double e2 = wave_efficiency(one / 2, sms, mma_occupancy(p, 2, dtype, dev), kWaveSat16);
+  return e2 > e1 ? 2 : 1;
+}
+
 // The number of key splits, from shapes only (variant 5: the cluster merge's choice
 // and the no-split case come first in decode_plan below).
 int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType dtype, DecodeImpl impl) {
@@ -626,11 +694,21 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
       s = p.kv_per_cta == 2 ? std::max<int64_t>(1, kFp8Ctas / ctas) : std::max<int64_t>(4, ceil_div(kFp8Ctas, ctas));
       s = std::min<int64_t>(s, std::max<int64_t>(1, max_keys / kFp8SplitKeys));
     }
+    // The wave rule (kWaveEff) at D = 128 past kNoSplitKeys / kPairShortKeys keys: 16-bit
+    // caches from kWaveMinCtas CTAs per split, fp8 kv-head pairs from kWaveMinPairCtas.
+    const bool wave16 = !p.cache.fp8 && ctas >= kWaveMinCtas && max_keys > kNoSplitKeys;
+    const bool wave_pair = p.cache.fp8 && p.kv_per_cta == 2 && ctas >= kWaveMinPairCtas && max_keys > kPairShortKeys;
+    const bool wave = p.rope.D == 128 && (wave16 || wave_pair);
+    if (wave)
+      s = wave_splits(ctas, std::min<int64_t>(kMaxSplits, std::max<int64_t>(1, max_keys / kFp8SplitKeys)),
+                      sm_count(dev), occ, wave16 ? kWaveSat16 : kWaveSatPair);
     if (s <= 1) return 1;
     // Whole tiles per warp: t = the tiles per warp s splits would give (rounded down, at
-    // least 1; up for pairs, whose count is a cap), then the fewest splits with at most t.
+    // least 1; up for pairs and the wave rule, whose counts are caps or exact), then the
+    // fewest splits with at most t.
     const int64_t tiles = kMinKeysPerSplitMma * s;
-    const int64_t t = p.cache.fp8 && p.kv_per_cta == 2 ? ceil_div(max_keys, tiles) : std::max<int64_t>(1, max_keys / tiles);
+    const int64_t t = wave || (p.cache.fp8 && p.kv_per_cta == 2) ? ceil_div(max_keys, tiles)
+                                                                  : std::max<int64_t>(1, max_keys / tiles);
     return static_cast<int>(std::min<int64_t>(kMaxSplits, ceil_div(max_keys, kMinKeysPerSplitMma * t)));
   }
   visit_decode(dtype, p.rope.D, p.rows_per_group, impl == DecodeImpl::kFullFusion,
@@ -725,10 +803,15 @@ CombineShape combine_shape(int num_splits) {
   return {loads, warps};
 }
 
-int decode_kv_per_cta(const DecodeParams& p, int64_t max_keys, c10::Device device, DecodeImpl impl) {
+int decode_kv_per_cta(const DecodeParams& p, int64_t max_keys, c10::Device device, at::ScalarType dtype,
+                      DecodeImpl impl) {
   const KVCacheView& c = p.cache;
   const int mode = g_kv_pair.load(std::memory_order_relaxed);
   if (!pair_allowed(p, impl) || mode == 1) return 1;
+  if (mode == 0) {  // short contexts over many CTAs: kWaveSat16's rule
+    const c10::cuda::CUDAGuard guard(device);  // the occupancy queries read the current device
+    if (const int kv = fp8_short_kv(p, max_keys, impl, dtype, device.index())) return kv;
+  }
   // Auto: where it was measured faster (Hq 32, Hk 8, runs C and D of the fifth session of
   // 2026-11-26, us, single -> pair at their plans): B = 1 ctx 32768 46.1 -> 44.2, B = 8 ctx
   // 8192 69.2 -> 67.1, ctx 32768 210.3 -> 198.9 (90% of copy), B = 64 ctx 8192 400.4 ->
@@ -784,6 +867,8 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
     const int64_t ctas = grid_ctas(p);
     if (!p.cache.fp8 && 20 * ctas >= 9 * sm_count(dev) && max_keys <= kNoSplitKeys) return {1, false};
     if (!p.cache.fp8 && p.rope.D <= 128 && 10 * ctas >= 9 * sm_count(dev) && ctas <= sm_count(dev)) return {1, false};
+    // fp8 at short contexts over many CTAs (fp8_short_kv, the heads per CTA it chose): one split.
+    if (p.cache.fp8 && fp8_short_kv(p, max_keys, impl, dtype, dev) == p.kv_per_cta) return {1, false};
     // fp8, one kv head per CTA in one wave of one per SM (kFp8OneWaveKeys): one split.
     if (p.cache.fp8 && p.kv_per_cta == 1 && fp8_one_wave(p, ctas, max_keys, impl, sm_count(dev))) return {1, false};
     // Few CTAs per split at long contexts (16-bit caches; B * Hk * row groups <= 4, as B = 1
