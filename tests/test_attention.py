@@ -1332,7 +1332,8 @@ def test_decode_plan_rules_cuda(step):
     once; Hk 8 at ctx 8192 keeps the short rule's 8 splits (~64 CTAs) through the combine kernel
     (1024 keys a split: past the cluster's 512), and B = 2 at ctx 8192 and 16384 takes 8 too
     (kLongerSplits: 128 CTAs); B = 16 (a grid of >= 90% of the SMs) takes one split at D 64
-    and 128 at any length (ctx 4096; 8208 keys, where the fourteenth session's rule split).
+    and 128 at any length (ctx 4096; 8208 keys, where the fourteenth session's rule split);
+    B = 5 and 10 at ctx 4096 take the wave rule's 2 and 1 (on 132 SMs).
     Each result against the float64 truth."""
     dev = torch.cuda.current_device()
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -1362,6 +1363,13 @@ def test_decode_plan_rules_cuda(step):
                                              cap=4096, impl="hybrid", step=step)
         what = f"B=16 D={D} ctx=4096: plan {rope_ext._C.last_decode_plan()}"
         assert rope_ext._C.last_decode_plan() == (1, False) or 10 * 16 * 8 < 9 * sms, what
+        assert_attn_close(o, lse, wo, wl, vs, what)
+    # The wave rule (kWaveEff): B = 5 at ctx 4096 takes 2 splits (80 CTAs), B = 10 one (80)
+    for B, want in ((5, 2), (10, 1)):
+        o, lse, wo, wl, vs = fill_and_decode("cuda", torch.bfloat16, paged=False, G=4, q_len=1, Hk=8, D=128, B=B,
+                                             cap=4096, impl="hybrid", step=step)
+        what = f"B={B} ctx=4096: plan {rope_ext._C.last_decode_plan()}"
+        assert rope_ext._C.last_decode_plan() == (want, False) or sms != 132, what
         assert_attn_close(o, lse, wo, wl, vs, what)
     # ... at any length (8208 keys: past the fourteenth session's 8192), equal to 2 splits' result
     kc = torch.randn(16, 8208, 8, 128, device="cuda", dtype=torch.bfloat16)

@@ -365,22 +365,25 @@ def test_fp8_decode_kv_pair_auto():
 @cuda
 def test_fp8_decode_pair_grid_auto():
     """auto's kv heads per CTA and split count on fp8 caches at mid-size grids (decode_kv_per_cta,
-    decode_plan): kv-head pairs at any length from B * Hk >= 256 up; pair grids take at
-    most 128 CTAs, as many splits as that allows (Hk 8: one split at B = 64 and 32 at ctx
-    512 and B = 24 at 2048; 2 at B = 12 at 2048 keys and B = 16 at 4112, paged); one kv
-    head per CTA where that grid is one wave of one per SM on
-    >= 90% of the SMs, at D = 128 up to 4096 keys, takes one split (B = 16 at ctx 512 and
-    2048); D = 64 keeps the fp8 rule's splits there (B = 16 ctx 512); head-major caches and
-    the one-call step (no pairs) at B = 64 keep the rule's splits. Each case against the
-    float64 truth over the quantized cache. The rules' sizes assume ~132 SMs (H100): on
-    other GPUs the cases check that auto's plan is correct, not which one it is."""
+    decode_plan, rule_splits; Hk 8 on 132 SMs):
+    - at <= 2048 keys over >= 60% of the SMs: one split, with one kv head per CTA (B = 16 at
+      ctx 512 and 2048, B = 12 at 2048, B = 48 at 1024) or two (B = 24 at 2048, B = 32 and 64
+      at 512, contiguous and paged) by the wave model;
+    - pairs past 2048 keys: the most splits that keep one CTA per SM where those cover 70%
+      of the SMs (2 at B = 12 ctx 4096 and B = 16 ctx 4112 paged, 4 at B = 8 ctx 8192);
+    - D = 64 keeps the rules before (pairs from B x Hk >= 256 with one split; B = 16 at ctx
+      512 one head, 4 splits); head-major caches and the one-call step (no pairs) at B = 64
+      keep the fp8 rule's splits.
+    Each case against the float64 truth over the quantized cache. On GPUs other than ~132
+    SMs the cases check that auto's plan is correct, not which one it is."""
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     h100 = sms == 132
     # (B, D, paged, cap, kv heads per CTA, splits) as planned on 132 SMs
     for B, D, paged, cap, kv, ns in ((64, 128, False, 512, 2, 1), (64, 128, True, 512, 2, 1),
                                      (32, 128, False, 512, 2, 1), (64, 64, False, 512, 2, 1),
                                      (32, 64, True, 512, 2, 1), (24, 128, False, 2048, 2, 1),
-                                     (12, 128, False, 2048, 1, 1), (12, 128, False, 4096, 2, 2), (48, 128, False, 1024, 1, 1), (16, 128, True, 4112, 2, 2),
+                                     (12, 128, False, 2048, 1, 1), (12, 128, False, 4096, 2, 2), (48, 128, False, 1024, 1, 1),
+                                     (8, 128, False, 8192, 2, 4), (16, 128, True, 4112, 2, 2),
                                      (16, 128, False, 512, 1, 1), (16, 128, False, 2048, 1, 1),
                                      (16, 64, False, 512, 1, 4)):
         torch.manual_seed(B + D + paged + cap)

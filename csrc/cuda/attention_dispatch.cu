@@ -412,9 +412,8 @@ constexpr int kFewCtasSplits = 32;
 constexpr int64_t kPairKeys = 8192;
 constexpr int64_t kPairShortKeys = 2048;
 constexpr int64_t kPairHeads = 64;
-// ... and at any length from kPairGridHeads (b, kv head) pairs up. Pair grids take at most
-// kFp8Ctas CTAs (rule_splits; fifteenth session below): one split from 65 pair CTAs up (Hk
-// 8 from B = 17). One split at B >= 32, contiguous or paged (runs 2 and 4 of the fourteenth session of
+// ... and at any length from kPairGridHeads (b, kv head) pairs up (their split counts: the
+// wave rule below past kPairShortKeys keys). One split at B >= 32, contiguous or paged (runs 2 and 4 of the fourteenth session of
 // 2026-11-26, Hq 32 Hk 8, in turns, us; pairs with one split against the plan before:
 // pairs (one head below 2048 keys) with 4 splits + combine). D = 64: B = 64 ctx 512 22.66
 // against 33.12, ctx 2048 63.87 against 69.14, ctx 8192 201.26 against 210.24; B = 32 ctx
@@ -432,8 +431,9 @@ constexpr int64_t kPairGridHeads = 256;
 // Smaller pair grids (runs 1-2 of the fifteenth session of 2026-11-27, Hq 32 Hk 8 D 128, in
 // turns, us; the plan before: at least 4 splits, >= kFp8Ctas CTAs): a pair CTA streams two
 // heads' rows, so ~100-128 of them read at the plain read's pace, and more than one per SM
-// leaves a tail (B = 6, 24 pair CTAs, ctx 8192: 5 splits 54.70 against 6's 61.65). So at
-// most kFp8Ctas CTAs, as many splits as that allows: B = 24 (96 CTAs) ctx 4096 one split
+// leaves a tail (B = 6, 24 pair CTAs, ctx 8192: 5 splits 54.70 against 6's 61.65). Where
+// the wave rule does not apply (B <= 2, <= kPairShortKeys keys): at most kFp8Ctas CTAs, as
+// many splits as that allows. Rows that led to the wave rule: B = 24 (96 CTAs) ctx 4096 one split
 // 86.72 against 4's 91.71, ctx 8192 150.62 against 2's 166.21; B = 20 (80) ctx 4096 one split
 // 75.73 against 2's 86.10; B = 12 (48) ctx 4096 2 splits 53.26 against 3's 60.27 and 4's
 // 55.09; B = 16 (64) 2 splits level with 4 at ctx 2048-4096 (41.25 / 40.88, 64.43 / 64.45),
@@ -453,12 +453,19 @@ constexpr int64_t kFp8OneWaveKeys = 4096;
 // the rest, or a few in a last wave) took 7-13% longer than their neighbours, at every B;
 // with at most one CTA per SM, ~60% of the SMs (bf16) or ~70% (fp8 kv-head pairs) read at
 // the plain read's pace. So: the fewest splits whose grid has a wave efficiency of at least
-// kWaveEff (wave_efficiency). Against the rules before, mean / worst loss to the fastest
-// forced count over the measured points: bf16 B 3-64 (not 16) ctx 4096-16384 3.6% / 12.3% ->
-// 1.0% / 5.5% (B 5 ctx 16384 143.6 -> 127.9 us, B 6 166.5 -> 156.8, B 10 259.9 -> 232.8, B
-// 48 1104.3 -> 1054.7; lost: B 4 and 12 at ctx 16384, 96 CTAs, 4.9 / 5.5% behind 128 / 768
-// CTAs); fp8 pairs B 3-64 1.7% / 10.8% -> 0.6% / 2.7% (B 20 ctx 16384 261.9 -> 245.7, B 48
-// 603.2 -> 544.2; B 8 3 splits, 0.9-1.1% behind its 4).
+// kWaveEff (wave_efficiency); fp8 pairs first take the most splits that keep one CTA per SM
+// where those cover kWaveSatPair of the SMs (rule_splits). Run 7 (auto on the rule, B 3-64
+// at ctx 4096 / 16384, and B 7, 9, 14, 17, 28 and 40, which the rule was not fitted on):
+// auto's loss to the fastest forced count, mean / worst, against the rules before (their
+// counts' forced rows in the same run). bf16, fitted sizes 1.0% / 4.9% (before 3.8% /
+// 11.8%: B 5 ctx 16384 142.2 -> 127.9 us, B 6 167.3 -> 156.0, B 10 259.6 -> 232.6, B 48 1107.5
+// -> 1056.7; lost: B 4 and 12 at ctx 16384, 96 CTAs, 4.9% / 4.6% behind 128 / 576 CTAs, where
+// the rules before were level with the best); not fitted 1.7% / 3.7% (before 4.2% / 11.0%:
+// B 40 ctx 16384 978.8 -> 909.9). fp8 pairs, the wave rule alone: fitted 0.8% / 3.1% (the
+// session's run-3 rule 2.0% / 11.1%: B 48 ctx 16384 604.8 -> 544.3, B 20 261.3 -> 245.5), not
+// fitted 1.4% / 2.7% (5.8% / 22.6%: B 17 ctx 16384 256.8 -> 211.2, B 40 557.9 -> 466.5). The
+// one-CTA-per-SM step, from the same forced rows: mean 0.8% against the wave rule's 0.9%,
+// and B 8 keeps its 4 splits (the suites' rows) where the wave rule took 3.
 constexpr double kWaveEff = 0.9;
 constexpr double kWaveSat16 = 0.6;      // 16-bit caches, one kv head per CTA
 constexpr double kWaveSatPair = 0.7;    // fp8 kv-head pairs
@@ -696,19 +703,29 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
     }
     // The wave rule (kWaveEff) at D = 128 past kNoSplitKeys / kPairShortKeys keys: 16-bit
     // caches from kWaveMinCtas CTAs per split, fp8 kv-head pairs from kWaveMinPairCtas.
-    const bool wave16 = !p.cache.fp8 && ctas >= kWaveMinCtas && max_keys > kNoSplitKeys;
-    const bool wave_pair = p.cache.fp8 && p.kv_per_cta == 2 && ctas >= kWaveMinPairCtas && max_keys > kPairShortKeys;
-    const bool wave = p.rope.D == 128 && (wave16 || wave_pair);
-    if (wave)
-      s = wave_splits(ctas, std::min<int64_t>(kMaxSplits, std::max<int64_t>(1, max_keys / kFp8SplitKeys)),
-                      sm_count(dev), occ, wave16 ? kWaveSat16 : kWaveSatPair);
+    const bool d128 = p.rope.D == 128;
+    const bool wave16 = d128 && !p.cache.fp8 && ctas >= kWaveMinCtas && max_keys > kNoSplitKeys;
+    const bool wave_pair =
+        d128 && p.cache.fp8 && p.kv_per_cta == 2 && ctas >= kWaveMinPairCtas && max_keys > kPairShortKeys;
+    const int sms = sm_count(dev);
+    const int64_t hi = std::min<int64_t>(kMaxSplits, std::max<int64_t>(1, max_keys / kFp8SplitKeys));
+    if (wave16) {
+      s = wave_splits(ctas, hi, sms, occ, kWaveSat16);
+    } else if (wave_pair) {
+      // Pairs: the most splits that keep one CTA per SM where those reach kWaveSatPair of the
+      // SMs (B = 8: 4 splits, 128 CTAs, 0.1-1.9% ahead of the wave rule's 3; B = 4: 8 against
+      // its 6, 1.5-3%; B = 6: 5 against its 4, 3.4% behind), else the wave rule.
+      const int64_t fill = sms / ctas;
+      s = fill >= 1 && static_cast<double>(ctas * fill) >= kWaveSatPair * sms
+              ? std::min(fill, hi) : wave_splits(ctas, hi, sms, occ, kWaveSatPair);
+    }
     if (s <= 1) return 1;
     // Whole tiles per warp: t = the tiles per warp s splits would give (rounded down, at
     // least 1; up for pairs and the wave rule, whose counts are caps or exact), then the
     // fewest splits with at most t.
     const int64_t tiles = kMinKeysPerSplitMma * s;
-    const int64_t t = wave || (p.cache.fp8 && p.kv_per_cta == 2) ? ceil_div(max_keys, tiles)
-                                                                  : std::max<int64_t>(1, max_keys / tiles);
+    const int64_t t = wave16 || (p.cache.fp8 && p.kv_per_cta == 2) ? ceil_div(max_keys, tiles)
+                                                                    : std::max<int64_t>(1, max_keys / tiles);
     return static_cast<int>(std::min<int64_t>(kMaxSplits, ceil_div(max_keys, kMinKeysPerSplitMma * t)));
   }
   visit_decode(dtype, p.rope.D, p.rows_per_group, impl == DecodeImpl::kFullFusion,
