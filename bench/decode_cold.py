@@ -80,6 +80,8 @@ def main():
     bw = copy_bandwidth(Timer(20))  # GB/s, read + write: the reference of "% copy"
     for pt in args.points.split(","):
         B, ctx = (int(x) for x in pt.split("x"))
+        kc = vc = kd = vd = q = ref = pad = None  # free the previous point's tensors first (--offset-mb)
+        torch.cuda.empty_cache()
         torch.manual_seed(0)
         pad = torch.empty(args.offset_mb << 20, dtype=torch.uint8, device=dev) if args.offset_mb else None  # noqa: F841
         kc = torch.randn(B, ctx, Hk, D, device=dev, dtype=torch.bfloat16)
@@ -128,11 +130,11 @@ def main():
             del fns["separate (rope + SDPA)"]
         if args.fp8 and not args.sweep:
             fns["auto, bf16 cache"] = lambda: rope_ext.attention_decode(q, kc, vc, lens, max_seqlen=ctx)
-        if args.simt:
+        if args.simt and not args.sweep:
             fns["hybrid_simt"] = lambda: rope_ext.attention_decode(q, kc, vc, lens, max_seqlen=ctx, impl="hybrid_simt")
         # --pair: the forced-split rows once with one kv head per CTA (mode 1) and once with
-        # two (mode 2); without it auto's choice (0), which pairs fp8 heads at D 64 / 128 from 8192
-        # keys, and from 2048 with B * Hk >= 64 (attention_dispatch.cu, decode_kv_per_cta).
+        # two (mode 2); without it auto's choice (0: attention_dispatch.cu, decode_kv_per_cta,
+        # fp8_short_kv).
         for ck in (int(x) for x in args.chunks.split(",") if x):
             fns[chunk_name("auto", ck)] = call(chunk=ck)
         pairs = (1, 2) if args.pair else (0,)
@@ -148,7 +150,7 @@ def main():
                 if 1 < s <= 16 and not args.sweep:  # past the cluster limit (kMaxClusterSplits) it would be the combine row again
                     fns[f"{tag}splits {s} cluster"] = call(s, True, pr)
                 for ck in (int(x) for x in args.chunks.split(",") if x):  # --chunks: each forced count again
-                    fns[chunk_name(f"{tag}splits {s}", ck)] = call(s, 1 < s <= 16, pr, chunk=ck)
+                    fns[chunk_name(f"{tag}splits {s}", ck)] = call(s, 1 < s <= 16 and not args.sweep, pr, chunk=ck)
         got, errs = graph_us_interleaved(fns, args.reps, captures=1)
         base = got.get("separate (rope + SDPA)", got.get("auto"))
         cache = ("fp8" if args.fp8 else "bf16") + (f" paged({args.paged})" if args.paged else "")
@@ -159,12 +161,13 @@ def main():
         fits = "/".join(str(_C.decode_max_clusters("bfloat16", D, args.fp8, Hq // Hk, s, q.device.index))
                         for s in (4, 8, 16))
         print(f"\nB={B} ctx={ctx} Hq={Hq} Hk={Hk} D={D}, {cache} cache of {nbytes / 1e6:.1f} MB "
-              f"(us, in turns; x = separate / this; % copy at {bw:.0f} GB/s); auto's plan: {plan[0]} splits, "
+              f"(us, in turns; x = {'auto' if args.sweep else 'separate'} / this; % copy at {bw:.0f} GB/s); "
+              f"auto's plan: {plan[0]} splits, "
               f"{'cluster' if plan[1] else f'combine ({cl} loads x {cw} warps)' if plan[0] > 1 else 'no merge'}, {kv_cta} kv head(s) per CTA; "
               f"resident clusters of 4/8/16 (one head per CTA): {fits}")
         for n in fns:
-            if n in errs:
-                print(f"  {n:<28} n/a: {str(errs[n]).splitlines()[0][:70]}")
+            if n in errs or base is None:
+                print(f"  {n:<28} n/a: {str(errs.get(n, 'no base row')).splitlines()[0][:70]}")
             else:
                 print(f"  {n:<28}{got[n]:8.2f}{base / got[n]:8.2f}x{100 * nbytes / (got[n] * 1e3) / bw:7.1f}%")
         if args.sweep and "auto" in got:

@@ -367,13 +367,15 @@ def test_fp8_decode_pair_grid_auto():
     """auto's kv heads per CTA and split count on fp8 caches at mid-size grids (decode_kv_per_cta,
     decode_plan, rule_splits; Hk 8 on 132 SMs):
     - at <= 2048 keys over >= 60% of the SMs: one split, with one kv head per CTA (B = 16 at
-      ctx 512 and 2048, B = 12 at 2048, B = 48 at 1024) or two (B = 24 at 2048, B = 32 and 64
-      at 512, contiguous and paged) by the wave model;
+      ctx 512 and 2048, B = 12 at 2048, B = 10 and 48 at 1024) or two (B = 24 at 2048, B = 32
+      and 64 at 512, contiguous and paged) by the wave model;
+    - B = 16 at 4096 keys: one kv head per CTA, one split (one wave of one per SM);
     - pairs past 2048 keys: the most splits that keep one CTA per SM where those cover 70%
-      of the SMs (2 at B = 12 ctx 4096 and B = 16 ctx 4112 paged, 4 at B = 8 ctx 8192);
-    - D = 64 keeps the rules before (pairs from B x Hk >= 256 with one split; B = 16 at ctx
-      512 one head, 4 splits); head-major caches and the one-call step (no pairs) at B = 64
-      keep the fp8 rule's splits.
+      of the SMs (2 at B = 12 ctx 4096 and B = 16 ctx 4112 paged, 4 at B = 8 ctx 8192), else
+      the wave rule (B = 20 ctx 4096: 3);
+    - D = 64: pairs from B x Hk >= 256 with one split; B = 16 at ctx 512 one head, 4 splits;
+      head-major caches and the one-call step (no pairs) at B = 64 keep the fp8 rule's
+      splits.
     Each case against the float64 truth over the quantized cache. On GPUs other than ~132
     SMs the cases check that auto's plan is correct, not which one it is."""
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
@@ -385,7 +387,8 @@ def test_fp8_decode_pair_grid_auto():
                                      (12, 128, False, 2048, 1, 1), (12, 128, False, 4096, 2, 2), (48, 128, False, 1024, 1, 1),
                                      (8, 128, False, 8192, 2, 4), (16, 128, True, 4112, 2, 2),
                                      (16, 128, False, 512, 1, 1), (16, 128, False, 2048, 1, 1),
-                                     (16, 64, False, 512, 1, 4)):
+                                     (16, 64, False, 512, 1, 4), (16, 128, False, 4096, 1, 1),
+                                     (20, 128, False, 4096, 2, 3), (10, 128, False, 1024, 1, 1)):
         torch.manual_seed(B + D + paged + cap)
         o, lse, want_o, want_lse, _, vmax, _ = fp8_fill_and_decode(
             "cuda", torch.bfloat16, paged=paged, G=4, q_len=1, per_head=True, D=D, Hk=8, B=B, cap=cap)

@@ -372,9 +372,9 @@ constexpr int64_t kClusterSplitKeys = 512;
 constexpr int64_t kNoSplitKeys = 2048;
 // ... and at D = 64 and 128 a grid of 90-100% of the SMs (B = 16 at Hk 8: 128 CTAs) at any
 // length (Hq 32, one query token, in turns, us; one split against the efficiency rule's 2
-// (D 128) or 4 (D 64) + combine). More CTAs than SMs keep the efficiency rule: B = 20 (160
-// CTAs) ctx 16384 3 splits 457.66 against one split's 515.54; B = 24 534.88 against 573.14
-// (run 2 of the fifteenth). D 128 (runs 5-6 of the fourteenth session of 2026-11-26,
+// (D 128) or 4 (D 64) + combine). More CTAs than SMs take the other rules (at D 128 past 2048
+// keys the wave rule, kWaveEff): B = 20 (160 CTAs) ctx 16384 3 splits 457.66 against one
+// split's 515.54; B = 24 534.88 against 573.14 (run 2 of the fifteenth). D 128 (runs 5-6 of the fourteenth session of 2026-11-26,
 // run 1 of the fifteenth): B = 16 ctx 4096 103.38 against 105.60; 8192 189.63 against 192.14
 // (the plain read 191.68); 16384 360.74 against 365.54; 32768 704.98 against 713.84;
 // paged(16) ctx 4096 105.78 against 2 splits' 108.88, 8192 194.11 against 196.86. D 64 (run
@@ -412,18 +412,21 @@ constexpr int kFewCtasSplits = 32;
 constexpr int64_t kPairKeys = 8192;
 constexpr int64_t kPairShortKeys = 2048;
 constexpr int64_t kPairHeads = 64;
-// ... and at any length from kPairGridHeads (b, kv head) pairs up (their split counts: the
-// wave rule below past kPairShortKeys keys). One split at B >= 32, contiguous or paged (runs 2 and 4 of the fourteenth session of
-// 2026-11-26, Hq 32 Hk 8, in turns, us; pairs with one split against the plan before:
+// ... and at any length from kPairGridHeads (b, kv head) pairs up. Since the fifteenth
+// session their split counts come from the wave rule below (past kPairShortKeys keys at D
+// 128) and fp8_short_kv (at most that many keys) picks one kv head or two per CTA over
+// large grids; what led there: one split of pairs at B 32 and 64 (runs 2 and 4 of the
+// fourteenth session of 2026-11-26, Hq 32 Hk 8, in turns, us; pairs with one split against
+// the plan before:
 // pairs (one head below 2048 keys) with 4 splits + combine). D = 64: B = 64 ctx 512 22.66
 // against 33.12, ctx 2048 63.87 against 69.14, ctx 8192 201.26 against 210.24; B = 32 ctx
 // 2048 37.54 against 42.21. D = 128: B = 64 ctx 512 37.50 against
 // 46.40 (one head, one split 43.39); ctx 2048 105.86 against 114.86 (run 1; the plain read
 // 104.37), paged(16) 107.14 against 119.15; ctx 4096 192.94 against 202.03; ctx 8192
 // 364.98 against 376.74 (97.9% of copy). B = 32 (128 CTAs): ctx 2048 63.46 against 68.74,
-// ctx 8192 193.26 against 198.00. B = 16 (64 CTAs of pairs) keeps its plan: there one head
-// per CTA with one split (128 CTAs) was level at ctx 2048 (40.21 against 40.78) and 2%
-// ahead at 4096 (62.94 against 64.29), pairs with one split 1% and 12% behind that. With one
+// ctx 8192 193.26 against 198.00. B = 16 (64 CTAs of pairs): one head per CTA with one split
+// (128 CTAs) was level at ctx 2048 (40.21 against 40.78) and 2% ahead at 4096 (62.94
+// against 64.29), pairs with one split 1% and 12% behind that (kFp8OneWaveKeys). With one
 // head per CTA (the pairs not allowed: odd Hk, a head-major cache, the one-call step) the split
 // count stays the rule's: at B = 64 ctx 2048 one head per CTA with one split took 123.60
 // against 4 splits' 116.26 (run 1).
@@ -432,13 +435,17 @@ constexpr int64_t kPairGridHeads = 256;
 // turns, us; the plan before: at least 4 splits, >= kFp8Ctas CTAs): a pair CTA streams two
 // heads' rows, so ~100-128 of them read at the plain read's pace, and more than one per SM
 // leaves a tail (B = 6, 24 pair CTAs, ctx 8192: 5 splits 54.70 against 6's 61.65). Where
-// the wave rule does not apply (B <= 2, <= kPairShortKeys keys): at most kFp8Ctas CTAs, as
-// many splits as that allows. Rows that led to the wave rule: B = 24 (96 CTAs) ctx 4096 one split
-// 86.72 against 4's 91.71, ctx 8192 150.62 against 2's 166.21; B = 20 (80) ctx 4096 one split
-// 75.73 against 2's 86.10; B = 12 (48) ctx 4096 2 splits 53.26 against 3's 60.27 and 4's
-// 55.09; B = 16 (64) 2 splits level with 4 at ctx 2048-4096 (41.25 / 40.88, 64.43 / 64.45),
-// 0.3-0.6% ahead at 8192 / 16384 (108.21 / 108.83, 195.02 / 196.19), one split 8-31% behind;
-// D 64 B 16 ctx 8192 2 splits 65.89 against 4's 68.90 (level at 4096).
+// the wave rule does not apply (B <= 2, <= kPairShortKeys keys, D 64): at most kFp8Ctas
+// CTAs, as many splits as that allows (D 64 measured at B = 16 only: ctx 8192 2 splits 65.89
+// against 4's 68.90, level at 4096; at B 3-7 from 8192 keys it takes 10 / 8 / 6 / 5 / 4
+// splits where the rule before took 12 / 8 / 8 / 7 / 6). Rows that led to the wave rule: B =
+// 24 (96 CTAs) ctx 4096 one split 86.72 against 4's 91.71, ctx 8192 150.62 against 2's
+// 166.21; B = 12 (48) ctx 4096 2 splits 53.26 against 3's 60.27 and 4's 55.09; B = 16 (64) 2
+// splits level with 4 at ctx 2048-4096 (41.25 / 40.88, 64.43 / 64.45), 0.3-0.6% ahead at 8192
+// / 16384 (108.21 / 108.83, 195.02 / 196.19), one split level at 2048 (40.64) and 9-32%
+// behind from 4096; B = 20 (80) ctx 4096 one split 75.73 against 2's 86.10 (the wave rule
+// takes 3 there: 80 CTAs are < 70% of the SMs; run 7: 3 splits 77.30 against one's 76.43,
+// at ctx 16384 245.46 against 261.28).
 // One kv head per CTA at D = 128 where that grid is one wave of one CTA per SM on >= 90%
 // of the SMs (B = 16 at Hk 8 on 132) up to kFp8OneWaveKeys keys: one split, and no pairs
 // (decode_kv_per_cta). Same run, B = 16: ctx 2048 40.10 against pairs' 4 splits 41.04 (2:
@@ -450,7 +457,7 @@ constexpr int64_t kFp8OneWaveKeys = 4096;
 // bench/decode_cold.py --sweep; the same times within 0.5% at two cache offsets). A grid's
 // time followed how evenly its CTAs load the SMs more than its split count: with more CTAs
 // than SMs, grids of 144 / 160 / 192 / 288 / 320 CTAs (some SMs holding one more CTA than
-// the rest, or a few in a last wave) took 7-13% longer than their neighbours, at every B;
+// the rest, or a few in a last wave) took 7-15% longer than their neighbours, at every B;
 // with at most one CTA per SM, ~60% of the SMs (bf16) or ~70% (fp8 kv-head pairs) read at
 // the plain read's pace. So: the fewest splits whose grid has a wave efficiency of at least
 // kWaveEff (wave_efficiency); fp8 pairs first take the most splits that keep one CTA per SM
@@ -467,16 +474,21 @@ constexpr int64_t kFp8OneWaveKeys = 4096;
 // one-CTA-per-SM step, from the same forced rows: mean 0.8% against the wave rule's 0.9%,
 // and B 8 keeps its 4 splits (the suites' rows) where the wave rule took 3.
 constexpr double kWaveEff = 0.9;
-constexpr double kWaveSat16 = 0.6;      // 16-bit caches, one kv head per CTA
+constexpr double kWaveSat16 = 0.6;      // 16-bit caches; fp8 at short contexts (fp8_short_kv)
 constexpr double kWaveSatPair = 0.7;    // fp8 kv-head pairs
 constexpr int64_t kWaveMinCtas = 24;    // 16-bit: B >= 3 at Hk 8 (B <= 2: the short rules)
 constexpr int64_t kWaveMinPairCtas = 12;  // fp8 pairs: B >= 3 at Hk 8
 // fp8 at short contexts (<= kPairShortKeys keys, D 128, where pairs are allowed): a grid of
 // at least kWaveSat16 of the SMs in one kv head per CTA takes one split, with one kv head or
-// two per CTA, whichever grid's wave_efficiency is higher (fp8_short_kv). Same runs, ctx
-// 1024, us, before -> after: B 12 23.7 -> 21.3 (one head), B 20 32.2 -> 27.0 (pairs), B 24
-// 36.6 -> 31.5 (pairs), B 48 53.4 -> 51.0 (one head; pairs 53.4); B 10, 16, 32 and 64 kept
-// their (best) plans.
+// two per CTA, whichever grid's wave_efficiency is higher (fp8_short_kv). Run 7, ctx 1024,
+// us, the plan before (its forced row) -> auto: B 12 one head, 4 splits 23.44 -> 21.28 (one
+// head), B 20 32.30 -> 27.39 (pairs), B 24 36.03 -> 31.30 (pairs), B 48 pairs, one split
+// 53.62 -> 50.93 (one head); B 16, 32 and 64 kept their plans; B 10 (80 CTAs, at the
+// threshold) takes one head with one split where it took 4 splits (run 5: 20.99 against
+// 21.17; run 6 20.74 / 20.91 against 20.86 / 21.18). ctx 2048 was measured at B 12-48 (run 7,
+// auto within 0.8% of the best forced row), not at B 10. The wave rules model CTA counts:
+// they take other head counts, group sizes, query lengths and paged caches as they come
+// (measured: Hq 32 Hk 8, one query token, contiguous; paged at B 16).
 
 template <typename T, int D, int kRows, bool kFull>
 void launch_decode_kernel(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
@@ -696,8 +708,8 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
       // 409 us vs 458 with the rule above's 1 split), 16 at B = 1 (ctx 2048, 8192: 22.2
       // us vs 36.0 with 43). Half the bytes per key make a split's fixed cost relatively
       // dearer but leave the wave tail the same, so: at least 4 splits, ~128 CTAs, and at
-      // least kFp8SplitKeys keys per split. Pairs of kv heads: at most kFp8Ctas CTAs
-      // (kPairGridHeads' note; B <= 4 and B = 8 as before).
+      // least kFp8SplitKeys keys per split. Pairs of kv heads: at most kFp8Ctas CTAs (the
+      // note above kFp8OneWaveKeys), then at D 128 the wave rule below.
       s = p.kv_per_cta == 2 ? std::max<int64_t>(1, kFp8Ctas / ctas) : std::max<int64_t>(4, ceil_div(kFp8Ctas, ctas));
       s = std::min<int64_t>(s, std::max<int64_t>(1, max_keys / kFp8SplitKeys));
     }
@@ -885,6 +897,7 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
     if (!p.cache.fp8 && 20 * ctas >= 9 * sm_count(dev) && max_keys <= kNoSplitKeys) return {1, false};
     if (!p.cache.fp8 && p.rope.D <= 128 && 10 * ctas >= 9 * sm_count(dev) && ctas <= sm_count(dev)) return {1, false};
     // fp8 at short contexts over many CTAs (fp8_short_kv, the heads per CTA it chose): one split.
+    // (Heads per CTA forced otherwise, set_decode_kv_pair, fall to the rules below.)
     if (p.cache.fp8 && fp8_short_kv(p, max_keys, impl, dtype, dev) == p.kv_per_cta) return {1, false};
     // fp8, one kv head per CTA in one wave of one per SM (kFp8OneWaveKeys): one split.
     if (p.cache.fp8 && p.kv_per_cta == 1 && fp8_one_wave(p, ctas, max_keys, impl, sm_count(dev))) return {1, false};
