@@ -438,7 +438,8 @@ constexpr int64_t kPairGridHeads = 256;
 // the wave rule does not apply (B <= 2, <= kPairShortKeys keys, D 64): at most kFp8Ctas
 // CTAs, as many splits as that allows (D 64 measured at B = 16 only: ctx 8192 2 splits 65.89
 // against 4's 68.90, level at 4096; at B 3-7 from 8192 keys it takes 10 / 8 / 6 / 5 / 4
-// splits where the rule before took 12 / 8 / 8 / 7 / 6). Rows that led to the wave rule: B =
+// splits where the rule before took 12 / 8 / 8 / 7 / 6: run 9, ctx 16384, B 3 33.34 against
+// 35.33, B 5 48.24 against 49.23, B 7 64.08 against 61.95). Rows that led to the wave rule: B =
 // 24 (96 CTAs) ctx 4096 one split 86.72 against 4's 91.71, ctx 8192 150.62 against 2's
 // 166.21; B = 12 (48) ctx 4096 2 splits 53.26 against 3's 60.27 and 4's 55.09; B = 16 (64) 2
 // splits level with 4 at ctx 2048-4096 (41.25 / 40.88, 64.43 / 64.45), 0.3-0.6% ahead at 8192
