@@ -455,7 +455,7 @@ constexpr int64_t kPairGridHeads = 256;
 constexpr int64_t kFp8OneWaveKeys = 4096;
 // The wave rule (wave_splits; 42 points each of bf16 and fp8 caches, ctx 1024 / 4096 / 16384,
 // B 2-64, forced 1-32 splits, runs 5-6 of the fifteenth session of 2026-11-27,
-// bench/decode_cold.py --sweep; the same times within 0.5% at two cache offsets). A grid's
+// bench/decode_cold.py --sweep; the same times within 0.5% at two cache placements). A grid's
 // time followed how evenly its CTAs load the SMs more than its split count: with more CTAs
 // than SMs, grids of 144 / 160 / 192 / 288 / 320 CTAs (some SMs holding one more CTA than
 // the rest, or a few in a last wave) took 7-15% longer than their neighbours, at every B;
