@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Surveys of the decode's automatic split plans on the GPU box (bench/decode_cold.py --sweep),
+# one file per set under $OUT; bench/plan_survey.py tabulates them.
+#   bash scripts/plan_survey.sh shapes      # the shapes the fifteenth session's survey left out
+#   bash scripts/plan_survey.sh fp8mid      # fp8 kv-head pairs at B 3-7, 3072-8192 keys
+# (PY: the python that has rope_ext built; scripts/gpu_check.sh exports it.)
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../bench"
+PY=${PY:-python}
+OUT=${OUT:-.}
+sweep() {  # name, then decode_cold.py's arguments
+  local name=$1; shift
+  local t0=$(date +%s)
+  $PY decode_cold.py --sweep --reps 50 "$@" > "$OUT/survey_$name.txt" 2>&1
+  echo "survey $name: rc $? in $(( $(date +%s) - t0 )) s"
+  grep SWEEP "$OUT/survey_$name.txt" | sed "s/^ */$name /"
+}
+pts() {  # batch sizes, then contexts: "BxC,..."
+  local out=""
+  for c in $2; do for b in $1; do out+="${b}x${c},"; done; done
+  echo "${out%,}"
+}
+S16="1,2,3,4,6,8,12,16"
+S32="1,2,3,4,6,8,12,16,24,32"
+for set in "$@"; do
+  case $set in
+    shapes)
+      sweep paged16 --paged 16 --points "$(pts "3 4 5 6 8 10 12 16 20 24 32 48 64" "4096 16384")" --splits $S16
+      sweep d64 --D 64 --points "$(pts "2 3 4 5 6 8 10 12 16 20 24 32 48 64" "4096 16384")" --splits $S32
+      sweep gqa16 --Hk 2 --points "$(pts "4 8 12 16 24 32 48 64" "4096 16384")" --splits $S32
+      sweep mqa --Hq 8 --Hk 1 --points "$(pts "8 16 24 32 48 64" "4096 16384")" --splits $S32
+      sweep d256 --D 256 --Hq 16 --points "$(pts "2 4 6 8 12 16 24 32" "4096 16384")" --splits $S16
+      sweep fp8d64 --fp8 --pair --D 64 --points "$(pts "3 4 6 8 12 16 24 32 48" "4096 16384")" --splits $S16 ;;
+    fp8mid)
+      sweep fp8mid --fp8 --pair --points "$(pts "3 4 5 6 7" "3072 4096 6144 8192")" --splits $S16 ;;
+    *) echo "plan_survey.sh: unknown set $set"; exit 2 ;;
+  esac
+done
