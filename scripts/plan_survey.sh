@@ -3,6 +3,7 @@
 # one file per set under $OUT; bench/plan_survey.py tabulates them.
 #   bash scripts/plan_survey.sh shapes      # the shapes the fifteenth session's survey left out
 #   bash scripts/plan_survey.sh fp8mid      # fp8 kv-head pairs at B 3-7, 3072-8192 keys
+#   bash scripts/plan_survey.sh narrow      # D 64 (bf16, fp8 pairs) and fp8 pairs at B 3-7
 # (PY: the python that has rope_ext built; scripts/gpu_check.sh exports it.)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../bench"
@@ -33,6 +34,10 @@ for set in "$@"; do
       sweep fp8d64 --fp8 --pair --D 64 --points "$(pts "3 4 6 8 12 16 24 32 48" "4096 16384")" --splits $S16 ;;
     fp8mid)
       sweep fp8mid --fp8 --pair --points "$(pts "3 4 5 6 7" "3072 4096 6144 8192")" --splits $S16 ;;
+    narrow)  # the sixteenth session's rules at D 64 and fp8 pairs from B 3, with their counts
+      sweep d64n --D 64 --points "$(pts "3 4 5 6 8 10 12 20 24 32 48" "4096 16384")" --splits 1,2,3,4,5,6,8,12,16
+      sweep fp8d64n --fp8 --pair --D 64 --points "$(pts "3 4 6 8 12 16 24 32 48" "4096 16384")" --splits 1,2,4,5,8,11,16
+      sweep fp8midn --fp8 --pair --points "$(pts "3 4 5 6 7" "3072 4096 8192")" --splits 2,4,5,6,8,10,11 ;;
     *) echo "plan_survey.sh: unknown set $set"; exit 2 ;;
   esac
 done

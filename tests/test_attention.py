@@ -1333,7 +1333,8 @@ def test_decode_plan_rules_cuda(step):
     (1024 keys a split: past the cluster's 512), and B = 2 at ctx 8192 and 16384 takes 8 too
     (kLongerSplits: 128 CTAs); B = 16 (a grid of >= 90% of the SMs) takes one split at D 64
     and 128 at any length (ctx 4096; 8208 keys, where the fourteenth session's rule split);
-    B = 5, 10 and 20 at ctx 4096 take the wave rule's 2, 1 and 3 (on 132 SMs).
+    B = 5, 10 and 20 at ctx 4096 take the wave rule's 2, 1 and 3 (on 132 SMs); at D 64 (90% of
+    the SMs, per-SM balance only) B = 8, 10 and 12 take 2, 3 and 4.
     Each result against the float64 truth."""
     dev = torch.cuda.current_device()
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -1365,11 +1366,12 @@ def test_decode_plan_rules_cuda(step):
         assert rope_ext._C.last_decode_plan() == (1, False) or not 128 <= sms <= 142, what
         assert_attn_close(o, lse, wo, wl, vs, what)
     # The wave rule (kWaveEff): B = 5 at ctx 4096 takes 2 splits (80 CTAs), B = 10 one (80),
-    # B = 20 three (480: one split's 160 CTAs leave 28 SMs with two)
-    for B, want in ((5, 2), (10, 1), (20, 3)):
-        o, lse, wo, wl, vs = fill_and_decode("cuda", torch.bfloat16, paged=False, G=4, q_len=1, Hk=8, D=128, B=B,
+    # B = 20 three (480: one split's 160 CTAs leave 28 SMs with two); D 64: B = 8 two (128),
+    # B = 10 three (240: 2 splits' 160 leave 28 SMs with two), B = 12 four (384)
+    for D, B, want in ((128, 5, 2), (128, 10, 1), (128, 20, 3), (64, 8, 2), (64, 10, 3), (64, 12, 4)):
+        o, lse, wo, wl, vs = fill_and_decode("cuda", torch.bfloat16, paged=False, G=4, q_len=1, Hk=8, D=D, B=B,
                                              cap=4096, impl="hybrid", step=step)
-        what = f"B={B} ctx=4096: plan {rope_ext._C.last_decode_plan()}"
+        what = f"B={B} D={D} ctx=4096: plan {rope_ext._C.last_decode_plan()}"
         assert rope_ext._C.last_decode_plan() == (want, False) or sms != 132, what
         assert_attn_close(o, lse, wo, wl, vs, what)
     # ... at any length (8208 keys: past the fourteenth session's 8192), equal to 2 splits' result

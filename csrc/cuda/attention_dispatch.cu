@@ -479,6 +479,17 @@ constexpr double kWaveSat16 = 0.6;      // 16-bit caches; fp8 at short contexts 
 constexpr double kWaveSatPair = 0.7;    // fp8 kv-head pairs
 constexpr int64_t kWaveMinCtas = 24;    // 16-bit: B >= 3 at Hk 8 (B <= 2: the short rules)
 constexpr int64_t kWaveMinPairCtas = 12;  // fp8 pairs: B >= 3 at Hk 8
+// D = 64 (sixteenth session of 2026-11-27, run 1, bench/decode_cold.py --sweep, Hq 32 Hk 8,
+// ctx 4096 / 16384, B 2-64): a CTA streams 128-byte key rows (bf16; fp8 pairs), half a D
+// 128 CTA's bytes in flight, and one per SM no longer reads at the DRAM's pace below ~all
+// the SMs: bf16 B = 8 (64 CTAs) ctx 16384 one split 167.1 us against 2's 105.5 (128 CTAs),
+// B = 10 (80) 168.7 against 134.6; fp8 pairs B = 24 (96) 210.7 against 4 splits' 162.1. The
+// plans before (the efficiency rule; for pairs at most kFp8Ctas CTAs) were 4.3% (bf16) and
+// 5.1% (fp8) behind the fastest forced count on average, up to 12.9% and 30%. Their times
+// followed the per-SM balance, not the balance of the 3-4 CTA slots per SM the D 128 model
+// also asks for: B = 12 (96 CTAs) ctx 16384, 4 splits (384 CTAs, 73% of the slots) 157.2 us,
+// level with the fastest (16 splits, 156.3); so wave_efficiency takes one slot per SM there.
+constexpr double kWaveSatNarrow = 0.9;
 // fp8 at short contexts (<= kPairShortKeys keys, D 128, where pairs are allowed): a grid of
 // at least kWaveSat16 of the SMs in one kv head per CTA takes one split, with one kv head or
 // two per CTA, whichever grid's wave_efficiency is higher (fp8_short_kv). Run 7, ctx 1024,
@@ -714,23 +725,28 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
       s = p.kv_per_cta == 2 ? std::max<int64_t>(1, kFp8Ctas / ctas) : std::max<int64_t>(4, ceil_div(kFp8Ctas, ctas));
       s = std::min<int64_t>(s, std::max<int64_t>(1, max_keys / kFp8SplitKeys));
     }
-    // The wave rule (kWaveEff) at D = 128 past kNoSplitKeys / kPairShortKeys keys: 16-bit
-    // caches from kWaveMinCtas CTAs per split, fp8 kv-head pairs from kWaveMinPairCtas.
-    const bool d128 = p.rope.D == 128;
-    const bool wave16 = d128 && !p.cache.fp8 && ctas >= kWaveMinCtas && max_keys > kNoSplitKeys;
+    // The wave rule (kWaveEff) at D = 64 and 128 past kNoSplitKeys / kPairShortKeys keys:
+    // 16-bit caches from kWaveMinCtas CTAs per split, fp8 kv-head pairs from kWaveMinPairCtas;
+    // CTAs of 128-byte key rows (D 64) saturate at kWaveSatNarrow.
+    const bool wave_d = p.rope.D == 128 || p.rope.D == 64;
+    const bool wave16 = wave_d && !p.cache.fp8 && ctas >= kWaveMinCtas && max_keys > kNoSplitKeys;
     const bool wave_pair =
-        d128 && p.cache.fp8 && p.kv_per_cta == 2 && ctas >= kWaveMinPairCtas && max_keys > kPairShortKeys;
+        wave_d && p.cache.fp8 && p.kv_per_cta == 2 && ctas >= kWaveMinPairCtas && max_keys > kPairShortKeys;
     const int sms = sm_count(dev);
     const int64_t hi = std::min<int64_t>(kMaxSplits, std::max<int64_t>(1, max_keys / kFp8SplitKeys));
+    // (D 64: the per-SM balance alone, kWaveSatNarrow's note.)
+    const int wocc = p.rope.D == 64 ? 1 : occ;
     if (wave16) {
-      s = wave_splits(ctas, hi, sms, occ, kWaveSat16);
+      s = wave_splits(ctas, hi, sms, wocc, p.rope.D == 64 ? kWaveSatNarrow : kWaveSat16);
     } else if (wave_pair) {
-      // Pairs: the most splits that keep one CTA per SM where those reach kWaveSatPair of the
-      // SMs (B = 8: 4 splits, 128 CTAs, 0.1-1.9% ahead of the wave rule's 3; B = 4: 8 against
-      // its 6, 1.5-3%; B = 6: 5 against its 4, 3.4% behind), else the wave rule.
+      // Pairs: the most splits that keep one CTA per SM where those reach the saturation
+      // share of the SMs (D 128, kWaveSatPair: B = 8 4 splits, 128 CTAs, 0.1-1.9% ahead of the
+      // wave rule's 3; B = 4: 8 against its 6, 1.5-3%; B = 6: 5 against its 4, 3.4% behind),
+      // else the wave rule.
+      const double sat = p.rope.D == 64 ? kWaveSatNarrow : kWaveSatPair;
       const int64_t fill = sms / ctas;
-      s = fill >= 1 && static_cast<double>(ctas * fill) >= kWaveSatPair * sms
-              ? std::min(fill, hi) : wave_splits(ctas, hi, sms, occ, kWaveSatPair);
+      s = fill >= 1 && static_cast<double>(ctas * fill) >= sat * sms ? std::min(fill, hi)
+                                                                    : wave_splits(ctas, hi, sms, wocc, sat);
     }
     if (s <= 1) return 1;
     // Whole tiles per warp: t = the tiles per warp s splits would give (rounded down, at
@@ -852,7 +868,13 @@ int decode_kv_per_cta(const DecodeParams& p, int64_t max_keys, c10::Device devic
   // 111.8, B = 64 ctx 8192 224.0 -> 214.4; the same rule (short contexts not measured there).
   // Not where one kv head per CTA is one wave of one per SM (kFp8OneWaveKeys; one row group:
   // pair_allowed).
+  // Past kPairShortKeys keys from the wave rule's kWaveMinPairCtas pair CTAs (B >= 3 at Hk 8;
+  // run 1 of the sixteenth session of 2026-11-27, the fastest forced rows at B 3-7 against
+  // one kv head per CTA with the fp8 rule's splits, us: D 128 ctx 4096 B 3 pairs 8 splits 21.90
+  // against 23.04, B 7 37.41 against 38.32, ctx 6144 B 6 44.05 against 46.30; D 64 ctx 4096
+  // B 3 16.35 against 17.42, B 4 18.72 against 19.82).
   const bool pays = (max_keys >= kPairKeys || (max_keys >= kPairShortKeys && p.B * c.Hk >= kPairHeads) ||
+                     (max_keys > kPairShortKeys && p.B * c.Hk >= 2 * kWaveMinPairCtas) ||
                      p.B * c.Hk >= kPairGridHeads) &&
                     !fp8_one_wave(p, p.B * c.Hk, max_keys, impl, sm_count(device.index()));
   return mode == 2 || pays ? 2 : 1;
