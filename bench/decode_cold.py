@@ -19,6 +19,7 @@ merges where it fits, as in the "cluster" rows, which take the rule's chunks);
 --sweep: a survey of auto's plans over many points: no separate, bf16-cache or cluster
 rows (the forced counts merge by the combine kernel), and each point ends with one line:
 auto against the fastest forced row (a plan search, not a comparison with the peers);
+--q-len N (with --sweep): N query tokens per sequence (speculative decoding's verify step);
 --offset-mb N: an N MB buffer allocated before each point's tensors (where the caches lie
 moves some split counts' times: run the same points at two offsets);
 --paged N: rope_ext's decode rows read a paged copy of the cache (blocks of N slots in a
@@ -74,7 +75,10 @@ def main():
     ap.add_argument("--paged", type=int, default=0)
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--offset-mb", type=int, default=0)
+    ap.add_argument("--q-len", type=int, default=1)
     args = ap.parse_args()
+    if args.q_len != 1 and not args.sweep:
+        sys.exit("--q-len > 1 only with --sweep (the separate row rotates one query token)")
     Hq, Hk, D = args.Hq, args.Hk, args.D
     dev = "cuda"
     bw = copy_bandwidth(Timer(20))  # GB/s, read + write: the reference of "% copy"
@@ -86,7 +90,7 @@ def main():
         pad = torch.empty(args.offset_mb << 20, dtype=torch.uint8, device=dev) if args.offset_mb else None  # noqa: F841
         kc = torch.randn(B, ctx, Hk, D, device=dev, dtype=torch.bfloat16)
         vc = torch.randn_like(kc)
-        q = torch.randn(B, 1, Hq, D, device=dev, dtype=torch.bfloat16)
+        q = torch.randn(B, args.q_len, Hq, D, device=dev, dtype=torch.bfloat16)
         lens = torch.full((B,), ctx, dtype=torch.int32, device=dev)
         kw = {}
         kd, vd = kc, vc  # the cache the forced splits read
@@ -160,7 +164,7 @@ def main():
         cl, cw = _C.last_decode_combine()
         fits = "/".join(str(_C.decode_max_clusters("bfloat16", D, args.fp8, Hq // Hk, s, q.device.index))
                         for s in (4, 8, 16))
-        print(f"\nB={B} ctx={ctx} Hq={Hq} Hk={Hk} D={D}, {cache} cache of {nbytes / 1e6:.1f} MB "
+        print(f"\nB={B} ctx={ctx} Hq={Hq} Hk={Hk} D={D} q_len={args.q_len}, {cache} cache of {nbytes / 1e6:.1f} MB "
               f"(us, in turns; x = {'auto' if args.sweep else 'separate'} / this; % copy at {bw:.0f} GB/s); "
               f"auto's plan: {plan[0]} splits, "
               f"{'cluster' if plan[1] else f'combine ({cl} loads x {cw} warps)' if plan[0] > 1 else 'no merge'}, {kv_cta} kv head(s) per CTA; "

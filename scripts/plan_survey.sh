@@ -4,6 +4,7 @@
 #   bash scripts/plan_survey.sh shapes      # the shapes the fifteenth session's survey left out
 #   bash scripts/plan_survey.sh fp8mid      # fp8 kv-head pairs at B 3-7, 3072-8192 keys
 #   bash scripts/plan_survey.sh narrow      # D 64 (bf16, fp8 pairs) and fp8 pairs at B 3-7
+#   bash scripts/plan_survey.sh serving     # GQA 8, 4 query tokens, fp8 GQA 8, fp8 paged(16)
 # (PY: the python that has rope_ext built; scripts/gpu_check.sh exports it.)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../bench"
@@ -38,6 +39,11 @@ for set in "$@"; do
       sweep d64n --D 64 --points "$(pts "3 4 5 6 8 10 12 20 24 32 48" "4096 16384")" --splits 1,2,3,4,5,6,8,12,16
       sweep fp8d64n --fp8 --pair --D 64 --points "$(pts "3 4 6 8 12 16 24 32 48" "4096 16384")" --splits 1,2,4,5,8,11,16
       sweep fp8midn --fp8 --pair --points "$(pts "3 4 5 6 7" "3072 4096 8192")" --splits 2,4,5,6,8,10,11 ;;
+    serving)  # GQA 8 (Llama 3 70B, Qwen 2.5 72B: Hq 64 Hk 8), 4 query tokens, fp8 GQA 8 and paged
+      sweep gqa8 --Hq 64 --points "$(pts "2 3 4 6 8 12 16 24 32 48 64" "4096 16384")" --splits $S32
+      sweep qlen4 --q-len 4 --points "$(pts "2 3 4 6 8 12 16 24 32 48 64" "4096 16384")" --splits $S32
+      sweep fp8gqa8 --fp8 --pair --Hq 64 --points "$(pts "2 3 4 6 8 12 16 24 32 48" "4096 16384")" --splits $S16
+      sweep fp8paged --fp8 --pair --paged 16 --points "$(pts "3 4 6 8 12 16 24 32 48 64" "4096 16384")" --splits $S16 ;;
     *) echo "plan_survey.sh: unknown set $set"; exit 2 ;;
   esac
 done
