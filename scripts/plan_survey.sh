@@ -5,6 +5,7 @@
 #   bash scripts/plan_survey.sh fp8mid      # fp8 kv-head pairs at B 3-7, 3072-8192 keys
 #   bash scripts/plan_survey.sh narrow      # D 64 (bf16, fp8 pairs) and fp8 pairs at B 3-7
 #   bash scripts/plan_survey.sh serving     # GQA 8, 4 query tokens, fp8 GQA 8, fp8 paged(16)
+#   bash scripts/plan_survey.sh edges       # fp8 B 3 and 48 after the sixteenth session's run 3
 # (PY: the python that has rope_ext built; scripts/gpu_check.sh exports it.)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../bench"
@@ -44,6 +45,10 @@ for set in "$@"; do
       sweep qlen4 --q-len 4 --points "$(pts "2 3 4 6 8 12 16 24 32 48 64" "4096 16384")" --splits $S32
       sweep fp8gqa8 --fp8 --pair --Hq 64 --points "$(pts "2 3 4 6 8 12 16 24 32 48" "4096 16384")" --splits $S16
       sweep fp8paged --fp8 --pair --paged 16 --points "$(pts "3 4 6 8 12 16 24 32 48 64" "4096 16384")" --splits $S16 ;;
+    edges)  # fp8 B 3 (the pairs' 512-key splits) and B 48 (one wave of CTA slots) at Hq 32 / 64, paged
+      sweep edges32 --fp8 --pair --points "3x3072,3x4096,3x8192,4x3072,46x4096,48x2560,48x4096,48x8192" --splits 1,2,4,6,8,11
+      sweep edges64 --fp8 --pair --Hq 64 --points "3x4096,48x4096" --splits 1,2,4,6,8,11
+      sweep edgesp --fp8 --pair --paged 16 --points "3x4096,48x4096" --splits 1,2,4,6,8,11 ;;
     *) echo "plan_survey.sh: unknown set $set"; exit 2 ;;
   esac
 done

@@ -369,11 +369,12 @@ def test_fp8_decode_pair_grid_auto():
     - at <= 2048 keys over >= 60% of the SMs: one split, with one kv head per CTA (B = 16 at
       ctx 512 and 2048, B = 12 at 2048, B = 10 and 48 at 1024) or two (B = 24 at 2048, B = 32
       and 64 at 512, contiguous and paged) by the wave model;
-    - B = 16 at 4096 keys: one kv head per CTA, one split (one wave of one per SM);
+    - B = 16 and 48 at 4096 keys: one kv head per CTA, one split (one wave of one CTA per SM,
+      of three);
     - pairs past 2048 keys from B x Hk >= 24: the most splits that keep one CTA per SM where
       those cover 70% of the SMs (2 at B = 12 ctx 4096 and B = 16 ctx 4112 paged, 4 at B = 8
-      ctx 8192 and B = 7 ctx 4096, 8 at B = 4 ctx 4096), else the wave rule (B = 20 ctx 4096:
-      3);
+      ctx 8192 and B = 7 ctx 4096, 8 at B = 4 ctx 4096; B = 3 ctx 4096 8, splits of >= 512
+      keys), else the wave rule (B = 20 ctx 4096: 3);
     - D = 64: pairs from B x Hk >= 256 with one split; B = 16 at ctx 512 one head, 4 splits;
       past 2048 keys pairs from B x Hk >= 24 by the same rules at 90% of the SMs, per-SM
       balance only (ctx 4096: B = 4 8 splits, B = 12 5, B = 24 4);
@@ -394,7 +395,8 @@ def test_fp8_decode_pair_grid_auto():
                                      (20, 128, False, 4096, 2, 3), (10, 128, False, 1024, 1, 1),
                                      (4, 128, False, 4096, 2, 8), (7, 128, False, 4096, 2, 4),
                                      (4, 64, False, 4096, 2, 8), (12, 64, False, 4096, 2, 5),
-                                     (24, 64, True, 4096, 2, 4)):
+                                     (24, 64, True, 4096, 2, 4), (3, 128, False, 4096, 2, 8),
+                                     (48, 128, False, 4096, 1, 1)):
         torch.manual_seed(B + D + paged + cap)
         o, lse, want_o, want_lse, _, vmax, _ = fp8_fill_and_decode(
             "cuda", torch.bfloat16, paged=paged, G=4, q_len=1, per_head=True, D=D, Hk=8, B=B, cap=cap)

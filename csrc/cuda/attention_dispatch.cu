@@ -452,6 +452,10 @@ constexpr int64_t kPairGridHeads = 256;
 // (decode_kv_per_cta). Same run, B = 16: ctx 2048 40.10 against pairs' 4 splits 41.04 (2:
 // 41.25); ctx 4096 63.07 against 64.51 (the fourteenth session's run 2: 40.21 / 40.78,
 // 62.94 / 64.29); at ctx 8192 one split of one head lost (113.79 against pairs' 108.21).
+// And where that grid is one wave of all the CTA slots (3 per SM) on >= 90% of them: B = 48
+// (384 CTAs on 396 slots) ctx 4096 one head, one split 154.0 us against pairs' 4 splits 157.6
+// (Hq 32; run 7 of the fifteenth session: 154.0 / 157.4), 162.6 (Hq 64) and 163.5 (paged(16);
+// runs 3 of the sixteenth); at ctx 16384 pairs' 4 splits led (552.5 against 563.2, Hq 64).
 constexpr int64_t kFp8OneWaveKeys = 4096;
 // The wave rule (wave_splits; 42 points each of bf16 and fp8 caches, ctx 1024 / 4096 / 16384,
 // B 2-64, forced 1-32 splits, runs 5-6 of the fifteenth session of 2026-11-27,
@@ -490,6 +494,12 @@ constexpr int64_t kWaveMinPairCtas = 12;  // fp8 pairs: B >= 3 at Hk 8
 // also asks for: B = 12 (96 CTAs) ctx 16384, 4 splits (384 CTAs, 73% of the slots) 157.2 us,
 // level with the fastest (16 splits, 156.3); so wave_efficiency takes one slot per SM there.
 constexpr double kWaveSatNarrow = 0.9;
+// The pairs' one-CTA-per-SM step takes splits of >= kPairFillKeys keys: B = 3 (12 pair CTAs)
+// at ctx 4096 took 11 splits (132 CTAs of 384 keys), auto 22.86 / 24.66 / 23.31 us against 8
+// splits' (512 keys) 21.73 / 22.91 / 22.58 (Hq 32 / Hq 64 / paged(16); runs 2-3 of the
+// sixteenth session of 2026-11-27); ctx 3072 (Hq 32): 6 splits 19.25 / 19.63 (runs 1 / 2)
+// against auto's 10 20.26 (run 2; 8: 18.64 / 18.99).
+constexpr int64_t kPairFillKeys = 512;
 // fp8 at short contexts (<= kPairShortKeys keys, D 128, where pairs are allowed): a grid of
 // at least kWaveSat16 of the SMs in one kv head per CTA takes one split, with one kv head or
 // two per CTA, whichever grid's wave_efficiency is higher (fp8_short_kv). Run 7, ctx 1024,
@@ -651,13 +661,6 @@ bool pair_allowed(const DecodeParams& p, DecodeImpl impl) {
          c.v_stride[2] == D && p.k_new == nullptr && 2 * p.G * p.q_len <= cuda::mma_decode::kRows;
 }
 
-// kFp8OneWaveKeys: `ctas` CTAs of one kv head each are one wave of one per SM on >= 90% of
-// the SMs, in a call that could pair its heads.
-bool fp8_one_wave(const DecodeParams& p, int64_t ctas, int64_t max_keys, DecodeImpl impl, int sms) {
-  return pair_allowed(p, impl) && p.rope.D == 128 && max_keys <= kFp8OneWaveKeys && 10 * ctas >= 9 * sms &&
-         ctas <= sms;
-}
-
 // The wave rule's model of n equal CTAs on `sms` SMs holding up to `occ` each: within one
 // CTA per SM, the share of the SMs that reads at the DRAM's pace (n / (sat x SMs), at most
 // 1); past it, the per-SM balance (n / SMs over its ceiling) and, below two waves of `occ`
@@ -687,6 +690,15 @@ int mma_occupancy(const DecodeParams& p, int kv_per_cta, at::ScalarType dtype, i
     occ = decode_mma_ctas_per_sm<T, D, kFp8>(p.G * kv_per_cta * p.q_len, kv_per_cta, dev);
   });
   return occ;
+}
+// kFp8OneWaveKeys: `ctas` CTAs of one kv head each are one wave of one per SM on >= 90% of
+// the SMs, or one wave of every CTA slot on >= 90% of them, in a call that could pair its heads.
+bool fp8_one_wave(const DecodeParams& p, int64_t ctas, int64_t max_keys, DecodeImpl impl, at::ScalarType dtype,
+                  int dev) {
+  if (!pair_allowed(p, impl) || p.rope.D != 128 || max_keys > kFp8OneWaveKeys) return false;
+  const int64_t sms = sm_count(dev);
+  const int64_t slots = sms * mma_occupancy(p, 1, dtype, dev);
+  return (10 * ctas >= 9 * sms && ctas <= sms) || (10 * ctas >= 9 * slots && ctas <= slots);
 }
 // kWaveSat16's short-context rule for fp8 caches: 1 or 2 kv heads per CTA with one split,
 // or 0 where it does not apply.
@@ -743,10 +755,12 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
       // share of the SMs (D 128, kWaveSatPair: B = 8 4 splits, 128 CTAs, 0.1-1.9% ahead of the
       // wave rule's 3; B = 4: 8 against its 6, 1.5-3%; B = 6: 5 against its 4, 3.4% behind),
       // else the wave rule.
+      // Splits of at least kPairFillKeys keys.
       const double sat = p.rope.D == 64 ? kWaveSatNarrow : kWaveSatPair;
       const int64_t fill = sms / ctas;
-      s = fill >= 1 && static_cast<double>(ctas * fill) >= sat * sms ? std::min(fill, hi)
-                                                                    : wave_splits(ctas, hi, sms, wocc, sat);
+      s = fill >= 1 && static_cast<double>(ctas * fill) >= sat * sms
+              ? std::min({fill, hi, std::max<int64_t>(1, max_keys / kPairFillKeys)})
+              : wave_splits(ctas, hi, sms, wocc, sat);
     }
     if (s <= 1) return 1;
     // Whole tiles per warp: t = the tiles per warp s splits would give (rounded down, at
@@ -854,8 +868,8 @@ int decode_kv_per_cta(const DecodeParams& p, int64_t max_keys, c10::Device devic
   const KVCacheView& c = p.cache;
   const int mode = g_kv_pair.load(std::memory_order_relaxed);
   if (!pair_allowed(p, impl) || mode == 1) return 1;
+  const c10::cuda::CUDAGuard guard(device);  // the occupancy queries read the current device
   if (mode == 0) {  // short contexts over many CTAs: kWaveSat16's rule
-    const c10::cuda::CUDAGuard guard(device);  // the occupancy queries read the current device
     if (const int kv = fp8_short_kv(p, max_keys, impl, dtype, device.index())) return kv;
   }
   // Auto: where it was measured faster (Hq 32, Hk 8, runs C and D of the fifth session of
@@ -876,7 +890,7 @@ int decode_kv_per_cta(const DecodeParams& p, int64_t max_keys, c10::Device devic
   const bool pays = (max_keys >= kPairKeys || (max_keys >= kPairShortKeys && p.B * c.Hk >= kPairHeads) ||
                      (max_keys > kPairShortKeys && p.B * c.Hk >= 2 * kWaveMinPairCtas) ||
                      p.B * c.Hk >= kPairGridHeads) &&
-                    !fp8_one_wave(p, p.B * c.Hk, max_keys, impl, sm_count(device.index()));
+                    !fp8_one_wave(p, p.B * c.Hk, max_keys, impl, dtype, device.index());
   return mode == 2 || pays ? 2 : 1;
 }
 void set_append_shape(int shape) { g_append_shape.store(shape); }
@@ -923,7 +937,7 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
     // (Heads per CTA forced otherwise, set_decode_kv_pair, fall to the rules below.)
     if (p.cache.fp8 && fp8_short_kv(p, max_keys, impl, dtype, dev) == p.kv_per_cta) return {1, false};
     // fp8, one kv head per CTA in one wave of one per SM (kFp8OneWaveKeys): one split.
-    if (p.cache.fp8 && p.kv_per_cta == 1 && fp8_one_wave(p, ctas, max_keys, impl, sm_count(dev))) return {1, false};
+    if (p.cache.fp8 && p.kv_per_cta == 1 && fp8_one_wave(p, ctas, max_keys, impl, dtype, dev)) return {1, false};
     // Few CTAs per split at long contexts (16-bit caches; B * Hk * row groups <= 4, as B = 1
     // with GQA 16 or MQA): a cluster's 16 splits are <= 64 CTAs, so kShortCtas CTAs, at
     // least kFewCtasSplits splits, through the combine kernel, within one wave (Hq 32, Hk 2:
