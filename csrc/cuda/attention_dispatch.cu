@@ -700,6 +700,16 @@ bool fp8_one_wave(const DecodeParams& p, int64_t ctas, int64_t max_keys, DecodeI
   const int64_t slots = sms * mma_occupancy(p, 1, dtype, dev);
   return (10 * ctas >= 9 * sms && ctas <= sms) || (10 * ctas >= 9 * slots && ctas <= slots);
 }
+// Whether the wave rule's pair branch plans this call (rule_splits): fp8 kv-head pairs at D 64
+// / 128, from kWaveMinPairCtas CTAs, past kPairShortKeys keys. decode_plan's cluster branch
+// (as many splits as one CTA per SM allows) leaves the count to it, and the cluster merges
+// where it pays (the end of decode_plan): B = 3 (12 pair CTAs) took 11 splits in clusters
+// there, ctx 4096 22.94 us against 8 splits' 22.05 (through the combine kernel; 11: 22.50;
+// run 4 of the sixteenth session of 2026-11-27).
+bool wave_pair_rule(const DecodeParams& p, int64_t ctas, int64_t max_keys) {
+  return (p.rope.D == 128 || p.rope.D == 64) && p.cache.fp8 && p.kv_per_cta == 2 && ctas >= kWaveMinPairCtas &&
+         max_keys > kPairShortKeys;
+}
 // kWaveSat16's short-context rule for fp8 caches: 1 or 2 kv heads per CTA with one split,
 // or 0 where it does not apply.
 int fp8_short_kv(const DecodeParams& p, int64_t max_keys, DecodeImpl impl, at::ScalarType dtype, int dev) {
@@ -742,8 +752,7 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
     // CTAs of 128-byte key rows (D 64) saturate at kWaveSatNarrow.
     const bool wave_d = p.rope.D == 128 || p.rope.D == 64;
     const bool wave16 = wave_d && !p.cache.fp8 && ctas >= kWaveMinCtas && max_keys > kNoSplitKeys;
-    const bool wave_pair =
-        wave_d && p.cache.fp8 && p.kv_per_cta == 2 && ctas >= kWaveMinPairCtas && max_keys > kPairShortKeys;
+    const bool wave_pair = wave_pair_rule(p, ctas, max_keys);
     const int sms = sm_count(dev);
     const int64_t hi = std::min<int64_t>(kMaxSplits, std::max<int64_t>(1, max_keys / kFp8SplitKeys));
     // (D 64: the per-SM balance alone, kWaveSatNarrow's note.)
@@ -975,7 +984,8 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
     // 17.6-18.2 vs 18.6-19.1, ctx 8192 39.4-39.6 vs 39.1-39.5; runs 4-6 of the fourth session
     // of 2026-11-26). Where the cluster would not be taken (too long splits, not one wave,
     // no sm_90, set_decode_cluster_merge(false)) it falls to the efficiency rule, as before.
-    if ((!p.cache.paged || sc >= 4) && cluster_merge_pays(p, sc, max_keys, dev, dtype, true))
+    if ((!p.cache.paged || sc >= 4) && !wave_pair_rule(p, ctas, max_keys) &&
+        cluster_merge_pays(p, sc, max_keys, dev, dtype, true))
       return {sc, !combine_only};
     // The longer short contexts where the cluster does not take them (splits past its
     // kClusterSplitKeys keys; or no cluster at all: merge off, before sm_90, not resident):
