@@ -6,6 +6,7 @@
 #   bash scripts/plan_survey.sh narrow      # D 64 (bf16, fp8 pairs) and fp8 pairs at B 3-7
 #   bash scripts/plan_survey.sh serving     # GQA 8, 4 query tokens, fp8 GQA 8, fp8 paged(16)
 #   bash scripts/plan_survey.sh edges       # fp8 B 3 and 48 after the sixteenth session's run 3
+#   bash scripts/plan_survey.sh edges2      # fp8 pairs' 512-key splits at D 64 and at 2560 keys
 # (PY: the python that has rope_ext built; scripts/gpu_check.sh exports it.)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../bench"
@@ -49,6 +50,11 @@ for set in "$@"; do
       sweep edges32 --fp8 --pair --points "3x3072,3x4096,3x8192,4x3072,46x4096,48x2560,48x4096,48x8192" --splits 1,2,4,6,8,11
       sweep edges64 --fp8 --pair --Hq 64 --points "3x4096,48x4096" --splits 1,2,4,6,8,11
       sweep edgesp --fp8 --pair --paged 16 --points "3x4096,48x4096" --splits 1,2,4,6,8,11 ;;
+    edges2)  # the 512-key pair splits at D 64 and at 2560 keys, cluster and combine rows (not a sweep)
+      $PY decode_cold.py --fp8 --pair --D 64 --points 3x3072,3x4096,4x4096,6x4096 --splits 4,5,6,8,11 --reps 50 \
+        > "$OUT/edges2_d64.txt" 2>&1; echo "edges2 d64: rc $?"
+      $PY decode_cold.py --fp8 --pair --points 3x2560,4x2560 --splits 4,5,6,8 --reps 50 > "$OUT/edges2_2560.txt" 2>&1
+      echo "edges2 2560: rc $?" ;;
     *) echo "plan_survey.sh: unknown set $set"; exit 2 ;;
   esac
 done
