@@ -498,7 +498,10 @@ constexpr double kWaveSatNarrow = 0.9;
 // at ctx 4096 took 11 splits (132 CTAs of 384 keys), auto 22.86 / 24.66 / 23.31 us against 8
 // splits' (512 keys) 21.73 / 22.91 / 22.58 (Hq 32 / Hq 64 / paged(16); runs 2-3 of the
 // sixteenth session of 2026-11-27); ctx 3072 (Hq 32): 6 splits 19.25 / 19.63 (runs 1 / 2)
-// against auto's 10 20.26 (run 2; 8: 18.64 / 18.99).
+// against auto's 10 20.26 (run 2; 8: 18.64 / 18.99). Below 4096 keys it cuts the count with
+// the length where the best stayed at 6-8 (run 6): D 64 B 3 ctx 3072 6 splits in clusters
+// 15.33 against 8's 14.08; D 128 B 3 ctx 2560 5 splits 17.46 against 6's 16.69 (B 4 there:
+// 5, the best). Not refitted: no device time was left for a run of a new rule.
 constexpr int64_t kPairFillKeys = 512;
 // fp8 at short contexts (<= kPairShortKeys keys, D 128, where pairs are allowed): a grid of
 // at least kWaveSat16 of the SMs in one kv head per CTA takes one split, with one kv head or
