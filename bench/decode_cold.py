@@ -3,7 +3,7 @@ cluster or by the combine kernel, against rope + SDPA, all timed in turns.
 
     python bench/decode_cold.py [--reps 200] [--points 1x512,1x2048,8x512] [--splits 1,2,4,8,16]
                                 [--D 128] [--Hq 32] [--Hk 8] [--simt] [--fp8] [--pair] [--loads 4,8,16]
-                                [--chunks 0,1,3,5] [--paged 16]
+                                [--chunks 0,1,3,5] [--paged 16] [--sweep] [--offset-mb N] [--q-len 1]
 
 --splits "": no forced splits (separate and auto only); --simt adds variant 2
 (impl="hybrid_simt"), another large kernel between the replays, as the attn suite has;
@@ -77,8 +77,8 @@ def main():
     ap.add_argument("--offset-mb", type=int, default=0)
     ap.add_argument("--q-len", type=int, default=1)
     args = ap.parse_args()
-    if args.q_len != 1 and not args.sweep:
-        sys.exit("--q-len > 1 only with --sweep (the separate row rotates one query token)")
+    if args.q_len < 1 or (args.q_len != 1 and not args.sweep):
+        sys.exit("--q-len: >= 1, and > 1 only with --sweep (the separate row rotates one query token)")
     Hq, Hk, D = args.Hq, args.Hk, args.D
     dev = "cuda"
     bw = copy_bandwidth(Timer(20))  # GB/s, read + write: the reference of "% copy"
@@ -162,7 +162,7 @@ def main():
         plan = _C.last_decode_plan()
         kv_cta = _C.last_decode_kv_per_cta()
         cl, cw = _C.last_decode_combine()
-        fits = "/".join(str(_C.decode_max_clusters("bfloat16", D, args.fp8, Hq // Hk, s, q.device.index))
+        fits = "/".join(str(_C.decode_max_clusters("bfloat16", D, args.fp8, Hq // Hk * args.q_len, s, q.device.index))
                         for s in (4, 8, 16))
         print(f"\nB={B} ctx={ctx} Hq={Hq} Hk={Hk} D={D} q_len={args.q_len}, {cache} cache of {nbytes / 1e6:.1f} MB "
               f"(us, in turns; x = {'auto' if args.sweep else 'separate'} / this; % copy at {bw:.0f} GB/s); "
@@ -178,7 +178,7 @@ def main():
             forced = {n: t for n, t in got.items() if "splits" in n}
             if forced:
                 best = min(forced, key=forced.get)
-                print(f"  SWEEP {cache} B={B} ctx={ctx} D={D}: auto {got['auto']:.2f} (plan {plan[0]}, "
+                print(f"  SWEEP {cache} B={B} ctx={ctx} Hq={Hq} Hk={Hk} D={D} q_len={args.q_len}: auto {got['auto']:.2f} (plan {plan[0]}, "
                       f"{kv_cta} kv/CTA) best forced {forced[best]:.2f} ({best}): auto / best "
                       f"{got['auto'] / forced[best]:.3f}")
 

@@ -408,13 +408,14 @@ constexpr int64_t kFewCtasKeys = 8192;
 constexpr int64_t kFewCtasMaxKeys = 32768;
 constexpr int kFewCtasSplits = 32;
 // fp8 caches take two kv heads per CTA (decode_kv_per_cta) from kPairKeys keys up, and
-// from kPairShortKeys with at least kPairHeads (b, kv head) pairs.
+// from kPairShortKeys with at least kPairHeads (b, kv head) pairs (past it, since the
+// sixteenth session, from 2 x kWaveMinPairCtas).
 constexpr int64_t kPairKeys = 8192;
 constexpr int64_t kPairShortKeys = 2048;
 constexpr int64_t kPairHeads = 64;
 // ... and at any length from kPairGridHeads (b, kv head) pairs up. Since the fifteenth
 // session their split counts come from the wave rule below (past kPairShortKeys keys at D
-// 128) and fp8_short_kv (at most that many keys) picks one kv head or two per CTA over
+// 128; at D 64 too since the sixteenth) and fp8_short_kv (at most that many keys) picks one kv head or two per CTA over
 // large grids; what led there: one split of pairs at B 32 and 64 (runs 2 and 4 of the
 // fourteenth session of 2026-11-26, Hq 32 Hk 8, in turns, us; pairs with one split against
 // the plan before:
@@ -435,8 +436,8 @@ constexpr int64_t kPairGridHeads = 256;
 // turns, us; the plan before: at least 4 splits, >= kFp8Ctas CTAs): a pair CTA streams two
 // heads' rows, so ~100-128 of them read at the plain read's pace, and more than one per SM
 // leaves a tail (B = 6, 24 pair CTAs, ctx 8192: 5 splits 54.70 against 6's 61.65). Where
-// the wave rule does not apply (B <= 2, <= kPairShortKeys keys, D 64): at most kFp8Ctas
-// CTAs, as many splits as that allows (D 64 measured at B = 16 only: ctx 8192 2 splits 65.89
+// the wave rule does not apply (B <= 2, <= kPairShortKeys keys; D 64 until the sixteenth
+// session): at most kFp8Ctas CTAs, as many splits as that allows (D 64 measured at B = 16 only: ctx 8192 2 splits 65.89
 // against 4's 68.90, level at 4096; at B 3-7 from 8192 keys it takes 10 / 8 / 6 / 5 / 4
 // splits where the rule before took 12 / 8 / 8 / 7 / 6: run 9, ctx 16384, B 3 33.34 against
 // 35.33, B 5 48.24 against 49.23, B 7 64.08 against 61.95). Rows that led to the wave rule: B =
@@ -455,7 +456,8 @@ constexpr int64_t kPairGridHeads = 256;
 // And where that grid is one wave of all the CTA slots (3 per SM) on >= 90% of them: B = 48
 // (384 CTAs on 396 slots) ctx 4096 one head, one split 154.0 us against pairs' 4 splits 157.6
 // (Hq 32; run 7 of the fifteenth session: 154.0 / 157.4), 162.6 (Hq 64) and 163.5 (paged(16);
-// runs 3 of the sixteenth); at ctx 16384 pairs' 4 splits led (552.5 against 563.2, Hq 64).
+// run 3 of the sixteenth); at ctx 16384 pairs' 4 splits led (552.5 against 563.2, Hq 64).
+// On 132 SMs at Hk 8 it takes B 45-49 (B 46 and 48 measured: run 4).
 constexpr int64_t kFp8OneWaveKeys = 4096;
 // The wave rule (wave_splits; 42 points each of bf16 and fp8 caches, ctx 1024 / 4096 / 16384,
 // B 2-64, forced 1-32 splits, runs 5-6 of the fifteenth session of 2026-11-27,
@@ -466,7 +468,8 @@ constexpr int64_t kFp8OneWaveKeys = 4096;
 // with at most one CTA per SM, ~60% of the SMs (bf16) or ~70% (fp8 kv-head pairs) read at
 // the plain read's pace. So: the fewest splits whose grid has a wave efficiency of at least
 // kWaveEff (wave_efficiency); fp8 pairs first take the most splits that keep one CTA per SM
-// where those cover kWaveSatPair of the SMs (rule_splits). Run 7 (auto on the rule, B 3-64
+// where those cover kWaveSatPair of the SMs (kWaveSatNarrow at D 64; splits of at least
+// kPairFillKeys keys; rule_splits). Run 7 (auto on the rule, B 3-64
 // at ctx 4096 / 16384, and B 7, 9, 14, 17, 28 and 40, which the rule was not fitted on):
 // auto's loss to the fastest forced count, mean / worst, against the rules before (their
 // counts' forced rows in the same run). bf16, fitted sizes 1.0% / 4.9% (before 3.8% /
@@ -746,7 +749,7 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
       // us vs 36.0 with 43). Half the bytes per key make a split's fixed cost relatively
       // dearer but leave the wave tail the same, so: at least 4 splits, ~128 CTAs, and at
       // least kFp8SplitKeys keys per split. Pairs of kv heads: at most kFp8Ctas CTAs (the
-      // note above kFp8OneWaveKeys), then at D 128 the wave rule below.
+      // note above kFp8OneWaveKeys), then at D 64 and 128 the wave rule below.
       s = p.kv_per_cta == 2 ? std::max<int64_t>(1, kFp8Ctas / ctas) : std::max<int64_t>(4, ceil_div(kFp8Ctas, ctas));
       s = std::min<int64_t>(s, std::max<int64_t>(1, max_keys / kFp8SplitKeys));
     }
@@ -892,8 +895,8 @@ int decode_kv_per_cta(const DecodeParams& p, int64_t max_keys, c10::Device devic
   // head-major one. D = 64 (64-byte rows of one head, run C of the sixth session, auto
   // splits): B = 1 ctx 32768 30.5 -> 26.5, B = 8 ctx 8192 43.3 -> 39.9, ctx 32768 120.7 ->
   // 111.8, B = 64 ctx 8192 224.0 -> 214.4; the same rule (short contexts not measured there).
-  // Not where one kv head per CTA is one wave of one per SM (kFp8OneWaveKeys; one row group:
-  // pair_allowed).
+  // Not where one kv head per CTA is one wave of one per SM or of every CTA slot
+  // (kFp8OneWaveKeys; one row group: pair_allowed).
   // Past kPairShortKeys keys from the wave rule's kWaveMinPairCtas pair CTAs (B >= 3 at Hk 8;
   // run 1 of the sixteenth session of 2026-11-27, the fastest forced rows at B 3-7 against
   // one kv head per CTA with the fp8 rule's splits, us: D 128 ctx 4096 B 3 pairs 8 splits 21.90
@@ -948,7 +951,7 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
     // fp8 at short contexts over many CTAs (fp8_short_kv, the heads per CTA it chose): one split.
     // (Heads per CTA forced otherwise, set_decode_kv_pair, fall to the rules below.)
     if (p.cache.fp8 && fp8_short_kv(p, max_keys, impl, dtype, dev) == p.kv_per_cta) return {1, false};
-    // fp8, one kv head per CTA in one wave of one per SM (kFp8OneWaveKeys): one split.
+    // fp8, one kv head per CTA in one wave of one per SM or of every slot (kFp8OneWaveKeys): one split.
     if (p.cache.fp8 && p.kv_per_cta == 1 && fp8_one_wave(p, ctas, max_keys, impl, dtype, dev)) return {1, false};
     // Few CTAs per split at long contexts (16-bit caches; B * Hk * row groups <= 4, as B = 1
     // with GQA 16 or MQA): a cluster's 16 splits are <= 64 CTAs, so kShortCtas CTAs, at
