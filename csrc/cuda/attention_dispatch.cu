@@ -734,11 +734,10 @@ int fp8_short_kv(const DecodeParams& p, int64_t max_keys, DecodeImpl impl, at::S
 int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType dtype, DecodeImpl impl) {
   int occ = 1;
   const int64_t ctas = grid_ctas(p);
+  const int sms = sm_count(dev);
   if (impl == DecodeImpl::kHybrid) {
-    visit_decode_mma(dtype, p.rope.D, p.cache.fp8, [&]<typename T, int D, bool kFp8>() {
-      occ = decode_mma_ctas_per_sm<T, D, kFp8>(p.G * p.kv_per_cta * p.q_len, p.kv_per_cta, dev);
-    });
-    const double slots = static_cast<double>(sm_count(dev)) * occ;
+    occ = mma_occupancy(p, p.kv_per_cta, dtype, dev);
+    const double slots = static_cast<double>(sms) * occ;
     const int64_t short_s = ceil_div(kShortCtas, ctas);
     int64_t s = ceil_div(max_keys, short_s) <= kShortSplitKeys
                     ? short_s : choose_splits(ctas, slots, max_keys, kMinKeysPerSplitMma);
@@ -756,10 +755,9 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
     // The wave rule (kWaveEff) at D = 64 and 128 past kNoSplitKeys / kPairShortKeys keys:
     // 16-bit caches from kWaveMinCtas CTAs per split, fp8 kv-head pairs from kWaveMinPairCtas;
     // CTAs of 128-byte key rows (D 64) saturate at kWaveSatNarrow.
-    const bool wave_d = p.rope.D == 128 || p.rope.D == 64;
-    const bool wave16 = wave_d && !p.cache.fp8 && ctas >= kWaveMinCtas && max_keys > kNoSplitKeys;
+    const bool wave16 =
+        (p.rope.D == 128 || p.rope.D == 64) && !p.cache.fp8 && ctas >= kWaveMinCtas && max_keys > kNoSplitKeys;
     const bool wave_pair = wave_pair_rule(p, ctas, max_keys);
-    const int sms = sm_count(dev);
     const int64_t hi = std::min<int64_t>(kMaxSplits, std::max<int64_t>(1, max_keys / kFp8SplitKeys));
     // (D 64: the per-SM balance alone, kWaveSatNarrow's note.)
     const int wocc = p.rope.D == 64 ? 1 : occ;
@@ -768,9 +766,8 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
     } else if (wave_pair) {
       // Pairs: the most splits that keep one CTA per SM where those reach the saturation
       // share of the SMs (D 128, kWaveSatPair: B = 8 4 splits, 128 CTAs, 0.1-1.9% ahead of the
-      // wave rule's 3; B = 4: 8 against its 6, 1.5-3%; B = 6: 5 against its 4, 3.4% behind),
-      // else the wave rule.
-      // Splits of at least kPairFillKeys keys.
+      // wave rule's 3; B = 4: 8 against its 6, 1.5-3%; B = 6: 5 against its 4, 3.4% behind), in
+      // splits of at least kPairFillKeys keys; else the wave rule.
       const double sat = p.rope.D == 64 ? kWaveSatNarrow : kWaveSatPair;
       const int64_t fill = sms / ctas;
       s = fill >= 1 && static_cast<double>(ctas * fill) >= sat * sms
@@ -791,7 +788,7 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
     occ = resident_ctas(cuda::decode_kernel<T, D, kRows, kFull>, cuda::kDecodeThreads,
                         cuda::decode_smem_bytes<D, kRows>(), dev);
   });
-  const double slots = static_cast<double>(sm_count(dev)) * occ;
+  const double slots = static_cast<double>(sms) * occ;
   return choose_splits(ctas, slots, max_keys, kMinKeysPerSplit);
 }
 
@@ -946,8 +943,9 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
     // takes no split at short contexts (kNoSplitKeys; run 4 had "half", which 64 CTAs on
     // 132 SMs missed).
     const int64_t ctas = grid_ctas(p);
-    if (!p.cache.fp8 && 20 * ctas >= 9 * sm_count(dev) && max_keys <= kNoSplitKeys) return {1, false};
-    if (!p.cache.fp8 && p.rope.D <= 128 && 10 * ctas >= 9 * sm_count(dev) && ctas <= sm_count(dev)) return {1, false};
+    const int sms = sm_count(dev);
+    if (!p.cache.fp8 && 20 * ctas >= 9 * sms && max_keys <= kNoSplitKeys) return {1, false};
+    if (!p.cache.fp8 && p.rope.D <= 128 && 10 * ctas >= 9 * sms && ctas <= sms) return {1, false};
     // fp8 at short contexts over many CTAs (fp8_short_kv, the heads per CTA it chose): one split.
     // (Heads per CTA forced otherwise, set_decode_kv_pair, fall to the rules below.)
     if (p.cache.fp8 && fp8_short_kv(p, max_keys, impl, dtype, dev) == p.kv_per_cta) return {1, false};
@@ -962,11 +960,11 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
     // C of the fifth, the last with the combine kernel of one round trip). Longer contexts
     // were not measured: they keep the rules below.
     if (!p.cache.fp8 && ctas <= kFewCtas && max_keys >= kFewCtasKeys && max_keys <= kFewCtasMaxKeys &&
-        ctas * kFewCtasSplits <= sm_count(dev)) {
-      const int64_t few = std::min<int64_t>(std::max<int64_t>(kFewCtasSplits, kShortCtas / ctas), sm_count(dev) / ctas);
+        ctas * kFewCtasSplits <= sms) {
+      const int64_t few = std::min<int64_t>(std::max<int64_t>(kFewCtasSplits, kShortCtas / ctas), sms / ctas);
       return {static_cast<int>(few), false};
     }
-    int sc = static_cast<int>(std::min<int64_t>({cuda::kMaxClusterSplits, sm_count(dev) / ctas,
+    int sc = static_cast<int>(std::min<int64_t>({cuda::kMaxClusterSplits, sms / ctas,
                                                   ceil_div(max_keys, kMinKeysPerSplitMma)}));
     // Short contexts: ~kShortCtas CTAs in all, at least 4 splits (up to 8 x
     // kClusterShortKeys keys; at D = 128 up to kShortRuleKeys). Hk 8 at B = 1: 8 splits (64
@@ -977,7 +975,7 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
     // grids of <= kLongerCtas CTAs per split, at least kLongerSplits splits where one wave holds
     // them (B = 2 at Hk 8: 8).
     const bool longer = !p.cache.fp8 && p.rope.D == 128 && max_keys > 8 * kClusterShortKeys &&
-                        max_keys <= kShortRuleKeys && ctas <= kLongerCtas && ctas * kLongerSplits <= sm_count(dev);
+                        max_keys <= kShortRuleKeys && ctas <= kLongerCtas && ctas * kLongerSplits <= sms;
     const bool short_ctx = (!p.cache.fp8 && max_keys <= 8 * kClusterShortKeys) || longer;
     if (short_ctx) sc = std::min<int64_t>(sc, std::max<int64_t>(longer ? kLongerSplits : 4, kShortCtas / ctas));
     const int short_sc = sc;
