@@ -7,6 +7,8 @@
 #   bash scripts/plan_survey.sh serving     # GQA 8, 4 query tokens, fp8 GQA 8, fp8 paged(16)
 #   bash scripts/plan_survey.sh edges       # fp8 B 3 and 48 after the sixteenth session's run 3
 #   bash scripts/plan_survey.sh edges2      # fp8 pairs' 512-key splits at D 64 and at 2560 keys
+#   bash scripts/plan_survey.sh fp8shapes   # fp8 caches at GQA 16, MQA, D 256 and four query tokens
+#   bash scripts/plan_survey.sh edges3      # fp8 pairs at B 3-4 below 4096 keys, 5-11 splits
 # (PY: the python that has rope_ext built; scripts/gpu_check.sh exports it.)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../bench"
@@ -55,6 +57,16 @@ for set in "$@"; do
         > "$OUT/edges2_d64.txt" 2>&1; echo "edges2 d64: rc $?"
       $PY decode_cold.py --fp8 --pair --points 3x2560,4x2560 --splits 4,5,6,8 --reps 50 > "$OUT/edges2_2560.txt" 2>&1
       echo "edges2 2560: rc $?" ;;
+    fp8shapes)  # fp8 shapes no survey had reached (seventeenth session); pairs need an even Hk
+      sweep fp8gqa16 --fp8 --pair --Hk 2 --points "$(pts "1 2 4 8 16 32 64" "4096 16384")" --splits $S32
+      sweep fp8mqa --fp8 --Hq 8 --Hk 1 --points "$(pts "1 2 8 16 32 64" "4096 16384")" --splits $S32
+      sweep fp8d256 --fp8 --D 256 --Hq 16 --points "$(pts "1 2 4 8 16 32" "4096 16384")" --splits $S16
+      sweep fp8qlen4 --fp8 --q-len 4 --points "$(pts "1 2 4 8 16 32 64" "4096 16384")" --splits $S32 ;;
+    edges3)  # fp8 pairs at B 3-4 below 4096 keys (the 512-key floor's misses, run 6 of the sixteenth session)
+      $PY decode_cold.py --fp8 --pair --D 64 --points 3x2560,3x3072,4x2560,4x3072 --splits 5,6,7,8,11 --reps 50 \
+        > "$OUT/edges3_d64.txt" 2>&1; echo "edges3 d64: rc $?"
+      $PY decode_cold.py --fp8 --pair --points 3x2560,3x3072,4x2560,4x3072 --splits 5,6,7,8,11 --reps 50 \
+        > "$OUT/edges3_d128.txt" 2>&1; echo "edges3 d128: rc $?" ;;
     *) echo "plan_survey.sh: unknown set $set"; exit 2 ;;
   esac
 done
