@@ -9,6 +9,8 @@
 #   bash scripts/plan_survey.sh edges2      # fp8 pairs' 512-key splits at D 64 and at 2560 keys
 #   bash scripts/plan_survey.sh fp8shapes   # fp8 caches at GQA 16, MQA, D 256 and four query tokens
 #   bash scripts/plan_survey.sh edges3      # fp8 pairs at B 3-4 below 4096 keys, 5-11 splits
+#   bash scripts/plan_survey.sh fp8b1       # fp8 Hq 32 Hk 8 at B 1-2: clusters against the combine kernel
+#   bash scripts/plan_survey.sh fp8d64one   # fp8 D 64 with one kv head per CTA (odd Hk: no pairs)
 # (PY: the python that has rope_ext built; scripts/gpu_check.sh exports it.)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../bench"
@@ -67,6 +69,11 @@ for set in "$@"; do
         > "$OUT/edges3_d64.txt" 2>&1; echo "edges3 d64: rc $?"
       $PY decode_cold.py --fp8 --pair --points 3x2560,3x3072,4x2560,4x3072 --splits 5,6,7,8,11 --reps 50 \
         > "$OUT/edges3_d128.txt" 2>&1; echo "edges3 d128: rc $?" ;;
+    fp8b1)  # one kv head per CTA at B 1-2 below 8192 keys: 8 / 16 splits in clusters and through the combine kernel
+      $PY decode_cold.py --fp8 --points 1x2048,1x4096,1x6144,2x2048,2x4096 --splits 8,12,16 --reps 50 \
+        > "$OUT/fp8b1.txt" 2>&1; echo "fp8b1: rc $?" ;;
+    fp8d64one)
+      sweep fp8d64one --fp8 --D 64 --Hq 28 --Hk 7 --points "$(pts "4 8 16 32 64" "4096 16384")" --splits $S16 ;;
     *) echo "plan_survey.sh: unknown set $set"; exit 2 ;;
   esac
 done

@@ -506,6 +506,28 @@ constexpr double kWaveSatNarrow = 0.9;
 // 15.33 against 8's 14.08; D 128 B 3 ctx 2560 5 splits 17.46 against 6's 16.69 (B 4 there:
 // 5, the best). Not refitted: no device time was left for a run of a new rule.
 constexpr int64_t kPairFillKeys = 512;
+// ... but not fewer than kPairFillMin (D 128) / kPairFillMin64 (D 64) splits where one CTA per
+// SM allows that many (run 1 of the seventeenth session of 2026-11-27, pairs in turns, us, the
+// 512-key count -> the floor's): D 128 B = 3 ctx 2560 5 splits in clusters 17.25 -> 6 16.54
+// (8: 16.96), B = 4 5 19.20 -> 6 19.28; D 64 B = 3 ctx 2560 5 15.17 -> 8 13.34, ctx 3072 6
+// 15.34 -> 8 13.92, B = 4 ctx 2560 5 15.22 -> 8 14.61, ctx 3072 6 15.60 -> 8 15.66. A D 64
+// pair CTA streams half the bytes of a D 128 one, so it takes more of them (kWaveSatNarrow).
+constexpr int64_t kPairFillMin = 6;
+constexpr int64_t kPairFillMin64 = 8;
+// fp8 with one kv head per CTA past kPairShortKeys keys, where pairs are not allowed (GQA 16,
+// MQA, odd Hk, D 256, G x q_len > 8, head-major caches, the one-call step): the wave rule,
+// the slots' balance included, saturating at 90% of the SMs (one head's fp8 key row is 128
+// bytes at D 128, as a D 64 bf16 row). The fp8 rule (>= 4 splits, ~kFp8Ctas CTAs) was fitted at
+// Hq 32 Hk 8 and took 4 splits of grids that fill the SMs alone (run 1 of the seventeenth
+// session of 2026-11-27, bench/decode_cold.py --sweep, in turns, us, 4 splits -> the wave
+// rule's count): GQA 16 (Hq 32 Hk 2) B = 64 ctx 4096 (128 CTAs) 81.50 -> one split 63.94, ctx
+// 16384 242.18 (512 CTAs: 1.3 waves of the 396 slots) -> 219.54 (3 splits, one wave: 210.86),
+// B = 32 ctx 4096 43.33 -> 2 splits 40.54; D 256 (Hq 16) B = 16 / 32 ctx 4096 114.48 / 211.06
+// -> one split 107.31 / 195.36; MQA B = 64 ctx 4096 42.18 -> 2 splits 39.90; four query tokens
+// (Hq 32 Hk 8) B = 16 ctx 4096 81.73 -> one split 65.63, B = 32 129.78 -> 110.62. Over 18
+// points of GQA 16 / MQA / D 256 fitted offline, mean / worst loss to the fastest forced
+// count 4.4% / 27.5% -> 0.6% / 4.1%; sat 0.6 (the 16-bit D 128 value) 3.7% / 17.9%.
+constexpr double kWaveSatFp8One = 0.9;
 // fp8 at short contexts (<= kPairShortKeys keys, D 128, where pairs are allowed): a grid of
 // at least kWaveSat16 of the SMs in one kv head per CTA takes one split, with one kv head or
 // two per CTA, whichever grid's wave_efficiency is higher (fp8_short_kv). Run 7, ctx 1024,
@@ -706,15 +728,15 @@ bool fp8_one_wave(const DecodeParams& p, int64_t ctas, int64_t max_keys, DecodeI
   const int64_t slots = sms * mma_occupancy(p, 1, dtype, dev);
   return (10 * ctas >= 9 * sms && ctas <= sms) || (10 * ctas >= 9 * slots && ctas <= slots);
 }
-// Whether the wave rule's pair branch plans this call (rule_splits): fp8 kv-head pairs at D 64
-// / 128, from kWaveMinPairCtas CTAs, past kPairShortKeys keys. decode_plan's cluster branch
-// (as many splits as one CTA per SM allows) leaves the count to it, and the cluster merges
-// where it pays (the end of decode_plan): B = 3 (12 pair CTAs) took 11 splits in clusters
-// there, ctx 4096 22.94 us against 8 splits' 22.05 (through the combine kernel; 11: 22.50;
-// run 4 of the sixteenth session of 2026-11-27).
-bool wave_pair_rule(const DecodeParams& p, int64_t ctas, int64_t max_keys) {
-  return (p.rope.D == 128 || p.rope.D == 64) && p.cache.fp8 && p.kv_per_cta == 2 && ctas >= kWaveMinPairCtas &&
-         max_keys > kPairShortKeys;
+// Whether the wave rule plans this fp8 call (rule_splits), past kPairShortKeys keys: kv-head
+// pairs at D 64 / 128 from kWaveMinPairCtas CTAs, one kv head per CTA (kWaveSatFp8One) from
+// kWaveMinCtas. decode_plan's cluster branch (as many splits as one CTA per SM allows) leaves
+// the count to it, and the cluster merges where it pays (the end of decode_plan): B = 3 (12
+// pair CTAs) took 11 splits in clusters there, ctx 4096 22.94 us against 8 splits' 22.05
+// (through the combine kernel; 11: 22.50; run 4 of the sixteenth session of 2026-11-27).
+bool fp8_wave_rule(const DecodeParams& p, int64_t ctas, int64_t max_keys) {
+  if (!p.cache.fp8 || max_keys <= kPairShortKeys) return false;
+  return p.kv_per_cta == 2 ? (p.rope.D == 128 || p.rope.D == 64) && ctas >= kWaveMinPairCtas : ctas >= kWaveMinCtas;
 }
 // kWaveSat16's short-context rule for fp8 caches: 1 or 2 kv heads per CTA with one split,
 // or 0 where it does not apply.
@@ -752,26 +774,31 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
       s = p.kv_per_cta == 2 ? std::max<int64_t>(1, kFp8Ctas / ctas) : std::max<int64_t>(4, ceil_div(kFp8Ctas, ctas));
       s = std::min<int64_t>(s, std::max<int64_t>(1, max_keys / kFp8SplitKeys));
     }
-    // The wave rule (kWaveEff) at D = 64 and 128 past kNoSplitKeys / kPairShortKeys keys:
-    // 16-bit caches from kWaveMinCtas CTAs per split, fp8 kv-head pairs from kWaveMinPairCtas;
-    // CTAs of 128-byte key rows (D 64) saturate at kWaveSatNarrow.
+    // The wave rule (kWaveEff) past kNoSplitKeys / kPairShortKeys keys: 16-bit caches at D 64
+    // and 128 from kWaveMinCtas CTAs per split, fp8 kv-head pairs (D 64 / 128) from
+    // kWaveMinPairCtas, fp8 with one kv head per CTA (any D) from kWaveMinCtas; CTAs of
+    // 128-byte key rows (D 64; fp8 D 128, one head) saturate at kWaveSatNarrow / kWaveSatFp8One.
     const bool wave16 =
         (p.rope.D == 128 || p.rope.D == 64) && !p.cache.fp8 && ctas >= kWaveMinCtas && max_keys > kNoSplitKeys;
-    const bool wave_pair = wave_pair_rule(p, ctas, max_keys);
+    const bool wave8 = fp8_wave_rule(p, ctas, max_keys);
     const int64_t hi = std::min<int64_t>(kMaxSplits, std::max<int64_t>(1, max_keys / kFp8SplitKeys));
     // (D 64: the per-SM balance alone, kWaveSatNarrow's note.)
     const int wocc = p.rope.D == 64 ? 1 : occ;
     if (wave16) {
       s = wave_splits(ctas, hi, sms, wocc, p.rope.D == 64 ? kWaveSatNarrow : kWaveSat16);
-    } else if (wave_pair) {
+    } else if (wave8 && p.kv_per_cta == 1) {
+      s = wave_splits(ctas, hi, sms, occ, kWaveSatFp8One);
+    } else if (wave8) {
       // Pairs: the most splits that keep one CTA per SM where those reach the saturation
       // share of the SMs (D 128, kWaveSatPair: B = 8 4 splits, 128 CTAs, 0.1-1.9% ahead of the
       // wave rule's 3; B = 4: 8 against its 6, 1.5-3%; B = 6: 5 against its 4, 3.4% behind), in
-      // splits of at least kPairFillKeys keys; else the wave rule.
+      // splits of at least kPairFillKeys keys where that leaves at least kPairFillMin; else the
+      // wave rule.
       const double sat = p.rope.D == 64 ? kWaveSatNarrow : kWaveSatPair;
       const int64_t fill = sms / ctas;
+      const int64_t least = p.rope.D == 64 ? kPairFillMin64 : kPairFillMin;
       s = fill >= 1 && static_cast<double>(ctas * fill) >= sat * sms
-              ? std::min({fill, hi, std::max<int64_t>(1, max_keys / kPairFillKeys)})
+              ? std::min({fill, hi, std::max<int64_t>(least, max_keys / kPairFillKeys)})
               : wave_splits(ctas, hi, sms, wocc, sat);
     }
     if (s <= 1) return 1;
@@ -779,7 +806,7 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
     // least 1; up for pairs and the wave rule, whose counts are caps or exact), then the
     // fewest splits with at most t.
     const int64_t tiles = kMinKeysPerSplitMma * s;
-    const int64_t t = wave16 || (p.cache.fp8 && p.kv_per_cta == 2) ? ceil_div(max_keys, tiles)
+    const int64_t t = wave16 || wave8 || (p.cache.fp8 && p.kv_per_cta == 2) ? ceil_div(max_keys, tiles)
                                                                     : std::max<int64_t>(1, max_keys / tiles);
     return static_cast<int>(std::min<int64_t>(kMaxSplits, ceil_div(max_keys, kMinKeysPerSplitMma * t)));
   }
@@ -790,6 +817,21 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
   });
   const double slots = static_cast<double>(sms) * occ;
   return choose_splits(ctas, slots, max_keys, kMinKeysPerSplit);
+}
+
+// Of n resident clusters, how many an automatic plan counts on: over fp8 caches with one kv
+// head per CTA, those that fit at one CTA per SM (n / the SM's CTA slots). More clusters
+// than that share SMs, and those CTAs take about twice as long (run 1 of the seventeenth
+// session of 2026-11-27, in turns, us, clusters -> the same count through the combine
+// kernel; one head's fp8 CTA holds 3 slots, 7 clusters of 16 and 15 of 8 fit one per SM):
+// GQA 16 (Hq 32 Hk 2) ctx 4096 B = 4, 8 clusters of 16: 18.03 -> 14.83, B = 8, 16 of 8: 20.70
+// -> 18.91; four query tokens B = 1 (8 of 16) 18.53 -> 15.44, B = 2 (16 of 8) 21.44 -> 19.25;
+// MQA B = 8 (8 of 16) 15.04 -> 14.18, B = 16 (16 of 8) 18.45 -> 17.95; where they fit,
+// the cluster led: GQA 16 B = 1 / 2 (2 / 4 of 16) 14.61 / 14.72 against 14.85 / 14.91.
+// 16-bit caches keep n: bf16 B = 2 (16 clusters of 8 on 15 at one per SM) was level with the
+// combine kernel (24.72 / 24.74 us, run 5 of the fifteenth session).
+int clusters_fit(const DecodeParams& p, int n, int dev, at::ScalarType dtype) {
+  return p.cache.fp8 && p.kv_per_cta == 1 ? n / mma_occupancy(p, 1, dtype, dev) : n;
 }
 
 // How many clusters of `s` CTAs of this call's variant 5 instance can be resident at once.
@@ -822,7 +864,7 @@ bool cluster_merge_pays(const DecodeParams& p, int s, int64_t max_keys, int dev,
       ctas * s > sm_count(dev) || ceil_div(max_keys, s) > kClusterSplitKeys)
     return false;
   const int n = max_clusters(p, s, dev, dtype);
-  return n > 0 && (!one_wave || n >= ctas);
+  return n > 0 && (!one_wave || clusters_fit(p, n, dev, dtype) >= ctas);
 }
 }  // namespace
 
@@ -980,15 +1022,18 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
     if (short_ctx) sc = std::min<int64_t>(sc, std::max<int64_t>(longer ? kLongerSplits : 4, kShortCtas / ctas));
     const int short_sc = sc;
     // Clusters that cannot all be resident run in waves: halve them, to 4 at least
-    // (cluster_merge_pays).
-    while (sc > 4 && max_clusters(p, sc, dev, dtype) < ctas) sc = std::max(4, sc / 2);
+    // (cluster_merge_pays). Not over fp8 caches with one kv head per CTA, whose rule's count
+    // through the combine kernel led the halved clusters (clusters_fit; D 256 B = 1 ctx 4096,
+    // 16 splits 18.90 us, 8 in clusters 21.23, run 1 of the seventeenth session).
+    const bool halve = !(p.cache.fp8 && p.kv_per_cta == 1);
+    while (halve && sc > 4 && max_clusters(p, sc, dev, dtype) < ctas) sc = std::max(4, sc / 2);
     // D = 256, 16-bit caches (one CTA per SM): the split count the cluster would take,
     // through the combine kernel, which was level with the cluster or ahead at every count
     // measured (Hq 16, Hk 8, B = 1, 8 splits: ctx 512 12.5-12.8 us vs 13.1-13.6, ctx 2048
     // 17.6-18.2 vs 18.6-19.1, ctx 8192 39.4-39.6 vs 39.1-39.5; runs 4-6 of the fourth session
     // of 2026-11-26). Where the cluster would not be taken (too long splits, not one wave,
     // no sm_90, set_decode_cluster_merge(false)) it falls to the efficiency rule, as before.
-    if ((!p.cache.paged || sc >= 4) && !wave_pair_rule(p, ctas, max_keys) &&
+    if ((!p.cache.paged || sc >= 4) && !fp8_wave_rule(p, ctas, max_keys) &&
         cluster_merge_pays(p, sc, max_keys, dev, dtype, true))
       return {sc, !combine_only};
     // The longer short contexts where the cluster does not take them (splits past its
