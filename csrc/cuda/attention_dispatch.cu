@@ -528,6 +528,18 @@ constexpr int64_t kPairFillMin64 = 8;
 // points of GQA 16 / MQA / D 256 fitted offline, mean / worst loss to the fastest forced
 // count 4.4% / 27.5% -> 0.6% / 4.1%; sat 0.6 (the 16-bit D 128 value) 3.7% / 17.9%.
 constexpr double kWaveSatFp8One = 0.9;
+// ... and a grid of at most one CTA per SM takes at least one split per kFp8OneSplitKeys keys
+// (at most kFp8OneMinSplits): run 2 of the seventeenth session, ctx 16384, us, the wave rule
+// alone -> the floor's count: GQA 16 B = 32 (64 CTAs) 2 splits 118.54 -> 4 116.37, B = 64
+// (128) one split 219.12 -> 6 212.74 (3: 210.46); four query tokens B = 8 (64) 120.37 ->
+// 115.70, B = 16 (128) 218.08 -> 211.82; MQA B = 64 (64) 115.60 -> 111.76; D 256 B = 16 (128)
+// 367.76 -> 372.18 (the one loss). Past one CTA per SM one split led at 16384 keys (four query
+// tokens B = 32, 256 CTAs: 381.57 against 4 splits' 420.45). Fitted on 26 points of GQA 16 / MQA /
+// D 256 / four query tokens (/work/notes/sim17b.py): mean loss to the fastest forced count
+// 0.1-0.8% per shape. D 64 with one kv head per CTA (64-byte rows) keeps the fp8 rule: the wave
+// rule took 2 splits where 4-16 led by 18-52% (run 2, Hq 28 Hk 7).
+constexpr int64_t kFp8OneSplitKeys = 4096;
+constexpr int64_t kFp8OneMinSplits = 4;
 // fp8 at short contexts (<= kPairShortKeys keys, D 128, where pairs are allowed): a grid of
 // at least kWaveSat16 of the SMs in one kv head per CTA takes one split, with one kv head or
 // two per CTA, whichever grid's wave_efficiency is higher (fp8_short_kv). Run 7, ctx 1024,
@@ -691,20 +703,24 @@ bool pair_allowed(const DecodeParams& p, DecodeImpl impl) {
 
 // The wave rule's model of n equal CTAs on `sms` SMs holding up to `occ` each: within one
 // CTA per SM, the share of the SMs that reads at the DRAM's pace (n / (sat x SMs), at most
-// 1); past it, the per-SM balance (n / SMs over its ceiling) and, below two waves of `occ`
-// per SM, that wave's balance too.
+// 1); past it, the per-SM balance (n / SMs over its ceiling) and, past one wave of `occ` per
+// SM and below two, the second wave's balance too. (Within one wave of the slots, all CTAs
+// are resident at once: fp8 one-head CTAs, 3 per SM, four query tokens B = 32 ctx 4096, 256
+// CTAs, one split 110.88 us against 3 splits' 120.90, run 2 of the seventeenth session of
+// 2026-11-27; with 2 slots per SM the per-SM balance is the same number there.)
 double wave_efficiency(int64_t n, int sms, int occ, double sat) {
   if (n <= sms) return std::min(1.0, static_cast<double>(n) / (sat * sms));
   auto balance = [](double w) { return w / std::ceil(w); };
   double e = balance(static_cast<double>(n) / sms);
-  if (n < 2 * int64_t(sms) * occ) e = std::min(e, balance(static_cast<double>(n) / (double(sms) * occ)));
+  const int64_t slots = int64_t(sms) * occ;
+  if (n > slots && n < 2 * slots) e = std::min(e, balance(static_cast<double>(n) / slots));
   return e;
 }
-// The fewest splits (1..hi) whose grid reaches kWaveEff; else the most efficient.
-int64_t wave_splits(int64_t ctas, int64_t hi, int sms, int occ, double sat) {
-  int64_t best = 1;
+// The fewest splits (lo..hi) whose grid reaches kWaveEff; else the most efficient.
+int64_t wave_splits(int64_t ctas, int64_t hi, int sms, int occ, double sat, int64_t lo = 1) {
+  int64_t best = lo;
   double best_e = -1;
-  for (int64_t s = 1; s <= hi; ++s) {
+  for (int64_t s = lo; s <= hi; ++s) {
     const double e = wave_efficiency(ctas * s, sms, occ, sat);
     if (e >= kWaveEff) return s;
     if (e > best_e) best_e = e, best = s;
@@ -729,14 +745,15 @@ bool fp8_one_wave(const DecodeParams& p, int64_t ctas, int64_t max_keys, DecodeI
   return (10 * ctas >= 9 * sms && ctas <= sms) || (10 * ctas >= 9 * slots && ctas <= slots);
 }
 // Whether the wave rule plans this fp8 call (rule_splits), past kPairShortKeys keys: kv-head
-// pairs at D 64 / 128 from kWaveMinPairCtas CTAs, one kv head per CTA (kWaveSatFp8One) from
-// kWaveMinCtas. decode_plan's cluster branch (as many splits as one CTA per SM allows) leaves
+// pairs at D 64 / 128 from kWaveMinPairCtas CTAs, one kv head per CTA at D 128 / 256
+// (kWaveSatFp8One) from kWaveMinCtas. decode_plan's cluster branch (as many splits as one CTA per SM allows) leaves
 // the count to it, and the cluster merges where it pays (the end of decode_plan): B = 3 (12
 // pair CTAs) took 11 splits in clusters there, ctx 4096 22.94 us against 8 splits' 22.05
 // (through the combine kernel; 11: 22.50; run 4 of the sixteenth session of 2026-11-27).
 bool fp8_wave_rule(const DecodeParams& p, int64_t ctas, int64_t max_keys) {
   if (!p.cache.fp8 || max_keys <= kPairShortKeys) return false;
-  return p.kv_per_cta == 2 ? (p.rope.D == 128 || p.rope.D == 64) && ctas >= kWaveMinPairCtas : ctas >= kWaveMinCtas;
+  return p.kv_per_cta == 2 ? (p.rope.D == 128 || p.rope.D == 64) && ctas >= kWaveMinPairCtas
+                           : p.rope.D >= 128 && ctas >= kWaveMinCtas;
 }
 // kWaveSat16's short-context rule for fp8 caches: 1 or 2 kv heads per CTA with one split,
 // or 0 where it does not apply.
@@ -787,7 +804,8 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
     if (wave16) {
       s = wave_splits(ctas, hi, sms, wocc, p.rope.D == 64 ? kWaveSatNarrow : kWaveSat16);
     } else if (wave8 && p.kv_per_cta == 1) {
-      s = wave_splits(ctas, hi, sms, occ, kWaveSatFp8One);
+      const int64_t lo = ctas <= sms ? std::min<int64_t>(kFp8OneMinSplits, ceil_div(max_keys, kFp8OneSplitKeys)) : 1;
+      s = wave_splits(ctas, std::max(hi, lo), sms, occ, kWaveSatFp8One, lo);
     } else if (wave8) {
       // Pairs: the most splits that keep one CTA per SM where those reach the saturation
       // share of the SMs (D 128, kWaveSatPair: B = 8 4 splits, 128 CTAs, 0.1-1.9% ahead of the
@@ -820,18 +838,23 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
 }
 
 // Of n resident clusters, how many an automatic plan counts on: over fp8 caches with one kv
-// head per CTA, those that fit at one CTA per SM (n / the SM's CTA slots). More clusters
-// than that share SMs, and those CTAs take about twice as long (run 1 of the seventeenth
+// head per CTA and more than kClusterFitRows query rows, those that fit at one CTA per SM (n /
+// the SM's CTA slots). More clusters than that share SMs, and cost more than the combine
+// kernel (run 1 of the seventeenth
 // session of 2026-11-27, in turns, us, clusters -> the same count through the combine
 // kernel; one head's fp8 CTA holds 3 slots, 7 clusters of 16 and 15 of 8 fit one per SM):
 // GQA 16 (Hq 32 Hk 2) ctx 4096 B = 4, 8 clusters of 16: 18.03 -> 14.83, B = 8, 16 of 8: 20.70
 // -> 18.91; four query tokens B = 1 (8 of 16) 18.53 -> 15.44, B = 2 (16 of 8) 21.44 -> 19.25;
 // MQA B = 8 (8 of 16) 15.04 -> 14.18, B = 16 (16 of 8) 18.45 -> 17.95; where they fit,
 // the cluster led: GQA 16 B = 1 / 2 (2 / 4 of 16) 14.61 / 14.72 against 14.85 / 14.91.
-// 16-bit caches keep n: bf16 B = 2 (16 clusters of 8 on 15 at one per SM) was level with the
-// combine kernel (24.72 / 24.74 us, run 5 of the fifteenth session).
+// With at most kClusterFitRows query rows per CTA the shared SMs did not cost (Hq 32 Hk 8, B =
+// 1, 8 clusters of 16, run 2: ctx 2048 12.24 us against the combine's 12.32-12.85, ctx 4096
+// 13.71 against 14.05-14.10; B = 2, 16 clusters of 8: 13.57 against 13.78), nor over 16-bit
+// caches (bf16 B = 2, 16 clusters of 8, level with the combine kernel: 24.72 / 24.74 us, run 5
+// of the fifteenth session): those keep n.
+constexpr int kClusterFitRows = 4;
 int clusters_fit(const DecodeParams& p, int n, int dev, at::ScalarType dtype) {
-  return p.cache.fp8 && p.kv_per_cta == 1 ? n / mma_occupancy(p, 1, dtype, dev) : n;
+  return p.cache.fp8 && p.kv_per_cta == 1 && p.G * p.q_len > kClusterFitRows ? n / mma_occupancy(p, 1, dtype, dev) : n;
 }
 
 // How many clusters of `s` CTAs of this call's variant 5 instance can be resident at once.
