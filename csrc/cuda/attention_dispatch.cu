@@ -504,7 +504,7 @@ constexpr double kWaveSatNarrow = 0.9;
 // against auto's 10 20.26 (run 2; 8: 18.64 / 18.99). Below 4096 keys it cuts the count with
 // the length where the best stayed at 6-8 (run 6): D 64 B 3 ctx 3072 6 splits in clusters
 // 15.33 against 8's 14.08; D 128 B 3 ctx 2560 5 splits 17.46 against 6's 16.69 (B 4 there:
-// 5, the best). Not refitted: no device time was left for a run of a new rule.
+// 5, the best). Since the seventeenth session the count has a floor (kPairFillMin below).
 constexpr int64_t kPairFillKeys = 512;
 // ... but not fewer than kPairFillMin (D 128) / kPairFillMin64 (D 64) splits where one CTA per
 // SM allows that many (run 1 of the seventeenth session of 2026-11-27, pairs in turns, us, the
