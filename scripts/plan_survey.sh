@@ -11,6 +11,8 @@
 #   bash scripts/plan_survey.sh edges3      # fp8 pairs at B 3-4 below 4096 keys, 5-11 splits
 #   bash scripts/plan_survey.sh fp8b1       # fp8 Hq 32 Hk 8 at B 1-2: clusters against the combine kernel
 #   bash scripts/plan_survey.sh fp8d64one   # fp8 D 64 with one kv head per CTA (odd Hk: no pairs)
+#   bash scripts/plan_survey.sh fp8few      # fp8 GQA 16 / MQA / Hk 4 at B 1-4: clusters of 16 against 32-64 splits
+#   bash scripts/plan_survey.sh fp8gap      # fp8 one-head grids of 80-104 CTAs (four query tokens, GQA 16)
 # (PY: the python that has rope_ext built; scripts/gpu_check.sh exports it.)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../bench"
@@ -74,6 +76,14 @@ for set in "$@"; do
         > "$OUT/fp8b1.txt" 2>&1; echo "fp8b1: rc $?" ;;
     fp8d64one)
       sweep fp8d64one --fp8 --D 64 --Hq 28 --Hk 7 --points "$(pts "4 8 16 32 64" "4096 16384")" --splits $S16 ;;
+    fp8few)  # few CTAs per split over fp8 (one kv head per CTA), cluster and combine rows (not a sweep)
+      for shape in "--Hk 2" "--Hq 8 --Hk 1" "--Hk 4"; do
+        $PY decode_cold.py --fp8 $shape --points 1x2048,1x4096,1x8192,2x4096,2x8192,4x4096 --splits 16,24,32,64 \
+          --reps 50 >> "$OUT/fp8few.txt" 2>&1; echo "fp8few $shape: rc $?"
+      done ;;
+    fp8gap)  # one kv head per CTA, grids between the surveyed 64 and 128 CTAs
+      sweep fp8gapq4 --fp8 --q-len 4 --points "$(pts "10 13" "4096 16384")" --splits 1,2,3,4,6,7,8,12
+      sweep fp8gapg16 --fp8 --Hk 2 --points "$(pts "40 52" "4096 16384")" --splits 1,2,3,4,6,7,8,12 ;;
     *) echo "plan_survey.sh: unknown set $set"; exit 2 ;;
   esac
 done

@@ -416,16 +416,20 @@ def test_fp8_decode_pair_grid_auto():
 def test_fp8_decode_one_head_plans():
     """auto's split plan on fp8 caches where pairs of kv heads are not allowed (decode_plan,
     rule_splits, clusters_fit; 132 SMs; docs/attention.md, "fp8 with one kv head per CTA"):
-    - past 2048 keys from 24 CTAs per split, at D 128 / 256, the wave rule at 90% of the SMs
+    - past 2048 keys from 24 CTAs per split, at D 256 and at D 128 with more than 4 query rows
+      per kv head, the wave rule at 90% of the SMs
       (four query tokens B = 16: 128 CTAs, one split; MQA B = 64 and D 256 B = 8: 2 splits;
       GQA 16 B = 12: 5), and a grid of at most one CTA per SM at least one split per 4096
       keys (16 query tokens at B = 2, 4 row groups: 64 CTAs, 12288 keys: 4 splits);
-    - clusters only where they all fit at one CTA per SM with more than 4 query rows (GQA 16
-      ctx 4096: B = 2 16 splits in 4 clusters of 16, B = 4 16 splits through the combine
-      kernel; G 4 B = 1 keeps its 8 clusters of 16), and no halved clusters (D 256 B = 1: 16
-      splits through the combine kernel);
+    - clusters only where they all fit at one CTA per SM with more than 4 query rows (GQA 16:
+      B = 2 ctx 2048 16 splits in 4 clusters of 16, B = 4 ctx 4096 16 splits through the
+      combine kernel; G 4 B = 1 keeps its 8 clusters of 16), and no halved clusters (D 256 B =
+      1: 16 splits through the combine kernel); at most 4 CTAs per split past 2048 keys take the
+      fp8 rule's ~128 CTAs through the combine kernel (GQA 16 B = 2, MQA B = 1 at ctx 4096: 32);
     - the pairs' one-CTA-per-SM step's floor (B = 3: 6 splits at D 128 ctx 2560, 8 at D 64
-      ctx 3072).
+      ctx 3072);
+    - G 4, one query token (the shape the fp8 rule was fitted at) keeps the fp8 rule where pairs
+      are not allowed: a head-major cache at B = 8 ctx 4096 takes 4 splits.
     Each case against the float64 truth over the quantized cache; on GPUs other than ~132 SMs
     the cases check that the plan is correct, not which one it is."""
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
@@ -436,7 +440,9 @@ def test_fp8_decode_one_head_plans():
                                           (2, 1, 8, 256, 8, 2112, (1, 2, False)),
                                           (16, 1, 2, 128, 12, 2112, (1, 5, None)),
                                           (4, 16, 8, 128, 2, 12288, (1, 4, False)),
-                                          (16, 1, 2, 128, 2, 4096, (1, 16, True)),
+                                          (16, 1, 2, 128, 2, 2048, (1, 16, True)),
+                                          (16, 1, 2, 128, 2, 4096, (1, 32, False)),
+                                          (8, 1, 1, 128, 1, 4096, (1, 32, False)),
                                           (16, 1, 2, 128, 4, 4096, (1, 16, False)),
                                           (4, 1, 8, 128, 1, 4096, (1, 16, True)),
                                           (2, 1, 8, 256, 1, 4096, (1, 16, False)),
@@ -449,6 +455,11 @@ def test_fp8_decode_one_head_plans():
         what = f"G={G} q_len={q_len} Hk={Hk} D={D} B={B} ctx={cap}: (kv per CTA, splits, cluster) {got}"
         assert all(w is None or g == w for g, w in zip(got, want)) or not h100, what
         assert_attn_close(o, lse, want_o, want_lse, vmax, "fp8 decode " + what)
+    o, lse, want_o, want_lse, _, vmax, _ = fp8_fill_and_decode(
+        "cuda", torch.bfloat16, paged=False, G=4, q_len=1, per_head=True, D=128, Hk=8, B=8, cap=4096, head_major=True)
+    got = (rope_ext._C.last_decode_kv_per_cta(),) + tuple(rope_ext._C.last_decode_plan())
+    assert got == (1, 4, False) or not h100, f"head-major G=4 B=8 ctx=4096: {got}"
+    assert_attn_close(o, lse, want_o, want_lse, vmax, f"fp8 decode head-major G=4 B=8 ctx=4096 {got}")
 
 
 @cuda

@@ -429,7 +429,7 @@ constexpr int64_t kPairHeads = 64;
 // (128 CTAs) was level at ctx 2048 (40.21 against 40.78) and 2% ahead at 4096 (62.94
 // against 64.29), pairs with one split 1% and 12% behind that (kFp8OneWaveKeys). With one
 // head per CTA (the pairs not allowed: odd Hk, a head-major cache, the one-call step) the split
-// count stays the rule's: at B = 64 ctx 2048 one head per CTA with one split took 123.60
+// count stays the fp8 rule's at Hq 32 Hk 8 (kFp8FittedRows): at B = 64 ctx 2048 one head per CTA with one split took 123.60
 // against 4 splits' 116.26 (run 1).
 constexpr int64_t kPairGridHeads = 256;
 // Smaller pair grids (runs 1-2 of the fifteenth session of 2026-11-27, Hq 32 Hk 8 D 128, in
@@ -528,6 +528,13 @@ constexpr int64_t kPairFillMin64 = 8;
 // points of GQA 16 / MQA / D 256 fitted offline, mean / worst loss to the fastest forced
 // count 4.4% / 27.5% -> 0.6% / 4.1%; sat 0.6 (the 16-bit D 128 value) 3.7% / 17.9%.
 constexpr double kWaveSatFp8One = 0.9;
+// The fp8 rule and its clusters were fitted at Hq 32 Hk 8, one query token: CTAs of at most
+// kFp8FittedRows query rows (G x q_len) at D 128 keep them where pairs are not allowed (head-major
+// caches, the one-call step, odd Hk; issue 20's run 3 found 4 splits fastest there at B = 8 ctx
+// 2048-32768 and B = 64 ctx 8192, where the wave rule would take 2). The seventeenth session's
+// rules (kWaveSatFp8One, kFp8OneSplitKeys, clusters_fit) were measured with 8-16 rows (MQA, GQA
+// 16, four query tokens) and at D 256.
+constexpr int kFp8FittedRows = 4;
 // ... and a grid of at most one CTA per SM takes at least one split per kFp8OneSplitKeys keys
 // (at most kFp8OneMinSplits): run 2 of the seventeenth session, ctx 16384, us, the wave rule
 // alone -> the floor's count: GQA 16 B = 32 (64 CTAs) 2 splits 118.54 -> 4 116.37, B = 64
@@ -703,25 +710,25 @@ bool pair_allowed(const DecodeParams& p, DecodeImpl impl) {
 
 // The wave rule's model of n equal CTAs on `sms` SMs holding up to `occ` each: within one
 // CTA per SM, the share of the SMs that reads at the DRAM's pace (n / (sat x SMs), at most
-// 1); past it, the per-SM balance (n / SMs over its ceiling) and, past one wave of `occ` per
-// SM and below two, the second wave's balance too. (Within one wave of the slots, all CTAs
-// are resident at once: fp8 one-head CTAs, 3 per SM, four query tokens B = 32 ctx 4096, 256
-// CTAs, one split 110.88 us against 3 splits' 120.90, run 2 of the seventeenth session of
-// 2026-11-27; with 2 slots per SM the per-SM balance is the same number there.)
-double wave_efficiency(int64_t n, int sms, int occ, double sat) {
+// 1); past it, the per-SM balance (n / SMs over its ceiling) and, below two waves of `occ`
+// per SM, that wave's balance too (with `resident`, only past one wave of the slots: fp8
+// one-head CTAs, 3 per SM, four query tokens B = 32 ctx 4096, 256 CTAs, all resident at once:
+// one split 110.88 us against 3 splits' 120.90, run 2 of the seventeenth session of
+// 2026-11-27; the fits before that session keep the first form).
+double wave_efficiency(int64_t n, int sms, int occ, double sat, bool resident = false) {
   if (n <= sms) return std::min(1.0, static_cast<double>(n) / (sat * sms));
   auto balance = [](double w) { return w / std::ceil(w); };
   double e = balance(static_cast<double>(n) / sms);
   const int64_t slots = int64_t(sms) * occ;
-  if (n > slots && n < 2 * slots) e = std::min(e, balance(static_cast<double>(n) / slots));
+  if ((!resident || n > slots) && n < 2 * slots) e = std::min(e, balance(static_cast<double>(n) / slots));
   return e;
 }
 // The fewest splits (lo..hi) whose grid reaches kWaveEff; else the most efficient.
-int64_t wave_splits(int64_t ctas, int64_t hi, int sms, int occ, double sat, int64_t lo = 1) {
+int64_t wave_splits(int64_t ctas, int64_t hi, int sms, int occ, double sat, int64_t lo = 1, bool resident = false) {
   int64_t best = lo;
   double best_e = -1;
   for (int64_t s = lo; s <= hi; ++s) {
-    const double e = wave_efficiency(ctas * s, sms, occ, sat);
+    const double e = wave_efficiency(ctas * s, sms, occ, sat, resident);
     if (e >= kWaveEff) return s;
     if (e > best_e) best_e = e, best = s;
   }
@@ -745,15 +752,17 @@ bool fp8_one_wave(const DecodeParams& p, int64_t ctas, int64_t max_keys, DecodeI
   return (10 * ctas >= 9 * sms && ctas <= sms) || (10 * ctas >= 9 * slots && ctas <= slots);
 }
 // Whether the wave rule plans this fp8 call (rule_splits), past kPairShortKeys keys: kv-head
-// pairs at D 64 / 128 from kWaveMinPairCtas CTAs, one kv head per CTA at D 128 / 256
-// (kWaveSatFp8One) from kWaveMinCtas. decode_plan's cluster branch (as many splits as one CTA per SM allows) leaves
-// the count to it, and the cluster merges where it pays (the end of decode_plan): B = 3 (12
-// pair CTAs) took 11 splits in clusters there, ctx 4096 22.94 us against 8 splits' 22.05
-// (through the combine kernel; 11: 22.50; run 4 of the sixteenth session of 2026-11-27).
+// pairs at D 64 / 128 from kWaveMinPairCtas CTAs, one kv head per CTA (kWaveSatFp8One) from
+// kWaveMinCtas at D 256 and at D 128 past kFp8FittedRows query rows. decode_plan's cluster
+// branch (as many splits as one CTA per SM allows) leaves the count to it, and the cluster
+// merges where it pays (the end of decode_plan): B = 3 (12 pair CTAs) took 11 splits in
+// clusters there, ctx 4096 22.94 us against 8 splits' 22.05 (through the combine kernel; 11:
+// 22.50; run 4 of the sixteenth session of 2026-11-27).
 bool fp8_wave_rule(const DecodeParams& p, int64_t ctas, int64_t max_keys) {
   if (!p.cache.fp8 || max_keys <= kPairShortKeys) return false;
   return p.kv_per_cta == 2 ? (p.rope.D == 128 || p.rope.D == 64) && ctas >= kWaveMinPairCtas
-                           : p.rope.D >= 128 && ctas >= kWaveMinCtas;
+                           : (p.rope.D == 256 || (p.rope.D == 128 && p.G * p.q_len > kFp8FittedRows)) &&
+                                 ctas >= kWaveMinCtas;
 }
 // kWaveSat16's short-context rule for fp8 caches: 1 or 2 kv heads per CTA with one split,
 // or 0 where it does not apply.
@@ -787,14 +796,16 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
       // us vs 36.0 with 43). Half the bytes per key make a split's fixed cost relatively
       // dearer but leave the wave tail the same, so: at least 4 splits, ~128 CTAs, and at
       // least kFp8SplitKeys keys per split. Pairs of kv heads: at most kFp8Ctas CTAs (the
-      // note above kFp8OneWaveKeys), then at D 64 and 128 the wave rule below.
+      // note above kFp8OneWaveKeys). Past kPairShortKeys keys the wave rule below plans pairs
+      // at D 64 / 128 and one head per CTA at D 256 and past kFp8FittedRows query rows.
       s = p.kv_per_cta == 2 ? std::max<int64_t>(1, kFp8Ctas / ctas) : std::max<int64_t>(4, ceil_div(kFp8Ctas, ctas));
       s = std::min<int64_t>(s, std::max<int64_t>(1, max_keys / kFp8SplitKeys));
     }
     // The wave rule (kWaveEff) past kNoSplitKeys / kPairShortKeys keys: 16-bit caches at D 64
     // and 128 from kWaveMinCtas CTAs per split, fp8 kv-head pairs (D 64 / 128) from
-    // kWaveMinPairCtas, fp8 with one kv head per CTA (any D) from kWaveMinCtas; CTAs of
-    // 128-byte key rows (D 64; fp8 D 128, one head) saturate at kWaveSatNarrow / kWaveSatFp8One.
+    // kWaveMinPairCtas, fp8 with one kv head per CTA from kWaveMinCtas (fp8_wave_rule); CTAs of
+    // 128-byte key rows (D 64; fp8 D 128, one head) saturate at kWaveSatNarrow, fp8 one-head
+    // CTAs (D 128 / 256) at kWaveSatFp8One.
     const bool wave16 =
         (p.rope.D == 128 || p.rope.D == 64) && !p.cache.fp8 && ctas >= kWaveMinCtas && max_keys > kNoSplitKeys;
     const bool wave8 = fp8_wave_rule(p, ctas, max_keys);
@@ -805,13 +816,13 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
       s = wave_splits(ctas, hi, sms, wocc, p.rope.D == 64 ? kWaveSatNarrow : kWaveSat16);
     } else if (wave8 && p.kv_per_cta == 1) {
       const int64_t lo = ctas <= sms ? std::min<int64_t>(kFp8OneMinSplits, ceil_div(max_keys, kFp8OneSplitKeys)) : 1;
-      s = wave_splits(ctas, std::max(hi, lo), sms, occ, kWaveSatFp8One, lo);
+      s = wave_splits(ctas, hi, sms, occ, kWaveSatFp8One, lo, true);  // (hi >= 16 > lo past 2048 keys)
     } else if (wave8) {
       // Pairs: the most splits that keep one CTA per SM where those reach the saturation
       // share of the SMs (D 128, kWaveSatPair: B = 8 4 splits, 128 CTAs, 0.1-1.9% ahead of the
       // wave rule's 3; B = 4: 8 against its 6, 1.5-3%; B = 6: 5 against its 4, 3.4% behind), in
-      // splits of at least kPairFillKeys keys where that leaves at least kPairFillMin; else the
-      // wave rule.
+      // splits of at least kPairFillKeys keys but at least kPairFillMin (the rounding below can
+      // take one fewer, e.g. 7 of 8 at D 64 at 2049-2240 keys); else the wave rule.
       const double sat = p.rope.D == 64 ? kWaveSatNarrow : kWaveSatPair;
       const int64_t fill = sms / ctas;
       const int64_t least = p.rope.D == 64 ? kPairFillMin64 : kPairFillMin;
@@ -821,8 +832,9 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
     }
     if (s <= 1) return 1;
     // Whole tiles per warp: t = the tiles per warp s splits would give (rounded down, at
-    // least 1; up for pairs and the wave rule, whose counts are caps or exact), then the
-    // fewest splits with at most t.
+    // least 1; up for pairs and the wave rules, which then take at most their count: a wave
+    // count can drop by one, below kWaveEff, e.g. 68 one-head CTAs at 2560 keys 11 -> 10),
+    // then the fewest splits with at most t.
     const int64_t tiles = kMinKeysPerSplitMma * s;
     const int64_t t = wave16 || wave8 || (p.cache.fp8 && p.kv_per_cta == 2) ? ceil_div(max_keys, tiles)
                                                                     : std::max<int64_t>(1, max_keys / tiles);
@@ -838,7 +850,7 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
 }
 
 // Of n resident clusters, how many an automatic plan counts on: over fp8 caches with one kv
-// head per CTA and more than kClusterFitRows query rows, those that fit at one CTA per SM (n /
+// head per CTA and more than kFp8FittedRows query rows, those that fit at one CTA per SM (n /
 // the SM's CTA slots). More clusters than that share SMs, and cost more than the combine
 // kernel (run 1 of the seventeenth
 // session of 2026-11-27, in turns, us, clusters -> the same count through the combine
@@ -847,14 +859,13 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
 // -> 18.91; four query tokens B = 1 (8 of 16) 18.53 -> 15.44, B = 2 (16 of 8) 21.44 -> 19.25;
 // MQA B = 8 (8 of 16) 15.04 -> 14.18, B = 16 (16 of 8) 18.45 -> 17.95; where they fit,
 // the cluster led: GQA 16 B = 1 / 2 (2 / 4 of 16) 14.61 / 14.72 against 14.85 / 14.91.
-// With at most kClusterFitRows query rows per CTA the shared SMs did not cost (Hq 32 Hk 8, B =
+// With at most kFp8FittedRows query rows per CTA the shared SMs did not cost (Hq 32 Hk 8, B =
 // 1, 8 clusters of 16, run 2: ctx 2048 12.24 us against the combine's 12.32-12.85, ctx 4096
 // 13.71 against 14.05-14.10; B = 2, 16 clusters of 8: 13.57 against 13.78), nor over 16-bit
 // caches (bf16 B = 2, 16 clusters of 8, level with the combine kernel: 24.72 / 24.74 us, run 5
 // of the fifteenth session): those keep n.
-constexpr int kClusterFitRows = 4;
 int clusters_fit(const DecodeParams& p, int n, int dev, at::ScalarType dtype) {
-  return p.cache.fp8 && p.kv_per_cta == 1 && p.G * p.q_len > kClusterFitRows ? n / mma_occupancy(p, 1, dtype, dev) : n;
+  return p.cache.fp8 && p.kv_per_cta == 1 && p.G * p.q_len > kFp8FittedRows ? n / mma_occupancy(p, 1, dtype, dev) : n;
 }
 
 // How many clusters of `s` CTAs of this call's variant 5 instance can be resident at once.
@@ -1045,10 +1056,11 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
     if (short_ctx) sc = std::min<int64_t>(sc, std::max<int64_t>(longer ? kLongerSplits : 4, kShortCtas / ctas));
     const int short_sc = sc;
     // Clusters that cannot all be resident run in waves: halve them, to 4 at least
-    // (cluster_merge_pays). Not over fp8 caches with one kv head per CTA, whose rule's count
-    // through the combine kernel led the halved clusters (clusters_fit; D 256 B = 1 ctx 4096,
-    // 16 splits 18.90 us, 8 in clusters 21.23, run 1 of the seventeenth session).
-    const bool halve = !(p.cache.fp8 && p.kv_per_cta == 1);
+    // (cluster_merge_pays). Not over fp8 caches with one kv head per CTA past kPairShortKeys
+    // keys, whose rule's count through the combine kernel led the halved clusters (D 256 B = 1
+    // ctx 4096, 16 splits 18.90 us, 8 in clusters 21.23, run 1 of the seventeenth session;
+    // shorter contexts were not measured).
+    const bool halve = !(p.cache.fp8 && p.kv_per_cta == 1 && max_keys > kPairShortKeys);
     while (halve && sc > 4 && max_clusters(p, sc, dev, dtype) < ctas) sc = std::max(4, sc / 2);
     // D = 256, 16-bit caches (one CTA per SM): the split count the cluster would take,
     // through the combine kernel, which was level with the cluster or ahead at every count
@@ -1056,7 +1068,14 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
     // 17.6-18.2 vs 18.6-19.1, ctx 8192 39.4-39.6 vs 39.1-39.5; runs 4-6 of the fourth session
     // of 2026-11-26). Where the cluster would not be taken (too long splits, not one wave,
     // no sm_90, set_decode_cluster_merge(false)) it falls to the efficiency rule, as before.
-    if ((!p.cache.paged || sc >= 4) && !fp8_wave_rule(p, ctas, max_keys) &&
+    // fp8 with one kv head per CTA, more than kFp8FittedRows query rows and at most kFewCtas CTAs
+    // per split (GQA 16 and MQA at B 1-2) past kPairShortKeys keys: the fp8 rule's ~kFp8Ctas CTAs, through the combine kernel, led
+    // the cluster's 16 splits (run 3 of the seventeenth session of 2026-11-27, ctx 4096, us: GQA
+    // 16 B 1 32 splits 13.76 against 14.66 in clusters, B 2 14.27 against 14.78; MQA B 1 12.45
+    // against 13.54, B 2 12.61 against 13.41; at 16384 keys the rule's 64-128 splits already led).
+    const bool few8 = p.cache.fp8 && p.kv_per_cta == 1 && p.G * p.q_len > kFp8FittedRows && ctas <= kFewCtas &&
+                      max_keys > kPairShortKeys;
+    if ((!p.cache.paged || sc >= 4) && !fp8_wave_rule(p, ctas, max_keys) && !few8 &&
         cluster_merge_pays(p, sc, max_keys, dev, dtype, true))
       return {sc, !combine_only};
     // The longer short contexts where the cluster does not take them (splits past its
