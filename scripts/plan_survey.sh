@@ -13,6 +13,7 @@
 #   bash scripts/plan_survey.sh fp8d64one   # fp8 D 64 with one kv head per CTA (odd Hk: no pairs)
 #   bash scripts/plan_survey.sh fp8few      # fp8 GQA 16 / MQA / Hk 4 at B 1-4: clusters of 16 against 32-64 splits
 #   bash scripts/plan_survey.sh fp8gap      # fp8 one-head grids of 80-104 CTAs (four query tokens, GQA 16)
+#   bash scripts/plan_survey.sh fp8few8     # fp8 kv-head pairs at G 8 (Hk 4; Hq 64 Hk 8) and G 4 at B 1-2
 # (PY: the python that has rope_ext built; scripts/gpu_check.sh exports it.)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../bench"
@@ -84,6 +85,11 @@ for set in "$@"; do
     fp8gap)  # one kv head per CTA, grids between the surveyed 64 and 128 CTAs
       sweep fp8gapq4 --fp8 --q-len 4 --points "$(pts "10 13" "4096 16384")" --splits 1,2,3,4,6,7,8,12
       sweep fp8gapg16 --fp8 --Hk 2 --points "$(pts "40 52" "4096 16384")" --splits 1,2,3,4,6,7,8,12 ;;
+    fp8few8)  # few pair CTAs per split at G 8 (and G 4, unchanged), cluster and combine rows (not a sweep)
+      for shape in "--Hk 4" "--Hq 64" "--Hq 32"; do
+        $PY decode_cold.py --fp8 $shape --points 1x4096,1x8192,1x16384,2x8192 --splits 16,32,64 \
+          --reps 50 >> "$OUT/fp8few8.txt" 2>&1; echo "fp8few8 $shape: rc $?"
+      done ;;
     *) echo "plan_survey.sh: unknown set $set"; exit 2 ;;
   esac
 done

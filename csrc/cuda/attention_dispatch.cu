@@ -1068,13 +1068,15 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
     // 17.6-18.2 vs 18.6-19.1, ctx 8192 39.4-39.6 vs 39.1-39.5; runs 4-6 of the fourth session
     // of 2026-11-26). Where the cluster would not be taken (too long splits, not one wave,
     // no sm_90, set_decode_cluster_merge(false)) it falls to the efficiency rule, as before.
-    // fp8 with one kv head per CTA, more than kFp8FittedRows query rows and at most kFewCtas CTAs
-    // per split (GQA 16 and MQA at B 1-2) past kPairShortKeys keys: the fp8 rule's ~kFp8Ctas CTAs, through the combine kernel, led
-    // the cluster's 16 splits (run 3 of the seventeenth session of 2026-11-27, ctx 4096, us: GQA
-    // 16 B 1 32 splits 13.76 against 14.66 in clusters, B 2 14.27 against 14.78; MQA B 1 12.45
-    // against 13.54, B 2 12.61 against 13.41; at 16384 keys the rule's 64-128 splits already led).
-    const bool few8 = p.cache.fp8 && p.kv_per_cta == 1 && p.G * p.q_len > kFp8FittedRows && ctas <= kFewCtas &&
-                      max_keys > kPairShortKeys;
+    // fp8 with more than kFp8FittedRows query rows per kv head and at most kFewCtas CTAs per
+    // split (GQA 16 and MQA at B 1-2; kv-head pairs at G 8, B 1-2) past kPairShortKeys keys: the
+    // fp8 rule's ~kFp8Ctas CTAs through the combine kernel led the cluster's 16 splits (runs 3-4
+    // of the seventeenth session of 2026-11-27, us, ctx 4096 / 8192: GQA 16 B 1 13.18 / 14.19
+    // against 14.40 / 17.98 in clusters, MQA B 1 12.29 / 12.86 against 13.18 / 16.32; pairs at Hq
+    // 32 Hk 4 B 1 ctx 8192: 64 splits 16.00 against 16 in clusters 20.26). G 4 kept the cluster
+    // (its best forced rows: pairs at B 1 ctx 8192 16 splits in clusters 18.08, fourteenth
+    // session; one head ctx 4096 13.71 against 16 through the combine kernel 14.05, run 2).
+    const bool few8 = p.cache.fp8 && p.G * p.q_len > kFp8FittedRows && ctas <= kFewCtas && max_keys > kPairShortKeys;
     if ((!p.cache.paged || sc >= 4) && !fp8_wave_rule(p, ctas, max_keys) && !few8 &&
         cluster_merge_pays(p, sc, max_keys, dev, dtype, true))
       return {sc, !combine_only};
