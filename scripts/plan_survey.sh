@@ -14,6 +14,7 @@
 #   bash scripts/plan_survey.sh fp8few      # fp8 GQA 16 / MQA / Hk 4 at B 1-4: clusters of 16 against 32-64 splits
 #   bash scripts/plan_survey.sh fp8gap      # fp8 one-head grids of 80-104 CTAs (four query tokens, GQA 16)
 #   bash scripts/plan_survey.sh fp8few8     # fp8 kv-head pairs at G 8 (Hk 4; Hq 64 Hk 8) and G 4 at B 1-2
+#   bash scripts/plan_survey.sh pairfit     # fp8 kv-head pairs' clusters at B 1-8 (the cluster fit rule)
 # (PY: the python that has rope_ext built; scripts/gpu_check.sh exports it.)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../bench"
@@ -90,6 +91,11 @@ for set in "$@"; do
         $PY decode_cold.py --fp8 $shape --points 1x4096,1x8192,1x16384,2x8192 --splits 16,32,64 \
           --reps 50 >> "$OUT/fp8few8.txt" 2>&1; echo "fp8few8 $shape: rc $?"
       done ;;
+    pairfit)  # kv-head pairs' clusters that do not fit one CTA per SM (B 2 ctx 8192) and the suites' B 8 ctx 2048
+      $PY decode_cold.py --fp8 --pair --points 2x8192,8x2048,1x8192 --splits 4,8,16 --reps 50 > "$OUT/pairfit.txt" 2>&1
+      echo "pairfit: rc $?"
+      $PY decode_cold.py --fp8 --pair --Hq 64 --points 2x8192,4x8192 --splits 8,16 --reps 50 >> "$OUT/pairfit.txt" 2>&1
+      echo "pairfit Hq 64: rc $?" ;;
     *) echo "plan_survey.sh: unknown set $set"; exit 2 ;;
   esac
 done

@@ -423,7 +423,8 @@ def test_fp8_decode_one_head_plans():
       keys (16 query tokens at B = 2, 4 row groups: 64 CTAs, 12288 keys: 4 splits);
     - clusters only where they all fit at one CTA per SM with more than 4 query rows (GQA 16:
       B = 2 ctx 2048 16 splits in 4 clusters of 16, B = 4 ctx 4096 16 splits through the
-      combine kernel; G 4 B = 1 keeps its 8 clusters of 16), and no halved clusters (D 256 B =
+      combine kernel; G 4 B = 1 keeps its 8 clusters of 16; kv-head pairs, 8 rows a CTA at G 4,
+      ctx 8192: B = 1 16 splits in 4 clusters, B = 2 16 through the combine kernel), and no halved clusters (D 256 B =
       1: 16 splits through the combine kernel); at most 4 CTAs per split past 2048 keys take the
       fp8 rule's ~128 CTAs through the combine kernel (GQA 16 B = 2, MQA B = 1 at ctx 4096: 32;
       kv-head pairs at G 8, Hk 4 B = 1 ctx 8192: 64);
@@ -445,6 +446,8 @@ def test_fp8_decode_one_head_plans():
                                           (16, 1, 2, 128, 2, 4096, (1, 32, False)),
                                           (8, 1, 1, 128, 1, 4096, (1, 32, False)),
                                           (8, 1, 4, 128, 1, 8192, (2, 64, False)),
+                                          (4, 1, 8, 128, 2, 8192, (2, 16, False)),
+                                          (4, 1, 8, 128, 1, 8192, (2, 16, True)),
                                           (16, 1, 2, 128, 4, 4096, (1, 16, False)),
                                           (4, 1, 8, 128, 1, 4096, (1, 16, True)),
                                           (2, 1, 8, 256, 1, 4096, (1, 16, False)),

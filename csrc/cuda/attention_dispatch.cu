@@ -429,7 +429,8 @@ constexpr int64_t kPairHeads = 64;
 // (128 CTAs) was level at ctx 2048 (40.21 against 40.78) and 2% ahead at 4096 (62.94
 // against 64.29), pairs with one split 1% and 12% behind that (kFp8OneWaveKeys). With one
 // head per CTA (the pairs not allowed: odd Hk, a head-major cache, the one-call step) the split
-// count stays the fp8 rule's at Hq 32 Hk 8 (kFp8FittedRows): at B = 64 ctx 2048 one head per CTA with one split took 123.60
+// count stays the fp8 rule's at Hq 32 Hk 8 (kFp8FittedRows): at B = 64 ctx 2048 one head
+// per CTA with one split took 123.60
 // against 4 splits' 116.26 (run 1).
 constexpr int64_t kPairGridHeads = 256;
 // Smaller pair grids (runs 1-2 of the fifteenth session of 2026-11-27, Hq 32 Hk 8 D 128, in
@@ -533,7 +534,8 @@ constexpr double kWaveSatFp8One = 0.9;
 // caches, the one-call step, odd Hk; issue 20's run 3 found 4 splits fastest there at B = 8 ctx
 // 2048-32768 and B = 64 ctx 8192, where the wave rule would take 2). The seventeenth session's
 // rules (kWaveSatFp8One, kFp8OneSplitKeys, clusters_fit) were measured with 8-16 rows (MQA, GQA
-// 16, four query tokens) and at D 256.
+// 16, four query tokens) and at D 256; clusters_fit counts a CTA's rows (a kv-head pair's: 2 G
+// q_len, measured at G 4 and 8).
 constexpr int kFp8FittedRows = 4;
 // ... and a grid of at most one CTA per SM takes at least one split per kFp8OneSplitKeys keys
 // (at most kFp8OneMinSplits): run 2 of the seventeenth session, ctx 16384, us, the wave rule
@@ -849,23 +851,25 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
   return choose_splits(ctas, slots, max_keys, kMinKeysPerSplit);
 }
 
-// Of n resident clusters, how many an automatic plan counts on: over fp8 caches with one kv
-// head per CTA and more than kFp8FittedRows query rows, those that fit at one CTA per SM (n /
-// the SM's CTA slots). More clusters than that share SMs, and cost more than the combine
-// kernel (run 1 of the seventeenth
-// session of 2026-11-27, in turns, us, clusters -> the same count through the combine
-// kernel; one head's fp8 CTA holds 3 slots, 7 clusters of 16 and 15 of 8 fit one per SM):
-// GQA 16 (Hq 32 Hk 2) ctx 4096 B = 4, 8 clusters of 16: 18.03 -> 14.83, B = 8, 16 of 8: 20.70
-// -> 18.91; four query tokens B = 1 (8 of 16) 18.53 -> 15.44, B = 2 (16 of 8) 21.44 -> 19.25;
-// MQA B = 8 (8 of 16) 15.04 -> 14.18, B = 16 (16 of 8) 18.45 -> 17.95; where they fit,
-// the cluster led: GQA 16 B = 1 / 2 (2 / 4 of 16) 14.61 / 14.72 against 14.85 / 14.91.
-// With at most kFp8FittedRows query rows per CTA the shared SMs did not cost (Hq 32 Hk 8, B =
-// 1, 8 clusters of 16, run 2: ctx 2048 12.24 us against the combine's 12.32-12.85, ctx 4096
-// 13.71 against 14.05-14.10; B = 2, 16 clusters of 8: 13.57 against 13.78), nor over 16-bit
-// caches (bf16 B = 2, 16 clusters of 8, level with the combine kernel: 24.72 / 24.74 us, run 5
-// of the fifteenth session): those keep n.
+// Of n resident clusters, how many an automatic plan counts on: over fp8 caches with more than
+// kFp8FittedRows query rows per CTA (G x q_len x kv heads per CTA), those that fit at one CTA
+// per SM (n / the SM's CTA slots). More clusters than that share SMs and cost more than the
+// combine kernel (runs 1 and 5 of the seventeenth session of 2026-11-27, in turns, us, clusters
+// -> the same count through the combine kernel; one head's fp8 CTA holds 3 slots, 7 clusters of
+// 16 and 15 of 8 fit one per SM): GQA 16 (Hq 32 Hk 2) ctx 4096 B = 4, 8 clusters of 16: 18.03
+// -> 14.83, B = 8, 16 of 8: 20.70 -> 18.91; four query tokens B = 1 (8 of 16) 18.53 -> 15.44, B
+// = 2 (16 of 8) 21.44 -> 19.25; MQA B = 8 (8 of 16) 15.04 -> 14.18, B = 16 (16 of 8) 18.45 ->
+// 17.95; kv-head pairs (8 rows at G 4) B = 2 ctx 8192, 8 clusters of 16: Hq 32 28.94 -> 26.30,
+// Hq 64 31.36 -> 27.23. Where they fit the cluster led: GQA 16 B = 1 / 2 (2 / 4 of 16) 14.61 /
+// 14.72 against 14.85 / 14.91; pairs at Hq 32 B = 1 ctx 8192 (4 of 16) 18.02 against 19.30.
+// With at most kFp8FittedRows rows per CTA the shared SMs did not cost (one head at Hq 32 Hk 8,
+// B = 1, 8 clusters of 16, run 2: ctx 2048 12.24 us against the combine's 12.32-12.85, ctx
+// 4096 13.71 against 14.05-14.10; B = 2, 16 clusters of 8: 13.57 against 13.78), nor over
+// 16-bit caches (bf16 B = 2, 16 clusters of 8, level with the combine kernel: 24.72 / 24.74 us,
+// run 5 of the fifteenth session): those keep n.
 int clusters_fit(const DecodeParams& p, int n, int dev, at::ScalarType dtype) {
-  return p.cache.fp8 && p.kv_per_cta == 1 && p.G * p.q_len > kFp8FittedRows ? n / mma_occupancy(p, 1, dtype, dev) : n;
+  return p.cache.fp8 && p.G * p.q_len * p.kv_per_cta > kFp8FittedRows ? n / mma_occupancy(p, p.kv_per_cta, dtype, dev)
+                                                                      : n;
 }
 
 // How many clusters of `s` CTAs of this call's variant 5 instance can be resident at once.
