@@ -420,13 +420,15 @@ def test_fp8_decode_one_head_plans():
       per kv head, the wave rule at 90% of the SMs
       (four query tokens B = 16: 128 CTAs, one split; MQA B = 64 and D 256 B = 8: 2 splits;
       GQA 16 B = 12: 5), and a grid of at most one CTA per SM at least one split per 4096
-      keys (16 query tokens at B = 2, 4 row groups: 64 CTAs, 12288 keys: 4 splits);
+      keys (16 query tokens at B = 2, 4 row groups: 64 CTAs, 12288 keys: at least 3, and the
+      wave rule from there takes 4);
     - clusters only where they all fit at one CTA per SM with more than 4 query rows (GQA 16:
       B = 2 ctx 2048 16 splits in 4 clusters of 16, B = 4 ctx 4096 16 splits through the
       combine kernel; G 4 B = 1 keeps its 8 clusters of 16; kv-head pairs, 8 rows a CTA at G 4,
       ctx 8192: B = 1 16 splits in 4 clusters, B = 2 16 through the combine kernel), and no halved clusters (D 256 B =
-      1: 16 splits through the combine kernel); at most 4 CTAs per split past 2048 keys take the
-      fp8 rule's ~128 CTAs through the combine kernel (GQA 16 B = 2, MQA B = 1 at ctx 4096: 32;
+      1: 16 splits through the combine kernel); at most 4 CTAs per split past 2048 keys with more
+      than 4 query rows per kv head take the fp8 rule's count through the combine kernel (GQA
+      16 B = 2, MQA B = 1 at ctx 4096: 32;
       kv-head pairs at G 8, Hk 4 B = 1 ctx 8192: 64);
     - the pairs' one-CTA-per-SM step's floor (B = 3: 6 splits at D 128 ctx 2560, 8 at D 64
       ctx 3072);

@@ -516,7 +516,8 @@ constexpr int64_t kPairFillKeys = 512;
 constexpr int64_t kPairFillMin = 6;
 constexpr int64_t kPairFillMin64 = 8;
 // fp8 with one kv head per CTA past kPairShortKeys keys, where pairs are not allowed (GQA 16,
-// MQA, odd Hk, D 256, G x q_len > 8, head-major caches, the one-call step): the wave rule,
+// MQA, D 256, G x q_len > 8; odd Hk, head-major caches and the one-call step only past
+// kFp8FittedRows query rows, below): the wave rule,
 // the slots' balance included, saturating at 90% of the SMs (one head's fp8 key row is 128
 // bytes at D 128, as a D 64 bf16 row). The fp8 rule (>= 4 splits, ~kFp8Ctas CTAs) was fitted at
 // Hq 32 Hk 8 and took 4 splits of grids that fill the SMs alone (run 1 of the seventeenth
@@ -532,7 +533,7 @@ constexpr double kWaveSatFp8One = 0.9;
 // The fp8 rule and its clusters were fitted at Hq 32 Hk 8, one query token: CTAs of at most
 // kFp8FittedRows query rows (G x q_len) at D 128 keep them where pairs are not allowed (head-major
 // caches, the one-call step, odd Hk; issue 20's run 3 found 4 splits fastest there at B = 8 ctx
-// 2048-32768 and B = 64 ctx 8192, where the wave rule would take 2). The seventeenth session's
+// 2048-32768 and B = 64 ctx 8192; at 2049-8192 keys the wave rule would take 2). The seventeenth session's
 // rules (kWaveSatFp8One, kFp8OneSplitKeys, clusters_fit) were measured with 8-16 rows (MQA, GQA
 // 16, four query tokens) and at D 256; clusters_fit counts a CTA's rows (a kv-head pair's: 2 G
 // q_len, measured at G 4 and 8).
@@ -1073,8 +1074,9 @@ DecodePlan decode_plan(const DecodeParams& p, int64_t max_keys, int64_t forced_s
     // of 2026-11-26). Where the cluster would not be taken (too long splits, not one wave,
     // no sm_90, set_decode_cluster_merge(false)) it falls to the efficiency rule, as before.
     // fp8 with more than kFp8FittedRows query rows per kv head and at most kFewCtas CTAs per
-    // split (GQA 16 and MQA at B 1-2; kv-head pairs at G 8, B 1-2) past kPairShortKeys keys: the
-    // fp8 rule's ~kFp8Ctas CTAs through the combine kernel led the cluster's 16 splits (runs 3-4
+    // split (GQA 16 at B 1-2, MQA at B 1-4, kv-head pairs at G 8, B 1-2) past kPairShortKeys keys:
+    // the fp8 rule's count (kFp8Ctas / CTAs, at most one split per kFp8SplitKeys keys: 32 at ctx
+    // 4096) through the combine kernel led the cluster's 16 splits (runs 3-4
     // of the seventeenth session of 2026-11-27, us, ctx 4096 / 8192: GQA 16 B 1 13.18 / 14.19
     // against 14.40 / 17.98 in clusters, MQA B 1 12.29 / 12.86 against 13.18 / 16.32; pairs at Hq
     // 32 Hk 4 B 1 ctx 8192: 64 splits 16.00 against 16 in clusters 20.26). G 4 kept the cluster
