@@ -27,6 +27,11 @@ sweep() {  # name, then decode_cold.py's arguments
   echo "survey $name: rc $? in $(( $(date +%s) - t0 )) s"
   grep SWEEP "$OUT/survey_$name.txt" | sed "s/^ */$name /"
 }
+rows() {  # file name, then decode_cold.py's arguments: rows in turns, cluster and combine (not a sweep);
+  local name=$1; shift  # appends to $OUT/NAME.txt, so one file can hold several shapes
+  $PY decode_cold.py --reps 50 "$@" >> "$OUT/$name.txt" 2>&1
+  echo "$name: rc $? ($*)"
+}
 pts() {  # batch sizes, then contexts: "BxC,..."
   local out=""
   for c in $2; do for b in $1; do out+="${b}x${c},"; done; done
@@ -59,43 +64,34 @@ for set in "$@"; do
       sweep edges64 --fp8 --pair --Hq 64 --points "3x4096,48x4096" --splits 1,2,4,6,8,11
       sweep edgesp --fp8 --pair --paged 16 --points "3x4096,48x4096" --splits 1,2,4,6,8,11 ;;
     edges2)  # the 512-key pair splits at D 64 and at 2560 keys, cluster and combine rows (not a sweep)
-      $PY decode_cold.py --fp8 --pair --D 64 --points 3x3072,3x4096,4x4096,6x4096 --splits 4,5,6,8,11 --reps 50 \
-        > "$OUT/edges2_d64.txt" 2>&1; echo "edges2 d64: rc $?"
-      $PY decode_cold.py --fp8 --pair --points 3x2560,4x2560 --splits 4,5,6,8 --reps 50 > "$OUT/edges2_2560.txt" 2>&1
-      echo "edges2 2560: rc $?" ;;
+      rows edges2_d64 --fp8 --pair --D 64 --points 3x3072,3x4096,4x4096,6x4096 --splits 4,5,6,8,11
+      rows edges2_2560 --fp8 --pair --points 3x2560,4x2560 --splits 4,5,6,8 ;;
     fp8shapes)  # fp8 shapes no survey had reached (seventeenth session); pairs need an even Hk
       sweep fp8gqa16 --fp8 --pair --Hk 2 --points "$(pts "1 2 4 8 16 32 64" "4096 16384")" --splits $S32
       sweep fp8mqa --fp8 --Hq 8 --Hk 1 --points "$(pts "1 2 8 16 32 64" "4096 16384")" --splits $S32
       sweep fp8d256 --fp8 --D 256 --Hq 16 --points "$(pts "1 2 4 8 16 32" "4096 16384")" --splits $S16
       sweep fp8qlen4 --fp8 --q-len 4 --points "$(pts "1 2 4 8 16 32 64" "4096 16384")" --splits $S32 ;;
     edges3)  # fp8 pairs at B 3-4 below 4096 keys (the 512-key floor's misses, run 6 of the sixteenth session)
-      $PY decode_cold.py --fp8 --pair --D 64 --points 3x2560,3x3072,4x2560,4x3072 --splits 5,6,7,8,11 --reps 50 \
-        > "$OUT/edges3_d64.txt" 2>&1; echo "edges3 d64: rc $?"
-      $PY decode_cold.py --fp8 --pair --points 3x2560,3x3072,4x2560,4x3072 --splits 5,6,7,8,11 --reps 50 \
-        > "$OUT/edges3_d128.txt" 2>&1; echo "edges3 d128: rc $?" ;;
+      rows edges3_d64 --fp8 --pair --D 64 --points 3x2560,3x3072,4x2560,4x3072 --splits 5,6,7,8,11
+      rows edges3_d128 --fp8 --pair --points 3x2560,3x3072,4x2560,4x3072 --splits 5,6,7,8,11 ;;
     fp8b1)  # one kv head per CTA at B 1-2 below 8192 keys: 8 / 16 splits in clusters and through the combine kernel
-      $PY decode_cold.py --fp8 --points 1x2048,1x4096,1x6144,2x2048,2x4096 --splits 8,12,16 --reps 50 \
-        > "$OUT/fp8b1.txt" 2>&1; echo "fp8b1: rc $?" ;;
+      rows fp8b1 --fp8 --points 1x2048,1x4096,1x6144,2x2048,2x4096 --splits 8,12,16 ;;
     fp8d64one)
       sweep fp8d64one --fp8 --D 64 --Hq 28 --Hk 7 --points "$(pts "4 8 16 32 64" "4096 16384")" --splits $S16 ;;
     fp8few)  # few CTAs per split over fp8 (one kv head per CTA), cluster and combine rows (not a sweep)
       for shape in "--Hk 2" "--Hq 8 --Hk 1" "--Hk 4"; do
-        $PY decode_cold.py --fp8 $shape --points 1x2048,1x4096,1x8192,2x4096,2x8192,4x4096 --splits 16,24,32,64 \
-          --reps 50 >> "$OUT/fp8few.txt" 2>&1; echo "fp8few $shape: rc $?"
+        rows fp8few --fp8 $shape --points 1x2048,1x4096,1x8192,2x4096,2x8192,4x4096 --splits 16,24,32,64
       done ;;
     fp8gap)  # one kv head per CTA, grids between the surveyed 64 and 128 CTAs
       sweep fp8gapq4 --fp8 --q-len 4 --points "$(pts "10 13" "4096 16384")" --splits 1,2,3,4,6,7,8,12
       sweep fp8gapg16 --fp8 --Hk 2 --points "$(pts "40 52" "4096 16384")" --splits 1,2,3,4,6,7,8,12 ;;
     fp8few8)  # few pair CTAs per split at G 8 (and G 4, unchanged), cluster and combine rows (not a sweep)
       for shape in "--Hk 4" "--Hq 64" "--Hq 32"; do
-        $PY decode_cold.py --fp8 $shape --points 1x4096,1x8192,1x16384,2x8192 --splits 16,32,64 \
-          --reps 50 >> "$OUT/fp8few8.txt" 2>&1; echo "fp8few8 $shape: rc $?"
+        rows fp8few8 --fp8 $shape --points 1x4096,1x8192,1x16384,2x8192 --splits 16,32,64
       done ;;
     pairfit)  # kv-head pairs' clusters that do not fit one CTA per SM (B 2 ctx 8192) and the suites' B 8 ctx 2048
-      $PY decode_cold.py --fp8 --pair --points 2x8192,8x2048,1x8192 --splits 4,8,16 --reps 50 > "$OUT/pairfit.txt" 2>&1
-      echo "pairfit: rc $?"
-      $PY decode_cold.py --fp8 --pair --Hq 64 --points 2x8192,4x8192 --splits 8,16 --reps 50 >> "$OUT/pairfit.txt" 2>&1
-      echo "pairfit Hq 64: rc $?" ;;
+      rows pairfit --fp8 --pair --points 2x8192,8x2048,1x8192 --splits 4,8,16
+      rows pairfit --fp8 --pair --Hq 64 --points 2x8192,4x8192 --splits 8,16 ;;
     *) echo "plan_survey.sh: unknown set $set"; exit 2 ;;
   esac
 done
