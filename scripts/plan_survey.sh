@@ -15,6 +15,7 @@
 #   bash scripts/plan_survey.sh fp8gap      # fp8 one-head grids of 80-104 CTAs (four query tokens, GQA 16)
 #   bash scripts/plan_survey.sh fp8few8     # fp8 kv-head pairs at G 8 (Hk 4; Hq 64 Hk 8) and G 4 at B 1-2
 #   bash scripts/plan_survey.sh pairfit     # fp8 kv-head pairs' clusters at B 1-8 (the cluster fit rule)
+#   bash scripts/plan_survey.sh reach       # where the seventeenth session's fp8 rules reach unmeasured (D 64 pairs, D 64 / 256 few CTAs)
 # (PY: the python that has rope_ext built; scripts/gpu_check.sh exports it.)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../bench"
@@ -92,6 +93,11 @@ for set in "$@"; do
     pairfit)  # kv-head pairs' clusters that do not fit one CTA per SM (B 2 ctx 8192) and the suites' B 8 ctx 2048
       rows pairfit --fp8 --pair --points 2x8192,8x2048,1x8192 --splits 4,8,16
       rows pairfit --fp8 --pair --Hq 64 --points 2x8192,4x8192 --splits 8,16 ;;
+    reach)  # the cluster fit (pairs hold 8 query rows at G 4) at D 64, B 1-4; the few-CTA rule at D 64 and D 256
+      rows reach_d64pair --fp8 --pair --D 64 --points 1x4096,1x8192,2x4096,2x8192,3x2560,3x3072,4x2560,4x4096 --splits 8,16,32
+      rows reach_few --fp8 --pair --D 64 --Hk 4 --points 1x4096,1x8192,2x8192 --splits 16,32,64
+      rows reach_few --fp8 --D 256 --Hq 16 --Hk 2 --points 1x4096,1x8192,2x8192 --splits 16,32,64
+      rows reach_few --fp8 --D 64 --Hq 8 --Hk 1 --points 1x4096,1x8192,2x8192 --splits 16,32,64 ;;
     *) echo "plan_survey.sh: unknown set $set"; exit 2 ;;
   esac
 done
