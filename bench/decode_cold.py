@@ -4,6 +4,7 @@ cluster or by the combine kernel, against rope + SDPA, all timed in turns.
     python bench/decode_cold.py [--reps 200] [--points 1x512,1x2048,8x512] [--splits 1,2,4,8,16]
                                 [--D 128] [--Hq 32] [--Hk 8] [--simt] [--fp8] [--pair] [--loads 4,8,16]
                                 [--chunks 0,1,3,5] [--paged 16] [--sweep] [--offset-mb N] [--q-len 1]
+                                [--head-major] [--step]
 
 --splits "": no forced splits (separate and auto only); --simt adds variant 2
 (impl="hybrid_simt"), another large kernel between the replays, as the attn suite has;
@@ -20,6 +21,10 @@ merges where it fits, as in the "cluster" rows, which take the rule's chunks);
 rows (the forced counts merge by the combine kernel), and each point ends with one line:
 auto against the fastest forced row (a plan search, not a comparison with the peers);
 --q-len N (with --sweep): N query tokens per sequence (speculative decoding's verify step);
+--head-major: rope_ext's rows read the cache stored [B, Hk, ctx, D] and passed as its
+transposed view (no kv-head pairs there); --step: rope_ext's rows are the one-call decode
+step (attention_decode with k, v: the q_len new tokens appended at ctx - q_len, then
+attended; cache_seqlens counts the tokens before the step);
 --offset-mb N: an N MB buffer allocated before each point's tensors (where the caches lie
 moves some split counts' times: run the same points at two offsets);
 --paged N: rope_ext's decode rows read a paged copy of the cache (blocks of N slots in a
@@ -76,6 +81,8 @@ def main():
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--offset-mb", type=int, default=0)
     ap.add_argument("--q-len", type=int, default=1)
+    ap.add_argument("--head-major", action="store_true")
+    ap.add_argument("--step", action="store_true")
     args = ap.parse_args()
     if args.q_len < 1 or (args.q_len != 1 and not args.sweep):
         sys.exit("--q-len: >= 1, and > 1 only with --sweep (the separate row rotates one query token)")
@@ -92,12 +99,22 @@ def main():
         vc = torch.randn_like(kc)
         q = torch.randn(B, args.q_len, Hq, D, device=dev, dtype=torch.bfloat16)
         lens = torch.full((B,), ctx, dtype=torch.int32, device=dev)
+        step = {}  # --step: the new tokens, appended at ctx - q_len; cache_seqlens before the step
+        if args.step:
+            lens = lens - args.q_len
+            step = dict(k=torch.randn(B, args.q_len, Hk, D, device=dev, dtype=torch.bfloat16))
+            step["v"] = torch.randn_like(step["k"])
+        seqmax = ctx - args.q_len if args.step else ctx
         kw = {}
         kd, vd = kc, vc  # the cache the forced splits read
         if args.fp8:
             kw = dict(k_scale=torch.full((Hk,), 0.02, device=dev), v_scale=torch.full((1,), 0.02, device=dev))
             kd, vd = ((x / 0.02).to(torch.float8_e4m3fn) for x in (kc, vc))
         nbytes = 2 * kd.numel() * kd.element_size()
+        if args.head_major:  # [B, Hk, ctx, D] storage, passed as [B, ctx, Hk, D]
+            if args.paged:
+                sys.exit("--head-major: a contiguous cache only")
+            kd, vd = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (kd, vd))
         if args.paged:  # the same keys in shuffled blocks of args.paged slots
             if ctx % args.paged:
                 sys.exit(f"--paged {args.paged}: ctx {ctx} is not a multiple of the block size")
@@ -120,7 +137,7 @@ def main():
                     _C.set_decode_kv_pair(pair)
                     _C.set_decode_combine_loads(loads)
                     _C.set_decode_split_chunk(chunk)
-                    return rope_ext.attention_decode(q, kd, vd, lens, max_seqlen=ctx, num_splits=s, **kw)
+                    return rope_ext.attention_decode(q, kd, vd, lens, max_seqlen=seqmax, num_splits=s, **kw, **step)
                 finally:
                     _C.set_decode_cluster_merge(True)
                     _C.set_decode_kv_pair(0)
@@ -157,8 +174,9 @@ def main():
                     fns[chunk_name(f"{tag}splits {s}", ck)] = call(s, 1 < s <= 16 and not args.sweep, pr, chunk=ck)
         got, errs = graph_us_interleaved(fns, args.reps, captures=1)
         base = got.get("separate (rope + SDPA)", got.get("auto"))
-        cache = ("fp8" if args.fp8 else "bf16") + (f" paged({args.paged})" if args.paged else "")
-        rope_ext.attention_decode(q, kd, vd, lens, max_seqlen=ctx, **kw)
+        cache = (("fp8" if args.fp8 else "bf16") + (f" paged({args.paged})" if args.paged else "")
+                 + (" head-major" if args.head_major else "") + (" step" if args.step else ""))
+        rope_ext.attention_decode(q, kd, vd, lens, max_seqlen=seqmax, **kw, **step)
         plan = _C.last_decode_plan()
         kv_cta = _C.last_decode_kv_per_cta()
         cl, cw = _C.last_decode_combine()

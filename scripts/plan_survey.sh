@@ -16,6 +16,8 @@
 #   bash scripts/plan_survey.sh fp8few8     # fp8 kv-head pairs at G 8 (Hk 4; Hq 64 Hk 8) and G 4 at B 1-2
 #   bash scripts/plan_survey.sh pairfit     # fp8 kv-head pairs' clusters at B 1-8 (the cluster fit rule)
 #   bash scripts/plan_survey.sh reach       # where the seventeenth session's fp8 rules reach unmeasured (D 64 pairs, D 64 / 256 few CTAs)
+#   bash scripts/plan_survey.sh fp8hnd      # fp8 at G 4 where pairs are not allowed: head-major caches, the one-call step
+#   bash scripts/plan_survey.sh d64g4       # fp8 D 64 G 4 at B 1-2: pairs / one head, clusters / combine (run 2's misses)
 # (PY: the python that has rope_ext built; scripts/gpu_check.sh exports it.)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../bench"
@@ -98,6 +100,11 @@ for set in "$@"; do
       rows reach_few --fp8 --pair --D 64 --Hk 4 --points 1x4096,1x8192,2x8192 --splits 16,32,64
       rows reach_few --fp8 --D 256 --Hq 16 --Hk 2 --points 1x4096,1x8192,2x8192 --splits 16,32,64
       rows reach_few --fp8 --D 64 --Hq 8 --Hk 1 --points 1x4096,1x8192,2x8192 --splits 16,32,64 ;;
+    fp8hnd)  # one kv head per CTA at G 4 with one token: the fp8 rule it was fitted on (interleaved cache, before pairs)
+      sweep fp8hnd --fp8 --head-major --points "$(pts "1 2 4 8 16 32 64" "4096 16384")" --splits $S16
+      sweep fp8step --fp8 --step --points "$(pts "1 2 4 8 16 32 64" "4096 16384")" --splits $S16 ;;
+    d64g4)
+      rows d64g4 --fp8 --pair --D 64 --points 1x8192,1x16384,2x4096,2x8192 --splits 16,32 ;;
     *) echo "plan_survey.sh: unknown set $set"; exit 2 ;;
   esac
 done
