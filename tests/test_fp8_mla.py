@@ -416,12 +416,13 @@ def test_fp8_decode_pair_grid_auto():
 def test_fp8_decode_one_head_plans():
     """auto's split plan on fp8 caches where pairs of kv heads are not allowed (decode_plan,
     rule_splits, clusters_fit; 132 SMs; docs/attention.md, "fp8 with one kv head per CTA"):
-    - past 2048 keys from 24 CTAs per split, at D 256 and at D 128 with more than 4 query rows
-      per kv head, the wave rule at 90% of the SMs
+    - past 2048 keys from 24 CTAs per split, at D 128 and 256, the wave rule at 90% of the SMs
       (four query tokens B = 16: 128 CTAs, one split; MQA B = 64 and D 256 B = 8: 2 splits;
-      GQA 16 B = 12: 5), and a grid of at most one CTA per SM at least one split per 4096
-      keys (16 query tokens at B = 2, 4 row groups: 64 CTAs, 12288 keys: at least 3, and the
-      wave rule from there takes 4);
+      GQA 16 B = 12: 5; G 4, one token, head-major B = 8 / 16: 2 / 1, the one-call step B = 8:
+      2), a grid of at most one CTA per SM at least one split per 4096 keys (16 query tokens
+      at B = 2, 4 row groups: 64 CTAs, 12288 keys: at least 3, and the wave rule from there
+      takes 4), and past one wave of the CTA slots (3 per SM) the slots' waves balanced (16
+      query tokens at B = 16: 512 CTAs, 3 splits, not 2: 2.6 waves of the 396 slots);
     - clusters only where they all fit at one CTA per SM with more than 4 query rows (GQA 16:
       B = 2 ctx 2048 16 splits in 4 clusters of 16, B = 4 ctx 4096 16 splits through the
       combine kernel; G 4 B = 1 keeps its 8 clusters of 16; kv-head pairs, 8 rows a CTA at G 4,
@@ -432,8 +433,6 @@ def test_fp8_decode_one_head_plans():
       kv-head pairs at G 8, Hk 4 B = 1 ctx 8192: 64);
     - the pairs' one-CTA-per-SM step's floor (B = 3: 6 splits at D 128 ctx 2560, 8 at D 64
       ctx 3072);
-    - G 4, one query token (the shape the fp8 rule was fitted at) keeps the fp8 rule where pairs
-      are not allowed: a head-major cache at B = 8 ctx 4096 takes 4 splits.
     Each case against the float64 truth over the quantized cache; on GPUs other than ~132 SMs
     the cases check that the plan is correct, not which one it is."""
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
@@ -444,6 +443,7 @@ def test_fp8_decode_one_head_plans():
                                           (2, 1, 8, 256, 8, 2112, (1, 2, False)),
                                           (16, 1, 2, 128, 12, 2112, (1, 5, None)),
                                           (4, 16, 8, 128, 2, 12288, (1, 4, False)),
+                                          (4, 16, 8, 128, 16, 2112, (1, 3, False)),
                                           (16, 1, 2, 128, 2, 2048, (1, 16, True)),
                                           (16, 1, 2, 128, 2, 4096, (1, 32, False)),
                                           (8, 1, 1, 128, 1, 4096, (1, 32, False)),
@@ -462,11 +462,15 @@ def test_fp8_decode_one_head_plans():
         what = f"G={G} q_len={q_len} Hk={Hk} D={D} B={B} ctx={cap}: (kv per CTA, splits, cluster) {got}"
         assert all(w is None or g == w for g, w in zip(got, want)) or not h100, what
         assert_attn_close(o, lse, want_o, want_lse, vmax, "fp8 decode " + what)
-    o, lse, want_o, want_lse, _, vmax, _ = fp8_fill_and_decode(
-        "cuda", torch.bfloat16, paged=False, G=4, q_len=1, per_head=True, D=128, Hk=8, B=8, cap=4096, head_major=True)
-    got = (rope_ext._C.last_decode_kv_per_cta(),) + tuple(rope_ext._C.last_decode_plan())
-    assert got == (1, 4, False) or not h100, f"head-major G=4 B=8 ctx=4096: {got}"
-    assert_attn_close(o, lse, want_o, want_lse, vmax, f"fp8 decode head-major G=4 B=8 ctx=4096 {got}")
+    for kw, B, cap, want in ((dict(head_major=True), 8, 4096, (1, 2, False)), (dict(head_major=True), 16, 2112, (1, 1, False)),
+                             (dict(step="one"), 8, 2112, (1, 2, False))):
+        torch.manual_seed(B + cap)
+        o, lse, want_o, want_lse, _, vmax, _ = fp8_fill_and_decode(
+            "cuda", torch.bfloat16, paged=False, G=4, q_len=1, per_head=True, D=128, Hk=8, B=B, cap=cap, **kw)
+        got = (rope_ext._C.last_decode_kv_per_cta(),) + tuple(rope_ext._C.last_decode_plan())
+        what = f"{kw} G=4 B={B} ctx={cap}: (kv per CTA, splits, cluster) {got}"
+        assert got == want or not h100, what
+        assert_attn_close(o, lse, want_o, want_lse, vmax, "fp8 decode " + what)
 
 
 @cuda

@@ -429,9 +429,9 @@ constexpr int64_t kPairHeads = 64;
 // (128 CTAs) was level at ctx 2048 (40.21 against 40.78) and 2% ahead at 4096 (62.94
 // against 64.29), pairs with one split 1% and 12% behind that (kFp8OneWaveKeys). With one
 // head per CTA (the pairs not allowed: odd Hk, a head-major cache, the one-call step) the split
-// count stays the fp8 rule's at Hq 32 Hk 8 (kFp8FittedRows): at B = 64 ctx 2048 one head
-// per CTA with one split took 123.60
-// against 4 splits' 116.26 (run 1).
+// count at up to kPairShortKeys keys stays the fp8 rule's (past them the wave rule, since the
+// eighteenth session: kFp8FittedRows' note): at B = 64 ctx 2048 one head per CTA with one split
+// took 123.60 against 4 splits' 116.26 (run 1).
 constexpr int64_t kPairGridHeads = 256;
 // Smaller pair grids (runs 1-2 of the fifteenth session of 2026-11-27, Hq 32 Hk 8 D 128, in
 // turns, us; the plan before: at least 4 splits, >= kFp8Ctas CTAs): a pair CTA streams two
@@ -516,8 +516,7 @@ constexpr int64_t kPairFillKeys = 512;
 constexpr int64_t kPairFillMin = 6;
 constexpr int64_t kPairFillMin64 = 8;
 // fp8 with one kv head per CTA past kPairShortKeys keys, where pairs are not allowed (GQA 16,
-// MQA, D 256, G x q_len > 8; odd Hk, head-major caches and the one-call step only past
-// kFp8FittedRows query rows, below): the wave rule,
+// MQA, D 256, G x q_len > 8, odd Hk, head-major caches, the one-call step): the wave rule,
 // the slots' balance included, saturating at 90% of the SMs (one head's fp8 key row is 128
 // bytes at D 128, as a D 64 bf16 row). The fp8 rule (>= 4 splits, ~kFp8Ctas CTAs) was fitted at
 // Hq 32 Hk 8 and took 4 splits of grids that fill the SMs alone (run 1 of the seventeenth
@@ -530,13 +529,18 @@ constexpr int64_t kPairFillMin64 = 8;
 // points of GQA 16 / MQA / D 256 fitted offline, mean / worst loss to the fastest forced
 // count 4.4% / 27.5% -> 0.6% / 4.1%; sat 0.6 (the 16-bit D 128 value) 3.7% / 17.9%.
 constexpr double kWaveSatFp8One = 0.9;
-// The fp8 rule and its clusters were fitted at Hq 32 Hk 8, one query token: CTAs of at most
-// kFp8FittedRows query rows (G x q_len) at D 128 keep them where pairs are not allowed (head-major
-// caches, the one-call step, odd Hk; issue 20's run 3 found 4 splits fastest there at B = 8 ctx
-// 2048-32768 and B = 64 ctx 8192; at 2049-8192 keys the wave rule would take 2). The seventeenth session's
-// rules (kWaveSatFp8One, kFp8OneSplitKeys, clusters_fit) were measured with 8-16 rows (MQA, GQA
-// 16, four query tokens) and at D 256; clusters_fit counts a CTA's rows (a kv-head pair's: 2 G
-// q_len, measured at G 4 and 8).
+// G 4 with one query token (CTAs of 4 rows) took the fp8 rule until the eighteenth session, where
+// pairs are not allowed (head-major caches, the one-call step): its 4 splits of 128-256 CTAs
+// left a partial wave of the slots (run 3 of the eighteenth session of 2026-11-27, `plan_survey.sh
+// fp8hnd`, in turns, us, 4 splits -> the wave rule's count, head-major / step): B = 16 ctx 4096
+// 73.76 / 76.14 -> one split 63.47 / 64.99, ctx 16384 232.90 / 234.90 -> 6 splits 198.37 /
+// 205.06; B = 32 ctx 4096 115.47 / 122.06 -> one 107.49 / 109.81; B = 8 ctx 4096 41.20 / 42.74 ->
+// 2 39.10 / 41.63. Over the 14 points of each (B 1-64, ctx 4096 / 16384), offline from the
+// forced rows, mean / worst loss to the fastest forced count 3.7% / 17.5% (head-major) and
+// 4.0% / 17.2% (step) -> 0.1% / 1.6% and 0.4% / 2.9%.
+// The cluster fit and the few-CTA rule (clusters_fit, decode_plan's few8) apply past
+// kFp8FittedRows query rows: with 4 (one head at Hq 32 Hk 8) the clusters that share SMs were
+// level with the combine kernel or ahead (clusters_fit's note).
 constexpr int kFp8FittedRows = 4;
 // ... and a grid of at most one CTA per SM takes at least one split per kFp8OneSplitKeys keys
 // (at most kFp8OneMinSplits): run 2 of the seventeenth session, ctx 16384, us, the wave rule
@@ -714,16 +718,20 @@ bool pair_allowed(const DecodeParams& p, DecodeImpl impl) {
 // The wave rule's model of n equal CTAs on `sms` SMs holding up to `occ` each: within one
 // CTA per SM, the share of the SMs that reads at the DRAM's pace (n / (sat x SMs), at most
 // 1); past it, the per-SM balance (n / SMs over its ceiling) and, below two waves of `occ`
-// per SM, that wave's balance too (with `resident`, only past one wave of the slots: fp8
-// one-head CTAs, 3 per SM, four query tokens B = 32 ctx 4096, 256 CTAs, all resident at once:
-// one split 110.88 us against 3 splits' 120.90, run 2 of the seventeenth session of
-// 2026-11-27; the fits before that session keep the first form).
+// per SM, that wave's balance too. With `resident` (fp8 one-head CTAs, 3 per SM) the slots'
+// waves count past one wave of them, at any count: a grid that is all resident at once has no
+// slot waves (four query tokens B = 32 ctx 4096, 256 CTAs: one split 110.88 us against 3
+// splits' 120.90, run 2 of the seventeenth session of 2026-11-27), and 2.6 waves of the 396
+// slots lost as 1.3 did (512 CTAs, 2 splits: four query tokens B = 64 ctx 16384 813.25 against
+// 3 / 4 splits' 786.14 / 766.29, run 3; head-major G 4 B = 64 ctx 4096 208.13 against 201.07 /
+// 198.99, run 3 of the eighteenth session). The fits before the seventeenth session keep the
+// first form.
 double wave_efficiency(int64_t n, int sms, int occ, double sat, bool resident = false) {
   if (n <= sms) return std::min(1.0, static_cast<double>(n) / (sat * sms));
   auto balance = [](double w) { return w / std::ceil(w); };
   double e = balance(static_cast<double>(n) / sms);
   const int64_t slots = int64_t(sms) * occ;
-  if ((!resident || n > slots) && n < 2 * slots) e = std::min(e, balance(static_cast<double>(n) / slots));
+  if (resident ? n > slots : n < 2 * slots) e = std::min(e, balance(static_cast<double>(n) / slots));
   return e;
 }
 // The fewest splits (lo..hi) whose grid reaches kWaveEff; else the most efficient.
@@ -756,7 +764,7 @@ bool fp8_one_wave(const DecodeParams& p, int64_t ctas, int64_t max_keys, DecodeI
 }
 // Whether the wave rule plans this fp8 call (rule_splits), past kPairShortKeys keys: kv-head
 // pairs at D 64 / 128 from kWaveMinPairCtas CTAs, one kv head per CTA (kWaveSatFp8One) from
-// kWaveMinCtas at D 256 and at D 128 past kFp8FittedRows query rows. decode_plan's cluster
+// kWaveMinCtas at D 128 and 256. decode_plan's cluster
 // branch (as many splits as one CTA per SM allows) leaves the count to it, and the cluster
 // merges where it pays (the end of decode_plan): B = 3 (12 pair CTAs) took 11 splits in
 // clusters there, ctx 4096 22.94 us against 8 splits' 22.05 (through the combine kernel; 11:
@@ -764,8 +772,7 @@ bool fp8_one_wave(const DecodeParams& p, int64_t ctas, int64_t max_keys, DecodeI
 bool fp8_wave_rule(const DecodeParams& p, int64_t ctas, int64_t max_keys) {
   if (!p.cache.fp8 || max_keys <= kPairShortKeys) return false;
   return p.kv_per_cta == 2 ? (p.rope.D == 128 || p.rope.D == 64) && ctas >= kWaveMinPairCtas
-                           : (p.rope.D == 256 || (p.rope.D == 128 && p.G * p.q_len > kFp8FittedRows)) &&
-                                 ctas >= kWaveMinCtas;
+                           : (p.rope.D == 256 || p.rope.D == 128) && ctas >= kWaveMinCtas;
 }
 // kWaveSat16's short-context rule for fp8 caches: 1 or 2 kv heads per CTA with one split,
 // or 0 where it does not apply.
@@ -800,7 +807,7 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
       // dearer but leave the wave tail the same, so: at least 4 splits, ~128 CTAs, and at
       // least kFp8SplitKeys keys per split. Pairs of kv heads: at most kFp8Ctas CTAs (the
       // note above kFp8OneWaveKeys). Past kPairShortKeys keys the wave rule below plans pairs
-      // at D 64 / 128 and one head per CTA at D 256 and past kFp8FittedRows query rows.
+      // at D 64 / 128 and one head per CTA at D 128 / 256 (D 64 one head keeps this rule).
       s = p.kv_per_cta == 2 ? std::max<int64_t>(1, kFp8Ctas / ctas) : std::max<int64_t>(4, ceil_div(kFp8Ctas, ctas));
       s = std::min<int64_t>(s, std::max<int64_t>(1, max_keys / kFp8SplitKeys));
     }
