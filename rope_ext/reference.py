@@ -195,8 +195,11 @@ def attention_float64(q, k, v, seqlens=None, *, causal=True, softmax_scale=None)
     B, q_len, Hq, D = q.shape
     L, Hk = k.shape[1], k.shape[2]
     scale = D ** -0.5 if softmax_scale is None else softmax_scale
-    qd, kd, vd = q.double(), k.double().repeat_interleave(Hq // Hk, dim=2), v.double().repeat_interleave(Hq // Hk, dim=2)
-    s = torch.einsum("bjhd,bihd->bhji", qd, kd) * scale  # [B, Hq, q_len, L]
+    G = Hq // Hk
+    # Query head h = kv head h // G, member h % G: the group's heads share K and V without
+    # copies (a float64 K expanded G times was GBs at the tests' larger shapes).
+    qd, kd, vd = q.double().reshape(B, q_len, Hk, G, D), k.double(), v.double()
+    s = (torch.einsum("bjkgd,bikd->bkgji", qd, kd) * scale).reshape(B, Hq, q_len, L)
     n = torch.full((B,), L, device=q.device) if seqlens is None else seqlens.to(q.device, torch.int64)
     key = torch.arange(L, device=q.device)
     visible = key[None, None, :] < n[:, None, None]  # [B, 1, L]
@@ -207,7 +210,7 @@ def attention_float64(q, k, v, seqlens=None, *, causal=True, softmax_scale=None)
     s = s.masked_fill(~visible, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)  # -inf where nothing is visible
     p = torch.where(visible, torch.exp(s - lse.clamp_min(-1e300)[..., None]), torch.zeros_like(s))
-    o = torch.einsum("bhji,bihd->bjhd", p, vd)
+    o = torch.einsum("bkgji,bikd->bjkgd", p.reshape(B, Hk, G, q_len, L), vd).reshape(B, q_len, Hq, D)
     return o, lse.permute(0, 2, 1)
 
 
