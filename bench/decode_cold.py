@@ -24,7 +24,9 @@ auto against the fastest forced row (a plan search, not a comparison with the pe
 --head-major: rope_ext's rows read the cache stored [B, Hk, ctx, D] and passed as its
 transposed view (no kv-head pairs there); --step: rope_ext's rows are the one-call decode
 step (attention_decode with k, v: the q_len new tokens appended at ctx - q_len, then
-attended; cache_seqlens counts the tokens before the step);
+attended; cache_seqlens counts the tokens before the step). Both without --pair (neither
+allows kv-head pairs); the separate, "auto, bf16 cache" and hybrid_simt rows keep the
+contiguous cache and attend without a step;
 --offset-mb N: an N MB buffer allocated before each point's tensors (where the caches lie
 moves some split counts' times: run the same points at two offsets);
 --paged N: rope_ext's decode rows read a paged copy of the cache (blocks of N slots in a
@@ -84,6 +86,8 @@ def main():
     ap.add_argument("--head-major", action="store_true")
     ap.add_argument("--step", action="store_true")
     args = ap.parse_args()
+    if args.pair and (args.head_major or args.step):
+        sys.exit("--pair: not with --head-major or --step (no kv-head pairs there)")
     if args.q_len < 1 or (args.q_len != 1 and not args.sweep):
         sys.exit("--q-len: >= 1, and > 1 only with --sweep (the separate row rotates one query token)")
     Hq, Hk, D = args.Hq, args.Hk, args.D

@@ -210,7 +210,7 @@ def attention_float64(q, k, v, seqlens=None, *, causal=True, softmax_scale=None)
     s = s.masked_fill(~visible, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)  # -inf where nothing is visible
     p = torch.where(visible, torch.exp(s - lse.clamp_min(-1e300)[..., None]), torch.zeros_like(s))
-    o = torch.einsum("bkgji,bikd->bjkgd", p.reshape(B, Hk, G, q_len, L), vd).reshape(B, q_len, Hq, D)
+    o = torch.einsum("bkgji,bikd->bjkgd", p.reshape(B, Hk, G, q_len, L), vd).reshape(B, q_len, Hq, vd.shape[-1])
     return o, lse.permute(0, 2, 1)
 
 

@@ -378,8 +378,8 @@ def test_fp8_decode_pair_grid_auto():
     - D = 64: pairs from B x Hk >= 256 with one split; B = 16 at ctx 512 one head, 4 splits;
       past 2048 keys pairs from B x Hk >= 24 by the same rules at 90% of the SMs, per-SM
       balance only (ctx 4096: B = 4 8 splits, B = 12 5, B = 24 4);
-      head-major caches and the one-call step (no pairs) at B = 64 keep the fp8 rule's
-      splits.
+      head-major caches and the one-call step (no pairs) at B = 64 and 512 keys keep the fp8
+      rule's splits.
     Each case against the float64 truth over the quantized cache. On GPUs other than ~132
     SMs the cases check that auto's plan is correct, not which one it is."""
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count

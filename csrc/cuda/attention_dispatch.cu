@@ -538,6 +538,8 @@ constexpr double kWaveSatFp8One = 0.9;
 // 2 39.10 / 41.63. Over the 14 points of each (B 1-64, ctx 4096 / 16384), offline from the
 // forced rows, mean / worst loss to the fastest forced count 3.7% / 17.5% (head-major) and
 // 4.0% / 17.2% (step) -> 0.1% / 1.6% and 0.4% / 2.9%.
+// The change also reaches one-head CTAs of 1-4 rows the survey did not time (G 1-2 or q_len 2-4
+// head-major or in the step, odd Hk at G 4) and G 4 at B 5-7 and 17-63 but for B 24 and 48.
 // The cluster fit and the few-CTA rule (clusters_fit, decode_plan's few8) apply past
 // kFp8FittedRows query rows: with 4 (one head at Hq 32 Hk 8) the clusters that share SMs were
 // level with the combine kernel or ahead (clusters_fit's note).
@@ -549,7 +551,8 @@ constexpr int kFp8FittedRows = 4;
 // 115.70, B = 16 (128) 218.08 -> 211.82; MQA B = 64 (64) 115.60 -> 111.76; D 256 B = 16 (128)
 // 367.76 -> 372.18 (the one loss). Past one CTA per SM one split led at 16384 keys (four query
 // tokens B = 32, 256 CTAs: 381.57 against 4 splits' 420.45). Fitted on 26 points of GQA 16 / MQA /
-// D 256 / four query tokens (/work/notes/sim17b.py): mean loss to the fastest forced count
+// D 256 / four query tokens (offline: each count's time read off the surveys' forced rows,
+// docs/h100_plan_sweep_fp8.txt): mean loss to the fastest forced count
 // 0.1-0.8% per shape. D 64 with one kv head per CTA (64-byte rows) keeps the fp8 rule: the wave
 // rule took 2 splits where 4-16 led by 18-52% (run 2, Hq 28 Hk 7).
 constexpr int64_t kFp8OneSplitKeys = 4096;
@@ -719,19 +722,22 @@ bool pair_allowed(const DecodeParams& p, DecodeImpl impl) {
 // CTA per SM, the share of the SMs that reads at the DRAM's pace (n / (sat x SMs), at most
 // 1); past it, the per-SM balance (n / SMs over its ceiling) and, below two waves of `occ`
 // per SM, that wave's balance too. With `resident` (fp8 one-head CTAs, 3 per SM) the slots'
-// waves count past one wave of them, at any count: a grid that is all resident at once has no
+// waves count from one wave of them to three: a grid that is all resident at once has no
 // slot waves (four query tokens B = 32 ctx 4096, 256 CTAs: one split 110.88 us against 3
-// splits' 120.90, run 2 of the seventeenth session of 2026-11-27), and 2.6 waves of the 396
-// slots lost as 1.3 did (512 CTAs, 2 splits: four query tokens B = 64 ctx 16384 813.25 against
-// 3 / 4 splits' 786.14 / 766.29, run 3; head-major G 4 B = 64 ctx 4096 208.13 against 201.07 /
-// 198.99, run 3 of the eighteenth session). The fits before the seventeenth session keep the
-// first form.
+// splits' 120.90, run 2 of the seventeenth session of 2026-11-27); 2.6 waves of the 396 slots
+// lost as 1.3 did (512 CTAs, 2 splits: four query tokens B = 64 ctx 16384 813.25 against 3 / 4
+// splits' 786.14 / 766.29, run 3; head-major G 4 B = 64 ctx 4096 208.13 against 201.07 /
+// 198.99, run 3 of the eighteenth session); 5.2 waves did not (4 splits of 512 CTAs, balance
+// 0.86, led at 8192-16384 keys: head-major ctx 16384 730.24 against 3's 744.77, run 4). Counts
+// this form moved at other grids (e.g. 160 CTAs 6 -> 7, 352 CTAs 3 -> 4, 832-1024 CTAs 1 -> 2)
+// were measured in run 6 only where NOTES says. The fits before the seventeenth session keep
+// the first form.
 double wave_efficiency(int64_t n, int sms, int occ, double sat, bool resident = false) {
   if (n <= sms) return std::min(1.0, static_cast<double>(n) / (sat * sms));
   auto balance = [](double w) { return w / std::ceil(w); };
   double e = balance(static_cast<double>(n) / sms);
   const int64_t slots = int64_t(sms) * occ;
-  if (resident ? n > slots : n < 2 * slots) e = std::min(e, balance(static_cast<double>(n) / slots));
+  if (resident ? n > slots && n < 3 * slots : n < 2 * slots) e = std::min(e, balance(static_cast<double>(n) / slots));
   return e;
 }
 // The fewest splits (lo..hi) whose grid reaches kWaveEff; else the most efficient.
@@ -813,9 +819,9 @@ int rule_splits(const DecodeParams& p, int64_t max_keys, int dev, at::ScalarType
     }
     // The wave rule (kWaveEff) past kNoSplitKeys / kPairShortKeys keys: 16-bit caches at D 64
     // and 128 from kWaveMinCtas CTAs per split, fp8 kv-head pairs (D 64 / 128) from
-    // kWaveMinPairCtas, fp8 with one kv head per CTA from kWaveMinCtas (fp8_wave_rule); CTAs of
-    // 128-byte key rows (D 64; fp8 D 128, one head) saturate at kWaveSatNarrow, fp8 one-head
-    // CTAs (D 128 / 256) at kWaveSatFp8One.
+    // kWaveMinPairCtas, fp8 with one kv head per CTA from kWaveMinCtas (fp8_wave_rule); D 64
+    // CTAs (128-byte key rows) saturate at kWaveSatNarrow, fp8 one-head CTAs (D 128 / 256) at
+    // kWaveSatFp8One.
     const bool wave16 =
         (p.rope.D == 128 || p.rope.D == 64) && !p.cache.fp8 && ctas >= kWaveMinCtas && max_keys > kNoSplitKeys;
     const bool wave8 = fp8_wave_rule(p, ctas, max_keys);
