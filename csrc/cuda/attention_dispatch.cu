@@ -728,10 +728,12 @@ bool pair_allowed(const DecodeParams& p, DecodeImpl impl) {
 // lost as 1.3 did (512 CTAs, 2 splits: four query tokens B = 64 ctx 16384 813.25 against 3 / 4
 // splits' 786.14 / 766.29, run 3; head-major G 4 B = 64 ctx 4096 208.13 against 201.07 /
 // 198.99, run 3 of the eighteenth session); 5.2 waves did not (4 splits of 512 CTAs, balance
-// 0.86, led at 8192-16384 keys: head-major ctx 16384 730.24 against 3's 744.77, run 4). Counts
-// this form moved at other grids (e.g. 160 CTAs 6 -> 7, 352 CTAs 3 -> 4, 832-1024 CTAs 1 -> 2)
-// were measured in run 6 only where NOTES says. The fits before the seventeenth session keep
-// the first form.
+// 0.86, led at 8192-16384 keys: head-major ctx 16384 730.24 against 3's 744.77, run 4). Where
+// this form moved a count of the form before (slots' waves below two only), run 6 timed both
+// (head-major G 4, us): 160 CTAs ctx 4096 / 16384 6 -> 7 splits 81.49 -> 78.38 / 262.02 ->
+// 249.50, 320 3 -> 4 141.87 -> 138.80, 416 2 -> 3 178.94 -> 174.30, 832 1 -> 2 331.41 -> 323.65,
+// 1024 384.48 -> 379.23; 352 3 -> 4 level at 4096 keys, 1.2% behind at 16384; 0-3.8% behind the
+// best forced count at those grids. The fits before the seventeenth session keep the first form.
 double wave_efficiency(int64_t n, int sms, int occ, double sat, bool resident = false) {
   if (n <= sms) return std::min(1.0, static_cast<double>(n) / (sat * sms));
   auto balance = [](double w) { return w / std::ceil(w); };
