@@ -18,7 +18,7 @@
 #   bash scripts/plan_survey.sh reach       # where the seventeenth session's fp8 rules reach unmeasured (D 64 pairs, D 64 / 256 few CTAs)
 #   bash scripts/plan_survey.sh fp8hnd      # fp8 at G 4 where pairs are not allowed: head-major caches, the one-call step
 #   bash scripts/plan_survey.sh d64g4       # fp8 D 64 G 4 at B 1-2: pairs / one head, clusters / combine (run 2's misses)
-#   bash scripts/plan_survey.sh fp8hnd2     # the wave rule at G 4 (head-major, the step) and past one wave of the slots
+#   bash scripts/plan_survey.sh fp8hnd2     # the wave rule at G 4 (head-major, the step) and past one wave of the slots (B 64)
 #   bash scripts/plan_survey.sh fp8slots    # grids whose count the slots' waves (one to three) moved, head-major G 4
 # (PY: the python that has rope_ext built; scripts/gpu_check.sh exports it.)
 set -uo pipefail
@@ -105,14 +105,13 @@ for set in "$@"; do
     fp8hnd)  # one kv head per CTA at G 4 with one token (run 3 of the eighteenth session: the fp8 rule then)
       sweep fp8hnd --fp8 --head-major --points "$(pts "1 2 4 8 16 32 64" "4096 16384")" --splits $S16
       sweep fp8step --fp8 --step --points "$(pts "1 2 4 8 16 32 64" "4096 16384")" --splits $S16 ;;
-    fp8hnd2)  # the eighteenth session's rule: G 4 one head by the wave rule, the slots' waves balanced past one wave
+    fp8hnd2)  # G 4 one head by the wave rule (run 4 of the eighteenth session: the slots' waves counted past one wave)
       sweep fp8hnd2 --fp8 --head-major --points "$(pts "8 16 24 32 48 64" "8192"),8x32768,64x32768" --splits 1,2,3,4,6,8
       sweep fp8hnd3 --fp8 --head-major --points "$(pts "8 16 32 64" "4096 16384")" --splits 1,2,3,4,6
       sweep fp8step2 --fp8 --step --points "$(pts "8 16 32 64" "4096 8192")" --splits 1,2,3,4,6
       sweep fp8q4b64 --fp8 --q-len 4 --points 64x4096,64x16384 --splits 2,3,4,6 ;;
     fp8slots)  # counts the slots' term moved (160 CTAs 6 -> 7, 320-352 3 -> 4, 416 2 -> 3, 832-1024 1 -> 2)
-      sweep fp8slots --fp8 --head-major --points "$(pts "20 40 44 52 104 128" "4096"),20x16384,44x16384" --splits 1,2,3,4,5,6,7,8
-      ;;
+      sweep fp8slots --fp8 --head-major --points "$(pts "20 40 44 52 104 128" "4096"),20x16384,44x16384" --splits 1,2,3,4,5,6,7,8 ;;
     d64g4)
       rows d64g4 --fp8 --pair --D 64 --points 1x8192,1x16384,2x4096,2x8192 --splits 16,32 ;;
     *) echo "plan_survey.sh: unknown set $set"; exit 2 ;;
