@@ -1,6 +1,7 @@
 """Issue 19: the latency suite's close rows, timed over several allocations of the input.
 
     python bench/inplace_allocs.py [--allocs 8] [--reps 100] [--sizes 64,1024,4096] [--no-w4]
+    python bench/inplace_allocs.py --sets --sizes 1024,4096 --allocs 3 --no-w4
 
 Why: in place at 8-32 MB, rope_ext and Liger swapped places between runs of the latency
 suite, and the same kernel on two 8 MB inputs of one process took 7.8 and 9.8 us
@@ -21,6 +22,7 @@ thd, random positions, in place): rope_ext against Liger and the copy.
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 
 import torch
@@ -76,18 +78,32 @@ def w4_inputs(i, peers):
 PAIRS = (("compile", "rope_ext"), ("Liger ip", "rope_ext ip"), ("copy", "rope_ext ip"))
 
 
-def run_size(label, make, allocs, reps):
+def gpu_state():
+    """SM / memory clocks, power and temperature now (nvidia-smi), or '' where it is absent."""
+    try:
+        q = "clocks.sm,clocks.mem,power.draw,temperature.gpu"
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20).stdout.strip()
+        return f"(sm, mem clocks, power, temp: {out})"
+    except Exception:  # noqa: BLE001
+        return ""
+
+
+def run_size(label, make, allocs, reps, only=None):
     cols, ratios = None, {p: [] for p in PAIRS}
     keep = []
     for i in range(allocs):
         keep.append(spacer(i))
         x, fns = make(i)
+        if only is not None:
+            fns = {k: f for k, f in fns.items() if k in only}
         got, errs = graph_us_interleaved(fns, reps)
         for name, e in errs.items():
             print(f"  {label}: {name} failed: {e}")
         if cols is None:
             cols = list(fns)
-            print(f"\n{label}: us, median of {reps} replays per column, columns in turns; input offset in its 2 MB page")
+            print(f"\n{label}: us, median of {reps} replays per column, columns in turns; input offset in its 2 MB page"
+                  f" {gpu_state()}")
             print(f"{'input':>6} {'offset':>9}" + "".join(f"{c:>12}" for c in cols) +
                   "".join(f"{a + '/' + b:>26}" for a, b in PAIRS if a in cols and b in cols))
         cells = "".join(f"{got[c]:>12.2f}" if c in got else f"{'n/a':>12}" for c in cols)
@@ -112,6 +128,9 @@ def main():
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--sizes", default="64,1024,4096", help="S of bshd [1, S, 32, 128] (64: 0.5 MB)")
     ap.add_argument("--no-w4", action="store_true")
+    ap.add_argument("--sets", action="store_true",
+                    help="instead: at each size, the in-place columns timed alone, then with each other column "
+                         "added (rope_ext out of place; torch.compile, compiled there), then all, then alone again")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("inplace_allocs.py needs a GPU")
@@ -122,6 +141,14 @@ def main():
         torch._dynamo.reset()
         comp = torch.compile(ref.apply_cos_sin, dynamic=False)
         mb = S * 32 * 128 * 2 / 2**20
+        if args.sets:
+            ip = ("rope_ext ip", "Liger ip", "copy")
+            for name, only in (("in place alone", ip), ("+ rope_ext out of place", ip + ("rope_ext",)),
+                               ("+ torch.compile (its first call here)", ip + ("compile",)),
+                               ("all", None), ("in place alone, again", ip)):
+                run_size(f"bshd bf16 [1, {S}, 32, 128] ({mb:g} MB), {name}",
+                         lambda i, S=S, comp=comp: x_inputs(S, i, peers, comp), args.allocs, args.reps, only)
+            continue
         run_size(f"bshd bf16 [1, {S}, 32, 128] ({mb:g} MB)", lambda i, S=S, comp=comp: x_inputs(S, i, peers, comp),
                  args.allocs, args.reps)
     if not args.no_w4:
