@@ -16,7 +16,10 @@ and per size the median, min and max of those ratios over the inputs.
 
 bshd bf16 [1, S, 32, 128]: rope_ext out of place against torch.compile (cos/sin given,
 as the latency suite), rope_ext in place against Liger (in place, x's tokens as q and k
-halves, as run.Peers), and a same-size copy. W4 (q [8192, 32, 128] + k [8192, 8, 128]
+halves, as run.Peers), and a same-size copy. --sets: the in-place columns with and without
+the others (bench/NOTES.md, nineteenth session: with torch.compile's column among the
+turns every column that reads x ran 0.7-1.5 us faster at 8 MB; the set where it gets its
+own clones of x and cos/sin says whether that comes through the lines it shares). W4 (q [8192, 32, 128] + k [8192, 8, 128]
 thd, random positions, in place): rope_ext against Liger and the copy.
 """
 import argparse
@@ -49,15 +52,24 @@ def x_inputs(S, i, peers, comp):
     x = torch.randn(1, S, H, D, device=DEV).bfloat16()
     cos, sin = hf_cos_sin(S, D, x.dtype)
     c4, s4 = cos.view(S, 1, D), sin.view(S, 1, D)
+    xo, c4o, s4o = x.clone(), c4.clone(), s4.clone()  # torch.compile's own inputs ("compile own")
     fns = {"rope_ext": lambda: rope_ext.apply_rope(x),
            "rope_ext ip": lambda: rope_ext.apply_rope(x, inplace=True),
-           "compile": lambda: comp(x, c4, s4)}
+           "compile": lambda: comp(x, c4, s4),
+           "compile own": lambda: comp(xo, c4o, s4o)}
     pos = torch.arange(S, device=DEV)
     cache = ref.cos_sin_table(D, 10000.0, S, DEV)
     pf = peers.x_fns(x.view(S, H, D), cos, sin, pos, cache)
     if "Liger" in pf:
         fns["Liger ip"] = pf["Liger"]
     fns["copy"] = same_size_copy(x.numel(), x.dtype)
+    return x, fns
+
+
+def x_default(S, i, peers, comp):
+    """x_inputs without the "compile own" column (the default mode's columns)."""
+    x, fns = x_inputs(S, i, peers, comp)
+    fns.pop("compile own")
     return x, fns
 
 
@@ -130,7 +142,8 @@ def main():
     ap.add_argument("--no-w4", action="store_true")
     ap.add_argument("--sets", action="store_true",
                     help="instead: at each size, the in-place columns timed alone, then with each other column "
-                         "added (rope_ext out of place; torch.compile, compiled there), then all, then alone again")
+                         "added (rope_ext out of place; torch.compile on its own clones of x and cos/sin, compiled "
+                         "there; torch.compile on x and the cos/sin Liger reads), then all, then alone again")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("inplace_allocs.py needs a GPU")
@@ -144,12 +157,15 @@ def main():
         if args.sets:
             ip = ("rope_ext ip", "Liger ip", "copy")
             for name, only in (("in place alone", ip), ("+ rope_ext out of place", ip + ("rope_ext",)),
-                               ("+ torch.compile (its first call here)", ip + ("compile",)),
-                               ("all", None), ("in place alone, again", ip)):
+                               ("+ torch.compile on its own clones of x and cos/sin (compiled here)",
+                                ip + ("compile own",)),
+                               ("+ torch.compile on x and the cos/sin Liger reads", ip + ("compile",)),
+                               ("all", tuple(c for c in ("rope_ext", "compile") + ip)),
+                               ("in place alone, again", ip)):
                 run_size(f"bshd bf16 [1, {S}, 32, 128] ({mb:g} MB), {name}",
                          lambda i, S=S, comp=comp: x_inputs(S, i, peers, comp), args.allocs, args.reps, only)
             continue
-        run_size(f"bshd bf16 [1, {S}, 32, 128] ({mb:g} MB)", lambda i, S=S, comp=comp: x_inputs(S, i, peers, comp),
+        run_size(f"bshd bf16 [1, {S}, 32, 128] ({mb:g} MB)", lambda i, S=S, comp=comp: x_default(S, i, peers, comp),
                  args.allocs, args.reps)
     if not args.no_w4:
         run_size("W4 q[8192,32,128]+k[8192,8,128] thd in place (80 MB)", lambda i: w4_inputs(i, peers),

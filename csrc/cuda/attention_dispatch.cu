@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <type_traits>
 
 #include "launch_utils.h"
 #include "static_switch.h"
@@ -86,6 +87,10 @@ std::atomic<int> g_append_lean_min_block{0};
 // The lean append kernel's chunk bytes (W; 0: launch_append_lean's rule). A/B knob and
 // tests (set_append_lean_bytes).
 std::atomic<int> g_append_lean_bytes{0};
+// The lean append kernel's parameter layout: 0 AppendLeanParams, 1 AppendLeanParams2
+// (every constant line read at the kernel's top; attention_variants.cuh). An A/B knob
+// (set_append_lean_layout) until a GPU run picks one.
+std::atomic<int> g_append_lean_layout{0};
 
 template <typename T, bool kInterleaved, bool kVec, bool kFp8, int kItems, int kMinBlocks>
 void launch_append_shape(const AppendParams& params, int device, cudaStream_t stream) {
@@ -163,9 +168,10 @@ void launch_append_bulk(const AppendParams& params, int device, cudaStream_t str
 // Kernel 1c (lean): the cases it covers (attention_variants.cuh) with 16-byte vectors
 // (append_vector_ok: the W-byte chunks are aligned), at most 128 chunks a row, every
 // index and stride within 32 bits and 2 Hk + Hq within 16 (AppendLeanParams' fields).
-// Returns false (nothing launched) otherwise.
-template <typename T, bool kInterleaved, bool kFp8, int W>
-bool launch_append_lean_w(const AppendParams& p, int device, cudaStream_t stream) {
+// Returns false (nothing launched) otherwise. LP: the parameters' layout (both hold the
+// same fields, filled by name).
+template <typename T, bool kInterleaved, bool kFp8, int W, typename LP>
+bool launch_append_lean_lp(const AppendParams& p, int device, cudaStream_t stream) {
   const RopeParams& r = p.rope;
   constexpr int V = W / static_cast<int>(sizeof(T));
   if (r.R != r.D || p.Dv != r.D || !p.rotate_k || r.freq != FreqSource::kInvFreq || r.num_axes != 1 || r.cp_size != 1)
@@ -187,7 +193,7 @@ bool launch_append_lean_w(const AppendParams& p, int device, cudaStream_t stream
       !fits(c.seqlens.stride) || !fits(r.cu_seqlens.stride) || !fits(r.positions.stride) || !fits(r.offsets.stride) ||
       !fits(c.block_table.stride))
     return false;
-  cuda::AppendLeanParams lp{};
+  LP lp{};
   uint16_t flags = c.seqlens.is64 ? cuda::kALLen64 : 0;
   lp.rows = static_cast<uint16_t>(rows);
   lp.Hk = static_cast<uint16_t>(c.Hk);
@@ -254,10 +260,17 @@ bool launch_append_lean_w(const AppendParams& p, int device, cudaStream_t stream
   lp.rows_per_block = RB;
   const dim3 grid(static_cast<unsigned>(ceil_div(rows, int64_t(RB))), static_cast<unsigned>(gy),
                   static_cast<unsigned>(gz));
-  cuda::append_kv_lean_kernel<T, kInterleaved, kFp8, W><<<grid, RB * chunks, 0, stream>>>(lp);
+  cuda::append_kv_lean_kernel<T, kInterleaved, kFp8, W, LP><<<grid, RB * chunks, 0, stream>>>(lp);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   last_append_lean_bytes() = W;
+  last_append_lean_layout() = std::is_same_v<LP, cuda::AppendLeanParams2> ? 1 : 0;
   return true;
+}
+template <typename T, bool kInterleaved, bool kFp8, int W>
+bool launch_append_lean_w(const AppendParams& p, int device, cudaStream_t stream) {
+  return g_append_lean_layout.load(std::memory_order_relaxed) == 1
+             ? launch_append_lean_lp<T, kInterleaved, kFp8, W, cuda::AppendLeanParams2>(p, device, stream)
+             : launch_append_lean_lp<T, kInterleaved, kFp8, W, cuda::AppendLeanParams>(p, device, stream);
 }
 
 // Chunk bytes W: 8, or 4 (a thread's pairs halved: 2 for bf16 / fp16 neox). A Triton
@@ -1011,6 +1024,15 @@ bool set_append_lean_bytes(int w) {
 int& last_append_lean_bytes() {
   static thread_local int w = 0;
   return w;
+}
+bool set_append_lean_layout(int layout) {
+  if (layout != 0 && layout != 1) return false;
+  g_append_lean_layout.store(layout);
+  return true;
+}
+int& last_append_lean_layout() {
+  static thread_local int layout = 0;
+  return layout;
 }
 int& last_append_kernel() {
   static thread_local int kernel = 0;

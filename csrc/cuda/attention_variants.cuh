@@ -662,11 +662,64 @@ struct AppendLeanParams {
 static_assert(offsetof(AppendLeanParams, in_s) == 48 && offsetof(AppendLeanParams, offset) == 112 &&
                   offsetof(AppendLeanParams, positions) == 176 && offsetof(AppendLeanParams, block_table) == 240,
               "AppendLeanParams: the constant-line layout above");
+// The same fields laid out so that every line a call reads is first read at the top of
+// the kernel (set_append_lean_layout(1): an A/B against the layout above). With the layout
+// above the kernel first reads bytes 112-175 (the offset, the caches, the scales) after
+// the cache length's round trip (SASS, sm_90a: the LDC of c[0x0][0x280] behind the wait
+// on the loaded length), and a paged call its block-table fields (176-247) likewise, so a
+// cold constant line's miss sits on the chain after the DRAM trip, where a minimal kernel
+// of the same work (bench/latency_floor.py --refs: 4.19 us against 4.70, the copy 4.22)
+// reads nothing new. The rope op's lean kernel reads its later line while its loads are
+// in flight (an LDC of c[0x0][0x270] right behind the x loads). Here each line holds a
+// field the first instructions need (the x pointers; the strides and head counts; half
+// and nseq; cshift and rows_per_block), so their misses overlap there, before the loads,
+// and the fields read after the round trip are in lines already fetched; the fp8 scale
+// strides alone are in a fifth line, read at the top with the scale loads.
+struct AppendLeanParams2 {
+  // bytes 0-47 (line 0x200): the first loads' pointers
+  const void* in[3];
+  const void* seqlens;
+  const void* cu_seqlens;
+  const float* inv_freq;
+  // bytes 48-111 (line 0x240): their strides, head counts, flags, the slots' bounds
+  int32_t in_s[3][3];
+  int32_t seqlens_stride, cu_stride, inv_freq_stride;
+  uint16_t rows;
+  uint16_t Hk;
+  uint16_t flags;
+  int32_t capacity;
+  int32_t num_blocks;
+  // bytes 112-175 (line 0x280): the offset, the stores; half and nseq (read at the top)
+  int64_t offset;
+  void* cache[2];
+  int32_t cache_s[2][3];
+  float sin_scale, cos_scale;
+  int32_t block_size;
+  uint16_t half;
+  uint16_t nseq;
+  // bytes 176-239 (line 0x2c0): cshift and rows_per_block (read at the top), the
+  // position tensors, the block table, the fp8 scales
+  uint8_t cshift;
+  uint8_t rows_per_block;
+  int32_t pos_stride, pos_stride_b, off_stride;
+  const void* positions;
+  const void* offsets;
+  const void* block_table;
+  int32_t bt_stride_b, bt_stride;
+  const float* scale[2];
+  // bytes 240-: fp8 only
+  int32_t scale_stride[2];
+};
+static_assert(offsetof(AppendLeanParams2, in_s) == 48 && offsetof(AppendLeanParams2, capacity) == 104 &&
+                  offsetof(AppendLeanParams2, offset) == 112 && offsetof(AppendLeanParams2, half) == 172 &&
+                  offsetof(AppendLeanParams2, cshift) == 176 && offsetof(AppendLeanParams2, block_table) == 208 &&
+                  offsetof(AppendLeanParams2, scale) == 224 && offsetof(AppendLeanParams2, scale_stride) == 240,
+              "AppendLeanParams2: the constant-line layout above");
 
 // W: the chunk's bytes (8, or 4: half the pairs a thread, so half the sin/cos on its
 // chain; launch_append_lean's note has the measurements).
-template <typename T, bool kInterleaved, bool kFp8, int W>
-__global__ void __launch_bounds__(128) append_kv_lean_kernel(const __grid_constant__ AppendLeanParams p) {
+template <typename T, bool kInterleaved, bool kFp8, int W, typename LP = AppendLeanParams>
+__global__ void __launch_bounds__(128) append_kv_lean_kernel(const __grid_constant__ LP p) {
   constexpr int V = W / static_cast<int>(sizeof(T));  // elements per chunk
   constexpr int P = kInterleaved ? V / 2 : V;          // pairs per chunk
   static_assert(P >= 1, "a chunk holds at least one pair");
