@@ -5,18 +5,38 @@
 
 Per function: the address of its first global load and of the first instruction that
 reads each line of bank 0 from 0x200 (the parameters start at 0x210; 0x200-0x20f hold the
-load descriptor every kernel reads).
+load descriptor every kernel reads). Needs no GPU: cuobjdump comes with the CUDA toolkit
+(and with triton's wheel, triton/backends/nvidia/bin).
 """
-import re,sys
-txt=open(sys.argv[1]).read()
-funcs=re.split(r'\n\s*Function : ',txt)[1:]
-for f in funcs:  # one function's SASS
-    name=f.split('\n')[0]
-    first={}; firstldg=None
-    for m in re.finditer(r'/\*([0-9a-f]{4})\*/\s+([^;]*);',f):
-        addr=int(m.group(1),16); ins=m.group(2)
-        for c in re.findall(r'c\[0x0\]\[(0x[0-9a-f]+)\]',ins):
-            off=int(c,16)
-            if off>=0x200: first.setdefault(off//64*64,addr)
-        if 'LDG' in ins and firstldg is None: firstldg=addr
-    print(name.strip()[:100]); print('  first LDG at',hex(firstldg),' lines first read:',{hex(k):hex(v) for k,v in sorted(first.items())})
+import re
+import sys
+
+INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
+CONST = re.compile(r"c\[0x0\]\[(0x[0-9a-f]+)\]")
+
+
+def lines_first_read(sass):
+    """{line: address of its first read}, address of the first LDG (None if none)."""
+    first, first_ldg = {}, None
+    for m in INSTR.finditer(sass):
+        addr, ins = int(m.group(1), 16), m.group(2)
+        for c in CONST.findall(ins):
+            off = int(c, 16)
+            if off >= 0x200:
+                first.setdefault(off // 64 * 64, addr)
+        if "LDG" in ins and first_ldg is None:
+            first_ldg = addr
+    return first, first_ldg
+
+
+def main():
+    text = open(sys.argv[1]).read()
+    for func in re.split(r"\n\s*Function : ", text)[1:]:
+        first, ldg = lines_first_read(func)
+        print(func.split("\n")[0].strip())
+        lines = ", ".join(f"{ln:#x} at {a:#06x}" for ln, a in sorted(first.items()))
+        print(f"  first LDG at {ldg:#06x}" if ldg is not None else "  no LDG", f"; lines first read: {lines}")
+
+
+if __name__ == "__main__":
+    main()
