@@ -7,12 +7,14 @@ Why: in place at 8-32 MB, rope_ext and Liger swapped places between runs of the 
 suite, and the same kernel on two 8 MB inputs of one process took 7.8 and 9.8 us
 (bench/lean_ab.py's thd rows; README, "Why the columns take turns"). A row's columns
 share one input, so one run compares them at one address. Here each size is timed at
-`--allocs` inputs, each behind a spacer allocation of a different size (so the inputs
-lie at different offsets in the allocator's segments and in DRAM), every column of an
-input in turns (timing.graph_us_interleaved: one call in a CUDA graph, L2 flushed before
+`--allocs` inputs, each a new allocation behind a spacer of a different size (other
+addresses; inputs of 8 MB and more still start at offset 0 of a 2 MB page, which this
+does not vary), every column of an input in turns (timing.graph_us_interleaved: one call in a CUDA graph, L2 flushed before
 each replay). torch.compile is compiled once per size (its guards do not depend on the
-address). Printed per input: the times, peer / rope_ext (>= 1: rope_ext at or ahead),
-and per size the median, min and max of those ratios over the inputs.
+address). Printed per input: x's offset in its 2 MB page, the times, peer / rope_ext (>= 1:
+rope_ext at or ahead; copy / rope_ext: how far under or over the copy), and per size the
+median, min and max of those ratios over the inputs ("compile own" has no ratio: it is
+there for its effect on the others).
 
 bshd bf16 [1, S, 32, 128]: rope_ext out of place against torch.compile (cos/sin given,
 as the latency suite), rope_ext in place against Liger (in place, x's tokens as q and k
@@ -46,30 +48,25 @@ def spacer(i):
     return torch.empty((i * 37 + 3) * 2**20 + i * 4096 * 5, dtype=torch.uint8, device=DEV)
 
 
-def x_inputs(S, i, peers, comp):
-    """One input of bshd bf16 [1, S, 32, 128] and its columns."""
+def x_inputs(S, i, peers, comp, own=False):
+    """One input of bshd bf16 [1, S, 32, 128] and its columns; with own (--sets), also
+    "compile own": torch.compile's call on its own clones of x and cos/sin."""
     H, D = 32, 128
     x = torch.randn(1, S, H, D, device=DEV).bfloat16()
     cos, sin = hf_cos_sin(S, D, x.dtype)
     c4, s4 = cos.view(S, 1, D), sin.view(S, 1, D)
-    xo, c4o, s4o = x.clone(), c4.clone(), s4.clone()  # torch.compile's own inputs ("compile own")
     fns = {"rope_ext": lambda: rope_ext.apply_rope(x),
            "rope_ext ip": lambda: rope_ext.apply_rope(x, inplace=True),
-           "compile": lambda: comp(x, c4, s4),
-           "compile own": lambda: comp(xo, c4o, s4o)}
+           "compile": lambda: comp(x, c4, s4)}
+    if own:
+        xo, c4o, s4o = x.clone(), c4.clone(), s4.clone()
+        fns["compile own"] = lambda: comp(xo, c4o, s4o)
     pos = torch.arange(S, device=DEV)
     cache = ref.cos_sin_table(D, 10000.0, S, DEV)
     pf = peers.x_fns(x.view(S, H, D), cos, sin, pos, cache)
     if "Liger" in pf:
         fns["Liger ip"] = pf["Liger"]
     fns["copy"] = same_size_copy(x.numel(), x.dtype)
-    return x, fns
-
-
-def x_default(S, i, peers, comp):
-    """x_inputs without the "compile own" column (the default mode's columns)."""
-    x, fns = x_inputs(S, i, peers, comp)
-    fns.pop("compile own")
     return x, fns
 
 
@@ -91,7 +88,9 @@ PAIRS = (("compile", "rope_ext"), ("Liger ip", "rope_ext ip"), ("copy", "rope_ex
 
 
 def gpu_state():
-    """SM / memory clocks, power and temperature now (nvidia-smi), or '' where it is absent."""
+    """SM / memory clocks, power and temperature now (nvidia-smi), or '' where it is absent.
+    Queried once per size or set, when its table header prints: after its first input was
+    timed, with the GPU idle (not the clocks during the replays)."""
     try:
         q = "clocks.sm,clocks.mem,power.draw,temperature.gpu"
         out = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True,
@@ -130,8 +129,9 @@ def run_size(label, make, allocs, reps, only=None):
     for (a, b), rs in ratios.items():
         if rs:
             ahead = sum(r >= 1.0 for r in rs)
+            who = "rope_ext at or under the copy's time" if a == "copy" else "rope_ext at or ahead"
             print(f"  {a} / {b}: median {statistics.median(rs):.3f}x, min {min(rs):.3f}x, max {max(rs):.3f}x; "
-                  f"rope_ext at or ahead at {ahead} of {len(rs)} inputs")
+                  f"{who} at {ahead} of {len(rs)} inputs")
 
 
 def main():
@@ -143,7 +143,8 @@ def main():
     ap.add_argument("--sets", action="store_true",
                     help="instead: at each size, the in-place columns timed alone, then with each other column "
                          "added (rope_ext out of place; torch.compile on its own clones of x and cos/sin, compiled "
-                         "there; torch.compile on x and the cos/sin Liger reads), then all, then alone again")
+                         "there; torch.compile on x and the cos/sin Liger reads), then all but the first compiled "
+                         "column, then alone again")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("inplace_allocs.py needs a GPU")
@@ -160,12 +161,12 @@ def main():
                                ("+ torch.compile on its own clones of x and cos/sin (compiled here)",
                                 ip + ("compile own",)),
                                ("+ torch.compile on x and the cos/sin Liger reads", ip + ("compile",)),
-                               ("all", tuple(c for c in ("rope_ext", "compile") + ip)),
+                               ("all but compile own", tuple(c for c in ("rope_ext", "compile") + ip)),
                                ("in place alone, again", ip)):
                 run_size(f"bshd bf16 [1, {S}, 32, 128] ({mb:g} MB), {name}",
-                         lambda i, S=S, comp=comp: x_inputs(S, i, peers, comp), args.allocs, args.reps, only)
+                         lambda i, S=S, comp=comp: x_inputs(S, i, peers, comp, own=True), args.allocs, args.reps, only)
             continue
-        run_size(f"bshd bf16 [1, {S}, 32, 128] ({mb:g} MB)", lambda i, S=S, comp=comp: x_default(S, i, peers, comp),
+        run_size(f"bshd bf16 [1, {S}, 32, 128] ({mb:g} MB)", lambda i, S=S, comp=comp: x_inputs(S, i, peers, comp),
                  args.allocs, args.reps)
     if not args.no_w4:
         run_size("W4 q[8192,32,128]+k[8192,8,128] thd in place (80 MB)", lambda i: w4_inputs(i, peers),

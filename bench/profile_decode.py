@@ -131,10 +131,12 @@ def make(name):
     case, _, opts = name.partition("@")
     fn = CASES[case]()
     for opt in filter(None, opts.split(",")):
-        if opt.startswith("p"):
+        if opt[:1] == "p" and opt[1:].isdigit():
             fn = switched(rope_ext._C.set_append_lean_layout, int(opt[1:]), 0, fn)
-        else:
+        elif opt.isdigit():
             fn = switched(rope_ext._C.set_append_lean_bytes, int(opt), 0, fn)
+        else:
+            sys.exit(f"profile_decode.py: {name}: option {opt!r} is neither chunk bytes (4, 8) nor a layout (p0, p1)")
     return fn
 
 

@@ -514,10 +514,10 @@ def test_append_lean_kernel_cuda(case, paged, lean_bytes, layout):
     for sh in (5, 1):  # lean, then kernel 1
         kc, vc = kc0.clone(), vc0.clone()
         qq = q.clone() if q is not None else None
-        rope_ext._C.set_append_shape(sh)
-        rope_ext._C.set_append_lean_bytes(lean_bytes)
-        rope_ext._C.set_append_lean_layout(layout)
         try:
+            rope_ext._C.set_append_shape(sh)
+            rope_ext._C.set_append_lean_bytes(lean_bytes)
+            rope_ext._C.set_append_lean_layout(layout)
             rope_ext.append_kv(k, v, kc, vc, spread(lens.to(idt).to(dev)), block_table=bt, q=qq, **kw, **scales)
             torch.cuda.synchronize()
             ran = rope_ext._C.last_append_kernel()
@@ -526,9 +526,8 @@ def test_append_lean_kernel_cuda(case, paged, lean_bytes, layout):
             rope_ext._C.set_append_lean_bytes(0)
             rope_ext._C.set_append_lean_layout(0)
         assert ran == (3 if sh == 5 else 1), f"{case}: shape {sh} ran kernel {ran}"
-        if sh == 5:
+        if sh == 5:  # the layout it ran with; the width: 4 where asked and a 4-byte chunk holds a pair in <= 128 a row
             assert rope_ext._C.last_append_lean_layout() == layout, (case, rope_ext._C.last_append_lean_layout())
-        if sh == 5:  # the width it ran at: 4 where asked and a 4-byte chunk holds a pair in <= 128 chunks a row
             w4_ok = not (dt == torch.float32 and kw["interleaved"]) and (D if kw["interleaved"] else D // 2) // (4 // dt.itemsize) <= 128
             want_w = 4 if lean_bytes == 4 and w4_ok else 8
             assert rope_ext._C.last_append_lean_bytes() == want_w, (case, rope_ext._C.last_append_lean_bytes(), want_w)
@@ -552,14 +551,16 @@ def test_append_lean_kernel_cuda(case, paged, lean_bytes, layout):
 def test_append_lean_bytes_checked():
     """The lean append kernel's chunk-bytes knob takes 0 (the rule), 4 or 8, and its
     parameter-layout knob 0 or 1; anything else is a ValueError naming the knob."""
-    for bad in (1, 2, 16, -4):
-        with pytest.raises(ValueError, match="set_append_lean_bytes"):
-            rope_ext._C.set_append_lean_bytes(bad)
-    rope_ext._C.set_append_lean_bytes(0)
-    for bad in (-1, 2, 8):
-        with pytest.raises(ValueError, match="set_append_lean_layout"):
-            rope_ext._C.set_append_lean_layout(bad)
-    rope_ext._C.set_append_lean_layout(0)
+    try:
+        for bad in (1, 2, 16, -4):
+            with pytest.raises(ValueError, match="set_append_lean_bytes"):
+                rope_ext._C.set_append_lean_bytes(bad)
+        for bad in (-1, 2, 8):
+            with pytest.raises(ValueError, match="set_append_lean_layout"):
+                rope_ext._C.set_append_lean_layout(bad)
+    finally:
+        rope_ext._C.set_append_lean_bytes(0)
+        rope_ext._C.set_append_lean_layout(0)
 
 
 def cache_rows(cache, bt, seq, idx):

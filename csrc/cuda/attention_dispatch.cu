@@ -88,7 +88,8 @@ std::atomic<int> g_append_lean_min_block{0};
 // tests (set_append_lean_bytes).
 std::atomic<int> g_append_lean_bytes{0};
 // The lean append kernel's parameter layout: 0 AppendLeanParams, 1 AppendLeanParams2
-// (every constant line read at the kernel's top; attention_variants.cuh). An A/B knob
+// (every constant line read before the kernel waits on a loaded value;
+// attention_variants.cuh). An A/B knob
 // (set_append_lean_layout) until a GPU run picks one.
 std::atomic<int> g_append_lean_layout{0};
 
@@ -167,7 +168,8 @@ void launch_append_bulk(const AppendParams& params, int device, cudaStream_t str
 
 // Kernel 1c (lean): the cases it covers (attention_variants.cuh) with 16-byte vectors
 // (append_vector_ok: the W-byte chunks are aligned), at most 128 chunks a row, every
-// index and stride within 32 bits and 2 Hk + Hq within 16 (AppendLeanParams' fields).
+// index and stride within 32 bits and 2 Hk + Hq within 16 (the fields of AppendLeanParams
+// and AppendLeanParams2).
 // Returns false (nothing launched) otherwise. LP: the parameters' layout (both hold the
 // same fields, filled by name).
 template <typename T, bool kInterleaved, bool kFp8, int W, typename LP>

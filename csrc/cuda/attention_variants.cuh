@@ -662,19 +662,22 @@ struct AppendLeanParams {
 static_assert(offsetof(AppendLeanParams, in_s) == 48 && offsetof(AppendLeanParams, offset) == 112 &&
                   offsetof(AppendLeanParams, positions) == 176 && offsetof(AppendLeanParams, block_table) == 240,
               "AppendLeanParams: the constant-line layout above");
-// The same fields laid out so that every line a call reads is first read at the top of
-// the kernel (set_append_lean_layout(1): an A/B against the layout above). With the layout
-// above the kernel first reads bytes 112-175 (the offset, the caches, the scales) after
-// the cache length's round trip (SASS, sm_90a: the LDC of c[0x0][0x280] behind the wait
-// on the loaded length), and a paged call its block-table fields (176-247) likewise, so a
-// cold constant line's miss sits on the chain after the DRAM trip, where a minimal kernel
-// of the same work (bench/latency_floor.py --refs: 4.19 us against 4.70, the copy 4.22)
-// reads nothing new. The rope op's lean kernel reads its later line while its loads are
-// in flight (an LDC of c[0x0][0x270] right behind the x loads). Here each line holds a
-// field the first instructions need (the x pointers; the strides and head counts; half
-// and nseq; cshift and rows_per_block), so their misses overlap there, before the loads,
-// and the fields read after the round trip are in lines already fetched; the fp8 scale
-// strides alone are in a fifth line, read at the top with the scale loads.
+// The same fields laid out so that every line a call reads is first read before the
+// kernel waits on a loaded value (set_append_lean_layout(1): an A/B against the layout
+// above, not yet run on a GPU). With the layout above the kernel first reads bytes 112-175
+// (the offset, the caches, the sin/cos scales) after the cache length's round trip (SASS,
+// sm_90a: the LDC of c[0x0][0x280] behind the wait on the loaded length), and a paged call
+// its block-table fields (176-247) likewise, so a cold constant line's miss sits on the
+// chain after the DRAM trip, where a minimal kernel of the same work (bench/latency_floor.py
+// --refs: 4.19 us against 4.70, the copy 4.22), whose nine parameters fit the first two
+// lines, reads none after it. The rope op's lean kernel
+// reads its later line while its loads are in flight (an LDC of c[0x0][0x270] right behind
+// the x loads). Here each of the first four lines holds a field the first instructions need
+// (the x pointers; the strides and head counts; half and nseq; cshift and rows_per_block),
+// so their misses overlap there, before the loads, and the fields read after the round
+// trip are in lines already fetched; the fp8 scale strides alone are in a fifth line, read
+// just before the scale load, ahead of any wait (bench/sass_lines.py lists the first read
+// of each line).
 struct AppendLeanParams2 {
   // bytes 0-47 (line 0x200): the first loads' pointers
   const void* in[3];
