@@ -674,10 +674,12 @@ static_assert(offsetof(AppendLeanParams, in_s) == 48 && offsetof(AppendLeanParam
 // reads its later line while its loads are in flight (an LDC of c[0x0][0x270] right behind
 // the x loads). Here each of the first four lines holds a field the first instructions need
 // (the x pointers; the strides and head counts; half and nseq; cshift and rows_per_block),
-// so their misses overlap there, before the loads, and the fields read after the round
-// trip are in lines already fetched; the fp8 scale strides alone are in a fifth line, read
-// just before the scale load, ahead of any wait (bench/sass_lines.py lists the first read
-// of each line).
+// and the fields read after the round trip are in lines already fetched; the fp8 scale
+// strides alone are in a fifth line, read just before the scale load, ahead of any wait
+// (bench/sass_lines.py lists the first read of each line). Whether that is faster turns
+// on whether the top's misses overlap: the first reads of three of these lines are
+// ULDCs, which set no scoreboard (a miss holds the warp there), so they may come one
+// after another, as many as layout 0's two at the top plus one after the trip.
 struct AppendLeanParams2 {
   // bytes 0-47 (line 0x200): the first loads' pointers
   const void* in[3];
