@@ -173,8 +173,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           throw pybind11::value_error("rope_ext: set_append_lean_layout: layout must be 0 or 1, got " +
                                       std::to_string(layout));
       },
-      "tests/bench: the parameter layout of append_kv's lean kernel: 0 (the default) or 1 (every constant line "
-      "read before the kernel waits on a loaded value; attention_variants.cuh, AppendLeanParams2)");
+      "tests/bench: the parameter layout of append_kv's lean kernel: 0 (the default) or 1 (fewer cold constant "
+      "lines one after another on its chain; attention_variants.cuh, AppendLeanParams2)");
   m.def("set_append_shape", &rope_ext::set_append_shape,
         "tests/bench: append_kv's kernel and shape: the register kernel with 0 (4 items per thread, 3 blocks per "
         "SM), 1 (2, 4) or 2 (1, 6); the bulk kernel (where it applies) with ~8 KB (3) or ~16 KB (4) of rows per "

@@ -88,8 +88,8 @@ std::atomic<int> g_append_lean_min_block{0};
 // tests (set_append_lean_bytes).
 std::atomic<int> g_append_lean_bytes{0};
 // The lean append kernel's parameter layout: 0 AppendLeanParams, 1 AppendLeanParams2
-// (every constant line read before the kernel waits on a loaded value;
-// attention_variants.cuh). An A/B knob
+// (fewer cold constant lines one after another on the chain; attention_variants.cuh).
+// An A/B knob
 // (set_append_lean_layout) until a GPU run picks one.
 std::atomic<int> g_append_lean_layout{0};
 
