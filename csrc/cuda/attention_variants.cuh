@@ -669,15 +669,15 @@ static_assert(offsetof(AppendLeanParams, in_s) == 48 && offsetof(AppendLeanParam
 // warp there. With the layout above the kernel's top ULDCs read two lines (0x240: rows,
 // half, cshift, rows_per_block; 0x200: the x pointer), one miss after the other, and its
 // first read of bytes 112-175 (the offset, the caches, the sin/cos scales) is an LDC that
-// the wait on the loads precedes (c[0x0][0x280] at 0x0f80, the loads first waited on at
-// 0x0cb0): a third miss, after the DRAM round trip. A minimal Triton kernel of the append's
+// the wait on the loads precedes (bf16 neox W 4: c[0x0][0x280] at 0x0f80, the loads first
+// waited on at 0x0cb0): a third miss, after the DRAM round trip. A minimal Triton kernel of the append's
 // work, whose nine parameters fit the first two lines, takes 4.19 us to this kernel's 4.70
 // (the copy 4.22; bench/latency_floor.py --refs, nineteenth session of 2026-11-27). Here
 // every field the top reads by ULDC is in the first line (with the load descriptor every
 // kernel reads there), the per-row strides (read by LDC at the top) in the third, and what
 // the stores need after the round trip (the offset, the caches, the scales, the capacity)
-// in the second, which the top's LDCs of nseq and flags fetch: at most two misses in a row
-// at the top and none after the trip, where the paged fields stay as before (0x2c0, 0x300).
+// in the second, which the top's LDC of nseq fetches: at most two misses in a row at the
+// top and none after the trip, where the paged fields stay as before (0x2c0, 0x300).
 struct AppendLeanParams2 {
   // bytes 0-47 (line 0x200): the top's ULDC fields
   const void* in[3];        // k, v, q
