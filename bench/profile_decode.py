@@ -18,8 +18,7 @@ calls), Hq 32, Hk 8, D 128, bf16 q, contiguous cache unless the case says paged.
   append_16b (batched [16, 1], with q), append_16bp (the same over a paged(16) cache),
   append_16f (varlen, with q, into fp8 caches), append_16bn (batched, no q), append_16bf
   (batched, with q, fp8), append_64b / append_256b (batched [T, 1], with q). CASE@4 /
-  CASE@8: an append case with the lean kernel's chunk bytes forced; CASE@p1 (or @4,p1):
-  with its second parameter layout (AppendLeanParams2)."""
+  CASE@8: an append case with the lean kernel's chunk bytes forced."""
 import os
 import sys
 
@@ -124,20 +123,15 @@ names = sys.argv[1 + bool(mode):] or list(CASES)
 
 
 def make(name):
-    """CASE, or CASE@OPT[,OPT]: the append case with the lean kernel's chunk bytes forced
-    to W (OPT a number, rope_ext._C.set_append_lean_bytes) and/or its parameter layout L
-    (OPT pL, set_append_lean_layout); both are read when the call launches: a graph keeps
-    them."""
-    case, _, opts = name.partition("@")
+    """CASE, or CASE@W: the append case with the lean kernel's chunk bytes forced to W
+    (rope_ext._C.set_append_lean_bytes, read when the call launches: a graph keeps it)."""
+    case, _, w = name.partition("@")
     fn = CASES[case]()
-    for opt in filter(None, opts.split(",")):
-        if opt[:1] == "p" and opt[1:].isdigit():
-            fn = switched(rope_ext._C.set_append_lean_layout, int(opt[1:]), 0, fn)
-        elif opt.isdigit():
-            fn = switched(rope_ext._C.set_append_lean_bytes, int(opt), 0, fn)
-        else:
-            sys.exit(f"profile_decode.py: {name}: option {opt!r} is neither chunk bytes (4, 8) nor a layout (p0, p1)")
-    return fn
+    if not w:
+        return fn
+    if not w.isdigit():
+        sys.exit(f"profile_decode.py: {name}: {w!r} is not a chunk width (4 or 8)")
+    return switched(rope_ext._C.set_append_lean_bytes, int(w), 0, fn)
 
 
 calls = [make(n) for n in names]

@@ -91,11 +91,6 @@ bool set_append_lean_bytes(int w);
 int& last_append_kernel();
 // tests: the chunk bytes (4 or 8) of this thread's last lean append launch; 0 none yet.
 int& last_append_lean_bytes();
-// bench/tests: the lean append kernel's parameter layout, 0 (AppendLeanParams, the
-// default) or 1 (AppendLeanParams2); false (nothing set) for another value.
-bool set_append_lean_layout(int layout);
-// tests: the parameter layout (0 or 1) of this thread's last lean append launch.
-int& last_append_lean_layout();
 // Whether the vector kernels can read the caches (16-byte aligned rows); why not, if not.
 bool decode_cache_aligned(const KVCacheView& c, int64_t elem_size, std::string* why);
 void attention_decode_cuda(const DecodeParams& p, at::ScalarType dtype, c10::Device device, DecodeImpl impl);

@@ -166,15 +166,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       "tests/bench: the chunk bytes of append_kv's lean kernel, 4 or 8 (0 = the rule; 4 falls back to 8 for fp32 "
       "GPT-J, whose 4-byte chunk holds no whole pair, and for rows of more than 128 chunks at 4 bytes)");
-  m.def(
-      "set_append_lean_layout",
-      [](int layout) {
-        if (!rope_ext::set_append_lean_layout(layout))
-          throw pybind11::value_error("rope_ext: set_append_lean_layout: layout must be 0 or 1, got " +
-                                      std::to_string(layout));
-      },
-      "tests/bench: the parameter layout of append_kv's lean kernel: 0 (the default) or 1 (fewer cold constant "
-      "lines one after another on its chain; attention_variants.cuh, AppendLeanParams2)");
   m.def("set_append_shape", &rope_ext::set_append_shape,
         "tests/bench: append_kv's kernel and shape: the register kernel with 0 (4 items per thread, 3 blocks per "
         "SM), 1 (2, 4) or 2 (1, 6); the bulk kernel (where it applies) with ~8 KB (3) or ~16 KB (4) of rows per "
@@ -184,8 +175,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "tests: the kernel of this thread's last CUDA append_kv: 1 register, 2 bulk, 3 lean (0: none yet)");
   m.def("last_append_lean_bytes", [] { return rope_ext::last_append_lean_bytes(); },
         "tests: the chunk bytes (4 or 8) of this thread's last lean append_kv launch (0: none yet)");
-  m.def("last_append_lean_layout", [] { return rope_ext::last_append_lean_layout(); },
-        "tests: the parameter layout (0 or 1) of this thread's last lean append_kv launch");
   m.attr("with_cuda") = true;
 #else
   m.attr("with_cuda") = false;

@@ -441,14 +441,12 @@ LEAN_CASES = {  # append_kv cases the lean kernel (1c) covers, each against kern
 
 
 @cuda
-@pytest.mark.parametrize("layout", [0, 1], ids=["params0", "params1"])
 @pytest.mark.parametrize("lean_bytes", [8, 4])
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
 @pytest.mark.parametrize("case", list(LEAN_CASES))
-def test_append_lean_kernel_cuda(case, paged, lean_bytes, layout):
+def test_append_lean_kernel_cuda(case, paged, lean_bytes):
     """The lean kernel (1c, auto's below 2 tokens per SM), with 8- and 4-byte chunks
-    (set_append_lean_bytes; fp32 GPT-J keeps 8) and either parameter layout
-    (set_append_lean_layout: the same fields at other offsets), writes the caches and q bit-equal
+    (set_append_lean_bytes; fp32 GPT-J keeps 8), writes the caches and q bit-equal
     to kernel 1 (shape 1) over NaN-filled caches, and did run (last_append_kernel): GQA,
     no q, one kv head, GPT-J, fp32, fp8 with per-head scales, explicit positions, per-
     sequence offsets, a scalar offset with inv_freq and attention_factor, packed sequences
@@ -517,17 +515,14 @@ def test_append_lean_kernel_cuda(case, paged, lean_bytes, layout):
         try:
             rope_ext._C.set_append_shape(sh)
             rope_ext._C.set_append_lean_bytes(lean_bytes)
-            rope_ext._C.set_append_lean_layout(layout)
             rope_ext.append_kv(k, v, kc, vc, spread(lens.to(idt).to(dev)), block_table=bt, q=qq, **kw, **scales)
             torch.cuda.synchronize()
             ran = rope_ext._C.last_append_kernel()
         finally:
             rope_ext._C.set_append_shape(-1)
             rope_ext._C.set_append_lean_bytes(0)
-            rope_ext._C.set_append_lean_layout(0)
         assert ran == (3 if sh == 5 else 1), f"{case}: shape {sh} ran kernel {ran}"
-        if sh == 5:  # the layout it ran with; the width: 4 where asked and a 4-byte chunk holds a pair in <= 128 a row
-            assert rope_ext._C.last_append_lean_layout() == layout, (case, rope_ext._C.last_append_lean_layout())
+        if sh == 5:  # the width it ran at: 4 where asked and a 4-byte chunk holds a pair in <= 128 chunks a row
             w4_ok = not (dt == torch.float32 and kw["interleaved"]) and (D if kw["interleaved"] else D // 2) // (4 // dt.itemsize) <= 128
             want_w = 4 if lean_bytes == 4 and w4_ok else 8
             assert rope_ext._C.last_append_lean_bytes() == want_w, (case, rope_ext._C.last_append_lean_bytes(), want_w)
@@ -549,18 +544,13 @@ def test_append_lean_kernel_cuda(case, paged, lean_bytes, layout):
 
 @pytest.mark.skipif(not rope_ext.WITH_CUDA, reason="the knob is in CUDA builds")
 def test_append_lean_bytes_checked():
-    """The lean append kernel's chunk-bytes knob takes 0 (the rule), 4 or 8, and its
-    parameter-layout knob 0 or 1; anything else is a ValueError naming the knob."""
+    """The lean append kernel's chunk-bytes knob takes 0 (the rule), 4 or 8, else a ValueError."""
     try:
         for bad in (1, 2, 16, -4):
             with pytest.raises(ValueError, match="set_append_lean_bytes"):
                 rope_ext._C.set_append_lean_bytes(bad)
-        for bad in (-1, 2, 8):
-            with pytest.raises(ValueError, match="set_append_lean_layout"):
-                rope_ext._C.set_append_lean_layout(bad)
     finally:
         rope_ext._C.set_append_lean_bytes(0)
-        rope_ext._C.set_append_lean_layout(0)
 
 
 def cache_rows(cache, bt, seq, idx):

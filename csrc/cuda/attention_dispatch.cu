@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <type_traits>
 
 #include "launch_utils.h"
 #include "static_switch.h"
@@ -87,11 +86,6 @@ std::atomic<int> g_append_lean_min_block{0};
 // The lean append kernel's chunk bytes (W; 0: launch_append_lean's rule). A/B knob and
 // tests (set_append_lean_bytes).
 std::atomic<int> g_append_lean_bytes{0};
-// The lean append kernel's parameter layout: 0 AppendLeanParams, 1 AppendLeanParams2
-// (fewer cold constant lines one after another on the chain; attention_variants.cuh).
-// An A/B knob
-// (set_append_lean_layout) until a GPU run picks one.
-std::atomic<int> g_append_lean_layout{0};
 
 template <typename T, bool kInterleaved, bool kVec, bool kFp8, int kItems, int kMinBlocks>
 void launch_append_shape(const AppendParams& params, int device, cudaStream_t stream) {
@@ -168,12 +162,10 @@ void launch_append_bulk(const AppendParams& params, int device, cudaStream_t str
 
 // Kernel 1c (lean): the cases it covers (attention_variants.cuh) with 16-byte vectors
 // (append_vector_ok: the W-byte chunks are aligned), at most 128 chunks a row, every
-// index and stride within 32 bits and 2 Hk + Hq within 16 (the fields of AppendLeanParams
-// and AppendLeanParams2).
-// Returns false (nothing launched) otherwise. LP: the parameters' layout (both hold the
-// same fields, filled by name).
-template <typename T, bool kInterleaved, bool kFp8, int W, typename LP>
-bool launch_append_lean_lp(const AppendParams& p, int device, cudaStream_t stream) {
+// index and stride within 32 bits and 2 Hk + Hq within 16 (AppendLeanParams' fields).
+// Returns false (nothing launched) otherwise.
+template <typename T, bool kInterleaved, bool kFp8, int W>
+bool launch_append_lean_w(const AppendParams& p, int device, cudaStream_t stream) {
   const RopeParams& r = p.rope;
   constexpr int V = W / static_cast<int>(sizeof(T));
   if (r.R != r.D || p.Dv != r.D || !p.rotate_k || r.freq != FreqSource::kInvFreq || r.num_axes != 1 || r.cp_size != 1)
@@ -195,7 +187,7 @@ bool launch_append_lean_lp(const AppendParams& p, int device, cudaStream_t strea
       !fits(c.seqlens.stride) || !fits(r.cu_seqlens.stride) || !fits(r.positions.stride) || !fits(r.offsets.stride) ||
       !fits(c.block_table.stride))
     return false;
-  LP lp{};
+  cuda::AppendLeanParams lp{};
   uint16_t flags = c.seqlens.is64 ? cuda::kALLen64 : 0;
   lp.rows = static_cast<uint16_t>(rows);
   lp.Hk = static_cast<uint16_t>(c.Hk);
@@ -262,17 +254,10 @@ bool launch_append_lean_lp(const AppendParams& p, int device, cudaStream_t strea
   lp.rows_per_block = RB;
   const dim3 grid(static_cast<unsigned>(ceil_div(rows, int64_t(RB))), static_cast<unsigned>(gy),
                   static_cast<unsigned>(gz));
-  cuda::append_kv_lean_kernel<T, kInterleaved, kFp8, W, LP><<<grid, RB * chunks, 0, stream>>>(lp);
+  cuda::append_kv_lean_kernel<T, kInterleaved, kFp8, W><<<grid, RB * chunks, 0, stream>>>(lp);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   last_append_lean_bytes() = W;
-  last_append_lean_layout() = std::is_same_v<LP, cuda::AppendLeanParams2> ? 1 : 0;
   return true;
-}
-template <typename T, bool kInterleaved, bool kFp8, int W>
-bool launch_append_lean_w(const AppendParams& p, int device, cudaStream_t stream) {
-  return g_append_lean_layout.load(std::memory_order_relaxed) == 1
-             ? launch_append_lean_lp<T, kInterleaved, kFp8, W, cuda::AppendLeanParams2>(p, device, stream)
-             : launch_append_lean_lp<T, kInterleaved, kFp8, W, cuda::AppendLeanParams>(p, device, stream);
 }
 
 // Chunk bytes W: 8, or 4 (a thread's pairs halved: 2 for bf16 / fp16 neox). A Triton
@@ -299,6 +284,14 @@ bool launch_append_lean_w(const AppendParams& p, int device, cudaStream_t stream
 // no branch before it, yet T = 16 was level with this kernel in turns (-0.2 to +0.2 us over
 // two runs; ncu batched 3.74-3.81 vs 3.87-3.90) and T = 64 / 256 lost 0.3 (ncu T = 64 4.93
 // vs 4.48, long-scoreboard stalls doubled). Not kept.)
+// (Tried, nineteenth session of 2026-11-27, run 4: AppendLeanParams' fields laid out
+// again, every field the top reads by ULDC in the first constant line and the stores'
+// fields in a line the top reads by LDC, so no line was first read after the loads'
+// wait on a plain call (SASS; layout 0 reads bytes 112-175 there; bench/sass_lines.py
+// --trace). Bit-equal (92 lean cases), but in turns on the H100, us: T = 16 varlen 4.80
+// -> 4.77, batched 4.80 -> 4.80, paged(16) 5.25 -> 5.47; the copy of the bytes with q
+// 4.64. One cold constant line less on the chain, as the SASS counts it, bought nothing:
+// not kept.)
 constexpr int64_t kAppendLeanNarrowThreads = 32 * 1024;
 template <typename T, bool kInterleaved, bool kFp8>
 bool launch_append_lean(const AppendParams& p, int device, cudaStream_t stream) {
@@ -1026,15 +1019,6 @@ bool set_append_lean_bytes(int w) {
 int& last_append_lean_bytes() {
   static thread_local int w = 0;
   return w;
-}
-bool set_append_lean_layout(int layout) {
-  if (layout != 0 && layout != 1) return false;
-  g_append_lean_layout.store(layout);
-  return true;
-}
-int& last_append_lean_layout() {
-  static thread_local int layout = 0;
-  return layout;
 }
 int& last_append_kernel() {
   static thread_local int kernel = 0;

@@ -662,65 +662,11 @@ struct AppendLeanParams {
 static_assert(offsetof(AppendLeanParams, in_s) == 48 && offsetof(AppendLeanParams, offset) == 112 &&
                   offsetof(AppendLeanParams, positions) == 176 && offsetof(AppendLeanParams, block_table) == 240,
               "AppendLeanParams: the constant-line layout above");
-// The same fields laid out for fewer cold constant lines on the chain (set_append_lean_layout(1),
-// an A/B against the layout above, not yet run on a GPU). Two kinds of constant read
-// (SASS, sm_90a; bench/sass_lines.py --trace): an LDC sets a scoreboard, so its miss runs
-// while the warp goes on; a ULDC (and a constant operand) does not, so a miss holds the
-// warp there. With the layout above the kernel's top ULDCs read two lines (0x240: rows,
-// half, cshift, rows_per_block; 0x200: the x pointer), one miss after the other, and its
-// first read of bytes 112-175 (the offset, the caches, the sin/cos scales) is an LDC that
-// the wait on the loads precedes (bf16 neox W 4: c[0x0][0x280] at 0x0f80, the loads first
-// waited on at 0x0cb0): a third miss, after the DRAM round trip. A minimal Triton kernel of the append's
-// work, whose nine parameters fit the first two lines, takes 4.19 us to this kernel's 4.70
-// (the copy 4.22; bench/latency_floor.py --refs, nineteenth session of 2026-11-27). Here
-// every field the top reads by ULDC is in the first line (with the load descriptor every
-// kernel reads there), the per-row strides (read by LDC at the top) in the third, and what
-// the stores need after the round trip (the offset, the caches, the scales, the capacity)
-// in the second, which the top's LDC of nseq fetches: at most two misses in a row at the
-// top and none after the trip, where the paged fields stay as before (0x2c0, 0x300).
-struct AppendLeanParams2 {
-  // bytes 0-47 (line 0x200): the top's ULDC fields
-  const void* in[3];        // k, v, q
-  const void* seqlens;
-  const float* inv_freq;
-  uint16_t rows;
-  uint16_t Hk;
-  uint16_t half;
-  uint8_t cshift;
-  uint8_t rows_per_block;
-  // bytes 48-111 (line 0x240): nseq and flags (LDCs at the top), what the stores need
-  int64_t offset;
-  void* cache[2];
-  int32_t cache_s[2][3];
-  float sin_scale, cos_scale;
-  int32_t capacity;
-  uint16_t nseq;
-  uint16_t flags;
-  // bytes 112-175 (line 0x280): the rows' strides (LDCs at the top), the index tensors'
-  int32_t in_s[3][3];
-  int32_t seqlens_stride, cu_stride, inv_freq_stride;
-  const void* cu_seqlens;
-  int32_t block_size, num_blocks;
-  // bytes 176-239 (line 0x2c0): as AppendLeanParams
-  const void* positions;
-  const void* offsets;
-  const float* scale[2];
-  int32_t pos_stride, pos_stride_b, off_stride;
-  int32_t scale_stride[2];
-  int32_t bt_stride_b, bt_stride;
-  // bytes 240-
-  const void* block_table;
-};
-static_assert(offsetof(AppendLeanParams2, rows) == 40 && offsetof(AppendLeanParams2, offset) == 48 &&
-                  offsetof(AppendLeanParams2, nseq) == 108 && offsetof(AppendLeanParams2, in_s) == 112 &&
-                  offsetof(AppendLeanParams2, cu_seqlens) == 160 && offsetof(AppendLeanParams2, positions) == 176 &&
-                  offsetof(AppendLeanParams2, block_table) == 240,
-              "AppendLeanParams2: the constant-line layout above");
 
 // W: the chunk's bytes (8, or 4: half the pairs a thread, so half the sin/cos on its
 // chain; launch_append_lean's note has the measurements).
-template <typename T, bool kInterleaved, bool kFp8, int W, typename LP = AppendLeanParams>
-__global__ void __launch_bounds__(128) append_kv_lean_kernel(const __grid_constant__ LP p) {
+template <typename T, bool kInterleaved, bool kFp8, int W>
+__global__ void __launch_bounds__(128) append_kv_lean_kernel(const __grid_constant__ AppendLeanParams p) {
   constexpr int V = W / static_cast<int>(sizeof(T));  // elements per chunk
   constexpr int P = kInterleaved ? V / 2 : V;          // pairs per chunk
   static_assert(P >= 1, "a chunk holds at least one pair");
