@@ -29,11 +29,71 @@ CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
 CLEAN_L2 = os.environ.get("ROPE_EXT_BENCH_CLEAN_L2") == "1"
 _CLEAN = []
+# What the flush does before the write (ROPE_EXT_BENCH_FLUSH; bench/evict_last.py compares
+# them): "write" nothing more; "reset" cudaCtxResetPersistingL2Cache() first; "last" a read
+# of another 256 MB with the evict_last hint first; "discard" that read, then every line of
+# it discarded from L2. Why: lines a kernel loaded with evict_last (Inductor's loads of x
+# and cos/sin) outlived the 256 MB write in the nineteenth and twentieth sessions' runs,
+# so the next call that read them found them in L2 (bench/NOTES.md).
+FLUSH = os.environ.get("ROPE_EXT_BENCH_FLUSH", "write")
+FLUSH_MODES = ("write", "reset", "last", "discard")
+_SWEEP = []
 
 
-def flush_l2(buf, clean=None):
+def _cudart():
+    """The CUDA runtime torch loaded (ctypes), for the calls torch does not expose."""
+    import ctypes
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if "libcudart" in line:
+                return ctypes.CDLL(line.split()[-1])
+    raise RuntimeError("libcudart is not loaded in this process")
+
+
+def _sweep_state():
+    """The evict_last read's buffer, its Triton kernels and the runtime handle, made once."""
+    if not _SWEEP:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def read_last(src, out, BLOCK: tl.constexpr):
+            pid = tl.program_id(0)
+            x = tl.load(src + pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK), eviction_policy="evict_last")
+            tl.store(out + pid, tl.sum(x, axis=0))
+
+        @triton.jit
+        def discard(src, BLOCK: tl.constexpr):
+            pid = tl.program_id(0)
+            lines = src + pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK // 32) * 32  # one int32 per 128 B line
+            tl.inline_asm_elementwise("discard.global.L2 [$1], 128;\n\tmov.u32 $0, 0;", "=r,l", [lines],
+                                      dtype=tl.int32, is_pure=False, pack=1)
+
+        block = 4096
+        src = torch.ones(64 * 2**20, dtype=torch.int32, device=DEV)
+        out = torch.empty(src.numel() // block, dtype=torch.int32, device=DEV)
+        _SWEEP.append((read_last, discard, src, out, block, _cudart()))
+    return _SWEEP[0]
+
+
+def flush_l2(buf, clean=None, mode=None):
     """Evicts the timed call's data from L2: a write of `buf` (256 MB), then, with
-    clean (default CLEAN_L2), a read of another 256 MB so that no dirty line is left."""
+    clean (default CLEAN_L2), a read of another 256 MB so that no dirty line is left.
+    mode (default FLUSH): what comes before the write (FLUSH's note)."""
+    mode = FLUSH if mode is None else mode
+    if mode != "write":
+        read_last, discard, src, out, block, rt = _sweep_state()
+        if mode == "reset":
+            torch.cuda.synchronize()
+            err = rt.cudaCtxResetPersistingL2Cache()
+            if err:
+                raise RuntimeError(f"cudaCtxResetPersistingL2Cache: error {err}")
+        elif mode in ("last", "discard"):
+            read_last[(out.numel(),)](src, out, BLOCK=block)
+            if mode == "discard":
+                discard[(out.numel(),)](src, BLOCK=block)
+        else:
+            raise ValueError(f"flush mode {mode!r}: one of {FLUSH_MODES}")
     buf.fill_(1)
     if CLEAN_L2 if clean is None else clean:
         if not _CLEAN:
