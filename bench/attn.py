@@ -47,6 +47,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import rope_ext  # noqa: E402
+import timing  # noqa: E402
 from timing import switched  # noqa: E402
 
 CUDA = torch.cuda.is_available()
@@ -518,7 +519,7 @@ def attn_suite(timer, bw, quick=False, fp8_only=False):
     graph timer for this suite) and the copy bandwidth run.py measured. Returns run.py-style results: dicts with 'workload' and 'rows'.
     fp8_only: issue 20's rows alone (bench/run.py --suite fp8)."""
     print("\nattention suite: decode (Q-RoPE fused) and append_kv (K-RoPE at cache write)"
-          + ("" if CUDA else " [CPU: tiny shapes, wall clock]"))
+          + (f" (L2 flush: {timing.FLUSH})" if CUDA else " [CPU: tiny shapes, wall clock]"))
     if fp8_only:
         return fp8_suite(timer, bw, quick)
     # ATTN_PARTS="decode,append": only these parts (a short A/B run), like ATTN_BATCHES.

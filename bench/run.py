@@ -413,7 +413,7 @@ def latency_suite(peers, reps, quick=False):
     builders += [lambda: latency_qk_workload(8192 if CUDA else 64, peers), lambda: latency_qk_workload(16, peers)]
     timeit = (lambda fn: graph_us(fn, reps)) if CUDA else Timer(reps)
     sequential = os.environ.get("ROPE_EXT_BENCH_SEQUENTIAL") == "1"
-    how = (f"one call in a CUDA graph, L2 flushed before each replay, median of {reps} replays" +
+    how = (f"one call in a CUDA graph, L2 flushed before each replay (flush {timing.FLUSH}), median of {reps} replays" +
            (", columns timed one after another (ROPE_EXT_BENCH_SEQUENTIAL=1)" if sequential else
             ", the columns' replays taking turns (timing.graph_us_interleaved)") if CUDA else
            "CPU smoke run: wall clock of eager calls, small sizes only")

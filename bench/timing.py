@@ -16,6 +16,9 @@ them: their write-back shares DRAM with the call (bench/flush_study.py measures 
 costs). CLEAN_L2 (`run.py --clean-l2`, or ROPE_EXT_BENCH_CLEAN_L2=1) adds a 256 MB read of
 another buffer after the write: the dirty lines go back before the timed call, and L2
 holds clean lines the call never touches (still a cold L2 for the call's data).
+Before the write, the persisting lines are reset to normal (FLUSH, "reset"): lines a kernel
+loaded with the evict_last hint (torch.compile's) otherwise outlive the write, and a call
+that reads the same tensor finds them in L2.
 """
 import os
 import random
@@ -29,29 +32,36 @@ CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
 CLEAN_L2 = os.environ.get("ROPE_EXT_BENCH_CLEAN_L2") == "1"
 _CLEAN = []
-# What the flush does before the write (ROPE_EXT_BENCH_FLUSH; bench/evict_last.py compares
-# them): "write" nothing more; "reset" cudaCtxResetPersistingL2Cache() first; "last" a read
-# of another 256 MB with the evict_last hint first; "discard" that read, then every line of
-# it discarded from L2. Why: lines a kernel loaded with evict_last (Inductor's loads of x
-# and cos/sin) outlived the 256 MB write in the nineteenth and twentieth sessions' runs,
-# so the next call that read them found them in L2 (bench/NOTES.md).
-FLUSH = os.environ.get("ROPE_EXT_BENCH_FLUSH", "write")
-FLUSH_MODES = ("write", "reset", "last", "discard")
-_SWEEP = []
+# What the flush does before its write (ROPE_EXT_BENCH_FLUSH; bench/evict_last.py compares
+# them): "reset" (the default) cudaCtxResetPersistingL2Cache() first; "write" nothing, the
+# suites' flush until the twentieth session; "last" a read of another 256 MB with the
+# evict_last hint first; "discard" that read, then every line of it discarded from L2.
+# Why: lines loaded with evict_last (Inductor loads x and cos/sin so) go to L2's persisting
+# set-aside (9.4 MB on the H100 here) and outlive any amount of normal writes: under
+# "write", every call that read x after torch.compile's column found up to ~9 MB of it in
+# L2 (H100, 8 MB: a plain read of x 8.0 us against the copy's 10.6; 32 MB 24.7 against
+# 27.6). "reset" and "discard" put it level (10.0 / 10.2, 27.2 / 27.4) without moving the
+# copy; "last" leaves its own lines there and slowed every column 0.3-0.6 us at 8 MB.
+# bench/NOTES.md, twentieth session, runs 1-2.
+FLUSH = os.environ.get("ROPE_EXT_BENCH_FLUSH", "reset")
+FLUSH_MODES = ("reset", "write", "last", "discard")
+_RT, _SWEEP = [], []
 
 
 def _cudart():
     """The CUDA runtime torch loaded (ctypes), for the calls torch does not expose."""
-    import ctypes
-    with open("/proc/self/maps") as f:
-        for line in f:
-            if "libcudart" in line:
-                return ctypes.CDLL(line.split()[-1])
-    raise RuntimeError("libcudart is not loaded in this process")
+    if not _RT:
+        import ctypes
+        with open("/proc/self/maps") as f:
+            path = next((line.split()[-1] for line in f if "libcudart" in line), None)
+        if path is None:
+            raise RuntimeError("libcudart is not loaded in this process")
+        _RT.append(ctypes.CDLL(path))
+    return _RT[0]
 
 
 def _sweep_state():
-    """The evict_last read's buffer, its Triton kernels and the runtime handle, made once."""
+    """The evict_last read's buffer and its Triton kernels, made once."""
     if not _SWEEP:
         import triton
         import triton.language as tl
@@ -72,7 +82,7 @@ def _sweep_state():
         block = 4096
         src = torch.ones(64 * 2**20, dtype=torch.int32, device=DEV)
         out = torch.empty(src.numel() // block, dtype=torch.int32, device=DEV)
-        _SWEEP.append((read_last, discard, src, out, block, _cudart()))
+        _SWEEP.append((read_last, discard, src, out, block))
     return _SWEEP[0]
 
 
@@ -81,19 +91,18 @@ def flush_l2(buf, clean=None, mode=None):
     clean (default CLEAN_L2), a read of another 256 MB so that no dirty line is left.
     mode (default FLUSH): what comes before the write (FLUSH's note)."""
     mode = FLUSH if mode is None else mode
-    if mode != "write":
-        read_last, discard, src, out, block, rt = _sweep_state()
-        if mode == "reset":
-            torch.cuda.synchronize()
-            err = rt.cudaCtxResetPersistingL2Cache()
-            if err:
-                raise RuntimeError(f"cudaCtxResetPersistingL2Cache: error {err}")
-        elif mode in ("last", "discard"):
-            read_last[(out.numel(),)](src, out, BLOCK=block)
-            if mode == "discard":
-                discard[(out.numel(),)](src, BLOCK=block)
-        else:
-            raise ValueError(f"flush mode {mode!r}: one of {FLUSH_MODES}")
+    if mode == "reset":
+        torch.cuda.synchronize()
+        err = _cudart().cudaCtxResetPersistingL2Cache()
+        if err:
+            raise RuntimeError(f"cudaCtxResetPersistingL2Cache: error {err}")
+    elif mode in ("last", "discard"):
+        read_last, discard, src, out, block = _sweep_state()
+        read_last[(out.numel(),)](src, out, BLOCK=block)
+        if mode == "discard":
+            discard[(out.numel(),)](src, BLOCK=block)
+    elif mode != "write":
+        raise ValueError(f"ROPE_EXT_BENCH_FLUSH={mode!r}: one of {FLUSH_MODES}")
     buf.fill_(1)
     if CLEAN_L2 if clean is None else clean:
         if not _CLEAN:
