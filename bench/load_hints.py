@@ -1,0 +1,82 @@
+"""What an L2 eviction hint on a streaming kernel's loads is worth under each flush (issue 19).
+
+    python bench/load_hints.py [--sizes 8,32,96,128] [--reps 100]
+
+Why: under the flush that resets persisting lines (timing.FLUSH "reset", twentieth
+session), torch.compile's kernel, whose loads carry evict_last, ran under the same-size
+copy at W2a / W2b (128 / 96 MB: 92.8 / 70.6 us, copy 93.6 / 71.2, rope_ext 95.1 / 73.0), and
+rope_ext ahead of it under the old flush. Lines loaded with evict_last go to L2's persisting
+set-aside (~9.4 MB here), which the reset leaves empty; the flush's other lines are dirty.
+One Triton copy kernel, its loads with no hint, evict_first or evict_last, beside torch's
+copy, rope_ext and torch.compile on bshd bf16 [1, S, 32, 128], in turns, under the flushes
+"reset" (dirty lines), "reset" + clean (a 256 MB read after the write: no dirty line left)
+and "write": whether a hint moves a streaming kernel's time, and under which flush.
+"""
+import argparse
+import os
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import rope_ext  # noqa: E402
+import timing  # noqa: E402
+from rope_ext import reference as ref  # noqa: E402
+from run import hf_cos_sin  # noqa: E402
+from timing import graph_us_interleaved  # noqa: E402
+
+
+@triton.jit
+def _copy(src, dst, BLOCK: tl.constexpr, HINT: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    if HINT == 1:
+        x = tl.load(src + offs, eviction_policy="evict_first")
+    elif HINT == 2:
+        x = tl.load(src + offs, eviction_policy="evict_last")
+    else:
+        x = tl.load(src + offs)
+    tl.store(dst + offs, x)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="8,32,96,128", help="MB of x (bshd bf16 [1, S, 32, 128])")
+    ap.add_argument("--reps", type=int, default=100)
+    args = ap.parse_args()
+    print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; triton {triton.__version__}")
+    print("us, median of", args.reps, "replays per column, columns in turns")
+    block = 4096
+    for mb in (int(s) for s in args.sizes.split(",") if s):
+        S = mb * 2**20 // (32 * 128 * 2)
+        x = torch.randn(1, S, 32, 128, device="cuda").bfloat16()
+        y = torch.empty_like(x)
+        xa, ya = torch.randn_like(x), torch.empty_like(x)  # the copies' own buffers
+        cos, sin = hf_cos_sin(S, 128, x.dtype)
+        c4, s4 = cos.view(S, 1, 128), sin.view(S, 1, 128)
+        torch._dynamo.reset()
+        comp = torch.compile(ref.apply_cos_sin, dynamic=False)
+        grid = (x.numel() // block,)
+        fns = {"torch copy": lambda: ya.copy_(xa)}
+        for name, hint in (("copy", 0), ("copy evict_first", 1), ("copy evict_last", 2)):
+            fns[name] = lambda hint=hint: _copy[grid](xa, ya, BLOCK=block, HINT=hint)
+        fns["rope_ext"] = lambda: rope_ext.apply_rope(x)
+        fns["compile"] = lambda: comp(x, c4, s4)
+        print(f"\nbshd bf16 [1, {S}, 32, 128] ({mb} MB)")
+        print(f"{'flush':>14}" + "".join(f"{c:>18}" for c in fns))
+        for label, mode, clean in (("reset", "reset", False), ("reset + clean", "reset", True),
+                                   ("write", "write", False)):
+            timing.FLUSH = mode
+            try:
+                got, errs = graph_us_interleaved(fns, args.reps, clean=clean)
+            finally:
+                timing.FLUSH = "reset"
+            for name, e in errs.items():
+                print(f"  {name} failed: {e}")
+            print(f"{label:>14}" + "".join(f"{got[c]:>18.2f}" if c in got else f"{'-':>18}" for c in fns), flush=True)
+
+
+if __name__ == "__main__":
+    main()
