@@ -1,6 +1,6 @@
 """What an L2 eviction hint on a streaming kernel's loads is worth under each flush (issue 19).
 
-    python bench/load_hints.py [--sizes 8,32,96,128] [--reps 100]
+    python bench/load_hints.py [--sizes 8,32,96,128,W2a,W2b] [--reps 100] [--flushes reset,reset+clean,write]
 
 Why: under the flush that resets persisting lines (timing.FLUSH "reset", twentieth
 session), torch.compile's kernel, whose loads carry evict_last, ran under the same-size
@@ -10,7 +10,9 @@ set-aside (~9.4 MB here), which the reset leaves empty; the flush's other lines 
 One Triton copy kernel, its loads with no hint, evict_first or evict_last, beside torch's
 copy, rope_ext and torch.compile on bshd bf16 [1, S, 32, 128], in turns, under the flushes
 "reset" (dirty lines), "reset" + clean (a 256 MB read after the write: no dirty line left)
-and "write": whether a hint moves a streaming kernel's time, and under which flush.
+and "write": whether a hint moves a streaming kernel's time, and under which flush. With
+rope_ext's A/B knob (set_tile_evict_last), also rope_ext's tiles with and without the hint,
+out of place and in place.
 """
 import argparse
 import os
@@ -26,7 +28,7 @@ import rope_ext  # noqa: E402
 import timing  # noqa: E402
 from rope_ext import reference as ref  # noqa: E402
 from run import hf_cos_sin  # noqa: E402
-from timing import graph_us_interleaved  # noqa: E402
+from timing import graph_us_interleaved, switched  # noqa: E402
 
 
 @triton.jit
@@ -41,41 +43,62 @@ def _copy(src, dst, BLOCK: tl.constexpr, HINT: tl.constexpr):
     tl.store(dst + offs, x)
 
 
+SHAPES = {"W2a": ("sbhd", (4096, 1, 128, 128)), "W2b": ("sbhd", (512, 32, 24, 128))}
+
+
+def workload(name):
+    """x, the layout, and torch.compile's cos / sin views of a shape name: W2a / W2b, or
+    N (MB) for bshd bf16 [1, S, 32, 128]."""
+    if name in SHAPES:
+        layout, shape = SHAPES[name]
+    else:
+        layout, shape = "bshd", (1, int(name) * 2**20 // (32 * 128 * 2), 32, 128)
+    x = torch.randn(*shape, device="cuda").bfloat16()
+    S = shape[0] if layout == "sbhd" else shape[1]
+    cos, sin = hf_cos_sin(S, 128, x.dtype)
+    if layout == "sbhd":
+        return x, layout, cos[:, None, None, :], sin[:, None, None, :]
+    return x, layout, cos.view(S, 1, 128), sin.view(S, 1, 128)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", default="8,32,96,128", help="MB of x (bshd bf16 [1, S, 32, 128])")
+    ap.add_argument("--sizes", default="8,32,96,128", help="MB of x (bshd bf16 [1, S, 32, 128]) or W2a / W2b")
     ap.add_argument("--reps", type=int, default=100)
+    ap.add_argument("--flushes", default="reset,reset+clean,write")
     args = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; triton {triton.__version__}")
     print("us, median of", args.reps, "replays per column, columns in turns")
     block = 4096
-    for mb in (int(s) for s in args.sizes.split(",") if s):
-        S = mb * 2**20 // (32 * 128 * 2)
-        x = torch.randn(1, S, 32, 128, device="cuda").bfloat16()
-        y = torch.empty_like(x)
+    tile_last = getattr(rope_ext._C, "set_tile_evict_last", None)
+    for name in (s for s in args.sizes.split(",") if s):
+        x, layout, c4, s4 = workload(name)
         xa, ya = torch.randn_like(x), torch.empty_like(x)  # the copies' own buffers
-        cos, sin = hf_cos_sin(S, 128, x.dtype)
-        c4, s4 = cos.view(S, 1, 128), sin.view(S, 1, 128)
         torch._dynamo.reset()
         comp = torch.compile(ref.apply_cos_sin, dynamic=False)
         grid = (x.numel() // block,)
         fns = {"torch copy": lambda: ya.copy_(xa)}
-        for name, hint in (("copy", 0), ("copy evict_first", 1), ("copy evict_last", 2)):
-            fns[name] = lambda hint=hint: _copy[grid](xa, ya, BLOCK=block, HINT=hint)
-        fns["rope_ext"] = lambda: rope_ext.apply_rope(x)
+        for label, hint in (("copy", 0), ("copy evict_first", 1), ("copy evict_last", 2)):
+            fns[label] = lambda hint=hint: _copy[grid](xa, ya, BLOCK=block, HINT=hint)
+        fns["rope_ext"] = lambda: rope_ext.apply_rope(x, layout=layout)
+        if tile_last is not None:  # the tile variant's x loads with evict_last (auto takes the tiles here)
+            fns["rope_ext last"] = switched(tile_last, True, False, lambda: rope_ext.apply_rope(x, layout=layout))
+            fns["rope_ext ip"] = lambda: rope_ext.apply_rope(x, layout=layout, inplace=True)
+            fns["rope_ext ip last"] = switched(tile_last, True, False,
+                                               lambda: rope_ext.apply_rope(x, layout=layout, inplace=True))
         fns["compile"] = lambda: comp(x, c4, s4)
-        print(f"\nbshd bf16 [1, {S}, 32, 128] ({mb} MB)")
-        print(f"{'flush':>14}" + "".join(f"{c:>18}" for c in fns))
-        for label, mode, clean in (("reset", "reset", False), ("reset + clean", "reset", True),
-                                   ("write", "write", False)):
+        print(f"\n{name}: {layout} bf16 {list(x.shape)} ({x.numel() * 2 / 2**20:g} MB)")
+        print(f"{'flush':>14}" + "".join(f"{c:>17}" for c in fns))
+        for label in args.flushes.split(","):
+            mode, clean = label.split("+")[0], label.endswith("+clean")
             timing.FLUSH = mode
             try:
                 got, errs = graph_us_interleaved(fns, args.reps, clean=clean)
             finally:
                 timing.FLUSH = "reset"
-            for name, e in errs.items():
-                print(f"  {name} failed: {e}")
-            print(f"{label:>14}" + "".join(f"{got[c]:>18.2f}" if c in got else f"{'-':>18}" for c in fns), flush=True)
+            for col, e in errs.items():
+                print(f"  {col} failed: {e}")
+            print(f"{label:>14}" + "".join(f"{got[c]:>17.2f}" if c in got else f"{'-':>17}" for c in fns), flush=True)
 
 
 if __name__ == "__main__":

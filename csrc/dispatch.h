@@ -44,6 +44,8 @@ void set_lean_share(bool on);
 // Tests/bench: whether variant 6 runs calls without position tensors in its instance without the position code
 // (default on).
 void set_lean_plain(bool on);
+// Bench: whether the tile variant loads x with L2's evict_last hint (default off).
+void set_tile_evict_last(bool on);
 #endif
 
 }  // namespace rope_ext

@@ -28,6 +28,20 @@ __device__ __forceinline__ VecT load_vec(const T* p) {
   *reinterpret_cast<uint4*>(&v) = *reinterpret_cast<const uint4*>(p);
   return v;
 }
+// The same load with L2's evict_last hint (the fraction-1.0 policy Triton emits for
+// eviction_policy='evict_last'): the line goes to L2's persisting set-aside. An A/B of
+// the tile variant (set_tile_evict_last; bench/NOTES.md, twentieth session).
+template <typename VecT, typename T>
+__device__ __forceinline__ VecT load_vec_last(const T* p) {
+  static_assert(sizeof(VecT) == 16, "16-byte vectors");
+  VecT v;
+  uint4& u = *reinterpret_cast<uint4*>(&v);
+  asm("{\n\t.reg .b64 pol;\n\tcreatepolicy.fractional.L2::evict_last.b64 pol, 1.0;\n\t"
+      "ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], pol;\n\t}"
+      : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+      : "l"(p));
+  return v;
+}
 template <typename VecT, typename T>
 __device__ __forceinline__ void store_vec(T* p, const VecT& v) {
   *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(&v);

@@ -338,8 +338,13 @@ struct TileRows {
       // __grid_constant__ array with one LDC: variant 6's step 1; not re-checked here).
       const T* in = static_cast<const T*>(o.t ? p.t[1].in : p.t[0].in) + o.in;
       out[u] = static_cast<T*>(o.t ? p.t[1].out : p.t[0].out) + o.out;
-      a[u] = load_vec<VecT>(in + d0);
-      if (pair) b[u] = load_vec<VecT>(in + d1);
+      if (p.x_evict_last) {
+        a[u] = load_vec_last<VecT>(in + d0);
+        if (pair) b[u] = load_vec_last<VecT>(in + d1);
+      } else {
+        a[u] = load_vec<VecT>(in + d0);
+        if (pair) b[u] = load_vec<VecT>(in + d1);
+      }
     }
   }
 
