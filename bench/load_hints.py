@@ -1,6 +1,6 @@
 """What an L2 eviction hint on a streaming kernel's loads is worth under each flush (issue 19).
 
-    python bench/load_hints.py [--sizes 8,32,96,128,W2a,W2b] [--reps 100] [--flushes reset,reset+clean,write]
+    python bench/load_hints.py [--sizes 8,32,96,128,W2a,W2b] [--reps 100] [--flushes reset,reset+clean,write] [--pin]
 
 Why: under the flush that resets persisting lines (timing.FLUSH "reset", twentieth
 session), torch.compile's kernel, whose loads carry evict_last, ran under the same-size
@@ -16,6 +16,7 @@ out of place and in place.
 """
 import argparse
 import os
+import statistics
 import sys
 
 import torch
@@ -61,11 +62,58 @@ def workload(name):
     return x, layout, cos.view(S, 1, 128), sin.view(S, 1, 128)
 
 
+def pin_probe(reps, tile_last):
+    """Does a call whose loads carry evict_last leave L2 smaller for the kernels after it?
+    After each flush ("reset"): the call on a 128 MB x, then a read of a buffer z (fp32 sum),
+    then that read again, timed: z fits in L2 when nothing is pinned, and its second read
+    comes from L2; lines held in the persisting set-aside (~9.4 MB) leave normal lines less
+    room, and a z near L2's size then misses."""
+    x = torch.randn(1, 16384, 32, 128, device="cuda").bfloat16()
+    y = torch.empty_like(x)
+    cos, sin = hf_cos_sin(16384, 128, x.dtype)
+    torch._dynamo.reset()
+    comp = torch.compile(ref.apply_cos_sin, dynamic=False)
+    c4, s4 = cos.view(16384, 1, 128), sin.view(16384, 1, 128)
+    grid = (x.numel() // 4096,)
+    preps = {"nothing": lambda: None,
+             "Triton copy": lambda: _copy[grid](x, y, BLOCK=4096, HINT=0),
+             "Triton copy evict_last": lambda: _copy[grid](x, y, BLOCK=4096, HINT=2),
+             "torch.compile": lambda: comp(x, c4, s4)}
+    if tile_last is not None:
+        for mode in (0, 1, 2):
+            preps[f"rope_ext tiles, hint {mode}"] = switched(tile_last, mode, 0, lambda: rope_ext.apply_rope(x))
+    flush = timing._flush_buffer()
+    out = torch.empty((), device="cuda")
+    print("\npin probe: us of the second read of z (fp32 sum) after the call on 128 MB (median of", reps, ")")
+    sizes = (30, 40, 44)
+    zs = {mb: torch.randn(mb * 2**20 // 4, device="cuda") for mb in sizes}
+    print(f"{'call before':>28}" + "".join(f"{f'z {mb} MB':>12}" for mb in sizes))
+    for name, prep in preps.items():
+        prep()
+        row = []
+        for mb in sizes:
+            z = zs[mb]
+            ts = []
+            for _ in range(reps):
+                timing.flush_l2(flush, mode="reset")
+                prep()
+                torch.sum(z, dim=0, out=out)
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                torch.sum(z, dim=0, out=out)
+                b.record()
+                b.synchronize()
+                ts.append(a.elapsed_time(b) * 1e3)
+            row.append(statistics.median(ts))
+        print(f"{name:>28}" + "".join(f"{t:>12.2f}" for t in row), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="8,32,96,128", help="MB of x (bshd bf16 [1, S, 32, 128]) or W2a / W2b")
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--flushes", default="reset,reset+clean,write")
+    ap.add_argument("--pin", action="store_true", help="then the pin probe (pin_probe)")
     args = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; triton {triton.__version__}")
     print("us, median of", args.reps, "replays per column, columns in turns")
@@ -82,10 +130,12 @@ def main():
             fns[label] = lambda hint=hint: _copy[grid](xa, ya, BLOCK=block, HINT=hint)
         fns["rope_ext"] = lambda: rope_ext.apply_rope(x, layout=layout)
         if tile_last is not None:  # the tile variant's x loads with evict_last (auto takes the tiles here)
-            fns["rope_ext last"] = switched(tile_last, True, False, lambda: rope_ext.apply_rope(x, layout=layout))
+            for mode in (1, 2):
+                fns[f"rope_ext last{mode}"] = switched(tile_last, mode, 0, lambda: rope_ext.apply_rope(x, layout=layout))
             fns["rope_ext ip"] = lambda: rope_ext.apply_rope(x, layout=layout, inplace=True)
-            fns["rope_ext ip last"] = switched(tile_last, True, False,
-                                               lambda: rope_ext.apply_rope(x, layout=layout, inplace=True))
+            for mode in (1, 2):
+                fns[f"rope_ext ip last{mode}"] = switched(tile_last, mode, 0,
+                                                          lambda: rope_ext.apply_rope(x, layout=layout, inplace=True))
         fns["compile"] = lambda: comp(x, c4, s4)
         print(f"\n{name}: {layout} bf16 {list(x.shape)} ({x.numel() * 2 / 2**20:g} MB)")
         print(f"{'flush':>14}" + "".join(f"{c:>17}" for c in fns))
@@ -99,6 +149,8 @@ def main():
             for col, e in errs.items():
                 print(f"  {col} failed: {e}")
             print(f"{label:>14}" + "".join(f"{got[c]:>17.2f}" if c in got else f"{'-':>17}" for c in fns), flush=True)
+    if args.pin:
+        pin_probe(max(20, args.reps // 2), tile_last)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,12 @@ __device__ __forceinline__ VecT load_vec_last(const T* p) {
       : "l"(p));
   return v;
 }
+// Back to L2's normal eviction priority: the 128-byte line p starts (a thread whose
+// chunk does not start a line does nothing; applypriority wants the line's address).
+__device__ __forceinline__ void l2_demote_line(const void* p) {
+  if ((reinterpret_cast<uintptr_t>(p) & 127) == 0)
+    asm volatile("applypriority.global.L2::evict_normal [%0], 128;" ::"l"(p) : "memory");
+}
 template <typename VecT, typename T>
 __device__ __forceinline__ void store_vec(T* p, const VecT& v) {
   *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(&v);

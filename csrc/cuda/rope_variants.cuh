@@ -318,6 +318,7 @@ struct TileRows {
   using VecT = Vec<T, V>;
   VecT a[U], b[U];
   T* out[U];
+  const T* src[U];  // the rows' inputs (set_tile_evict_last 2: their lines demoted after use)
   uint32_t gl[U];  // the row's group within the tile (table row)
 
   // Rows lr0, lr0 + step, ... (local to the tile, < n); x = r_first + lr counts rows
@@ -338,6 +339,7 @@ struct TileRows {
       // __grid_constant__ array with one LDC: variant 6's step 1; not re-checked here).
       const T* in = static_cast<const T*>(o.t ? p.t[1].in : p.t[0].in) + o.in;
       out[u] = static_cast<T*>(o.t ? p.t[1].out : p.t[0].out) + o.out;
+      src[u] = in;
       if (p.x_evict_last) {
         a[u] = load_vec_last<VecT>(in + d0);
         if (pair) b[u] = load_vec_last<VecT>(in + d1);
@@ -350,7 +352,7 @@ struct TileRows {
 
   // rot: a rotary chunk whose P pairs start at pair index i0 (else a tail chunk).
   __device__ __forceinline__ void store(const float* cos_tab, const float* sin_tab, int half, int lr0, int step,
-                                        int n, int d0, int d1, bool rot, int i0) {
+                                        int n, int d0, int d1, bool rot, int i0, bool demote) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (lr0 + u * step >= n) break;
@@ -362,6 +364,10 @@ struct TileRows {
       }
       store_vec(out[u] + d0, a[u]);
       if (rot && !kInterleaved) store_vec(out[u] + d1, b[u]);
+      if (demote) {
+        l2_demote_line(src[u] + d0);
+        if (rot && !kInterleaved) l2_demote_line(src[u] + d1);
+      }
     }
   }
 };
@@ -400,7 +406,7 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinBlocks) rope_tile_kernel
 
   // 3. Rotate and store, then the next rows of this chunk, then the next chunk.
   while (have) {
-    rows.store(cos_tab, sin_tab, half, lr0, step, n, d0, d0 + half, c < n_rot, c * P);
+    rows.store(cos_tab, sin_tab, half, lr0, step, n, d0, d0 + half, c < n_rot, c * P, p.x_evict_last == 2);
     lr0 += U * step;
     if (lr0 >= n) {
       c += blockDim.x;
