@@ -44,9 +44,9 @@ void set_lean_share(bool on);
 // Tests/bench: whether variant 6 runs calls without position tensors in its instance without the position code
 // (default on).
 void set_lean_plain(bool on);
-// Bench: the tile variant's x loads with L2's evict_last hint: 0 no (default), 1 yes, 2 yes and
-// each line demoted to evict_normal after use (anything else: 0).
-void set_tile_evict_last(int mode);
+// Tests/bench: whether the tile variant loads x with L2's evict_last hint, each line demoted to
+// evict_normal after use (default on).
+void set_tile_evict_last(bool on);
 #endif
 
 }  // namespace rope_ext

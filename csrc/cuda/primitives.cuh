@@ -29,8 +29,8 @@ __device__ __forceinline__ VecT load_vec(const T* p) {
   return v;
 }
 // The same load with L2's evict_last hint (the fraction-1.0 policy Triton emits for
-// eviction_policy='evict_last'): the line goes to L2's persisting set-aside. An A/B of
-// the tile variant (set_tile_evict_last; bench/NOTES.md, twentieth session).
+// eviction_policy='evict_last'): the line goes to L2's persisting set-aside, where it
+// stays after the kernel unless demoted (l2_demote_line; the tile variant's note).
 template <typename VecT, typename T>
 __device__ __forceinline__ VecT load_vec_last(const T* p) {
   static_assert(sizeof(VecT) == 16, "16-byte vectors");

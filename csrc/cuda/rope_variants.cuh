@@ -318,7 +318,7 @@ struct TileRows {
   using VecT = Vec<T, V>;
   VecT a[U], b[U];
   T* out[U];
-  const T* src[U];  // the rows' inputs (set_tile_evict_last 2: their lines demoted after use)
+  const T* src[U];  // the rows' inputs (with the L2 hint, their lines are demoted after use)
   uint32_t gl[U];  // the row's group within the tile (table row)
 
   // Rows lr0, lr0 + step, ... (local to the tile, < n); x = r_first + lr counts rows
@@ -340,6 +340,14 @@ struct TileRows {
       const T* in = static_cast<const T*>(o.t ? p.t[1].in : p.t[0].in) + o.in;
       out[u] = static_cast<T*>(o.t ? p.t[1].out : p.t[0].out) + o.out;
       src[u] = in;
+      // With L2's evict_last hint (p.x_evict_last, the default), each line demoted to
+      // evict_normal in store() once its data is stored. H100, twentieth session of
+      // 2026-11-27 (bench/load_hints.py, bench/NOTES.md runs 4-6), us in turns, L2
+      // flushed: sbhd bf16 128 MB (W2a) 96.2 -> 95.0 out of place, in place 96.2 -> 95.1;
+      // 96 MB (W2b) 74.1 -> 72.7, in place 73.7 -> 73.2; nothing at 32 MB. The hint
+      // alone gained ~0.5 us more, but left x's dead lines in L2's persisting set-aside
+      // (~9.4 MB): a 30 MB read after it missed L2 (16.1 -> 23.1 us), as after
+      // torch.compile's kernels, whose loads carry it too (21.7); demoted, 16.1.
       if (p.x_evict_last) {
         a[u] = load_vec_last<VecT>(in + d0);
         if (pair) b[u] = load_vec_last<VecT>(in + d1);
@@ -406,7 +414,7 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinBlocks) rope_tile_kernel
 
   // 3. Rotate and store, then the next rows of this chunk, then the next chunk.
   while (have) {
-    rows.store(cos_tab, sin_tab, half, lr0, step, n, d0, d0 + half, c < n_rot, c * P, p.x_evict_last == 2);
+    rows.store(cos_tab, sin_tab, half, lr0, step, n, d0, d0 + half, c < n_rot, c * P, p.x_evict_last);
     lr0 += U * step;
     if (lr0 >= n) {
       c += blockDim.x;
