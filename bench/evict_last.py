@@ -90,7 +90,7 @@ def main():
               "".join(f"{a + '/' + b:>22}" for a, b in PAIRS))
         for mode in args.modes.split(","):
             for with_comp in (False, True):
-                timing.FLUSH = mode
+                before, timing.FLUSH = timing.FLUSH, mode
                 try:
                     sel = {k: f for k, f in fns.items() if with_comp or k != "compile"}
                     got, errs = graph_us_interleaved(sel, args.reps)
@@ -98,7 +98,7 @@ def main():
                     print(f"{mode:>8}: failed: {e}")
                     break
                 finally:
-                    timing.FLUSH = "write"
+                    timing.FLUSH = before
                 for name, e in errs.items():
                     print(f"  {name} failed: {e}")
                 cells = "".join(f"{got[c]:>12.2f}" if c in got else f"{'-':>12}" for c in cols)

@@ -3,19 +3,19 @@
     python bench/load_hints.py [--sizes 8,32,96,128,W2a,W2b] [--reps 100] [--flushes reset,reset+clean,write] [--pin]
 
 Why: under the flush that resets persisting lines (timing.FLUSH "reset", twentieth
-session), torch.compile's kernel, whose loads carry evict_last, ran under the same-size
+session), torch.compile's kernel, whose loads of x's partner halves and of cos/sin carry
+evict_last, ran under the same-size
 copy at W2a / W2b (128 / 96 MB: 92.8 / 70.6 us, copy 93.6 / 71.2, rope_ext 95.1 / 73.0), and
 rope_ext ahead of it under the old flush. Lines loaded with evict_last go to L2's persisting
 set-aside (~9.4 MB here), which the reset leaves empty; the flush's other lines are dirty.
 One Triton copy kernel, its loads with no hint, evict_first or evict_last, beside torch's
-copy, rope_ext and torch.compile on bshd bf16 [1, S, 32, 128], in turns, under the flushes
+copy, rope_ext and torch.compile on bshd bf16 [1, S, 32, 128] (or W2a / W2b, sbhd), in turns,
+under the flushes
 "reset" (dirty lines), "reset" + clean (a 256 MB read after the write: no dirty line left)
-and "write": whether a hint moves a streaming kernel's time, and under which flush. With
-rope_ext's knob (set_tile_evict_last), also rope_ext's tiles with and without the hint
-(their default since the twentieth session: evict_last, each line demoted after use), out
-of place and in place. --pin: whether a call leaves the kernels after it a smaller L2
-(pin_probe). (Run 6's form had a third setting, the hint without the demotion:
-bench/NOTES.md.)
+and "write": whether a hint moves a streaming kernel's time, and under which flush; rope_ext
+in place too. --pin: whether a call leaves the kernels after it a smaller L2 (pin_probe).
+(Runs 5-6 of the twentieth session also timed rope_ext's tiles with the hint, with and
+without demoting each line after use, through an A/B knob since removed: bench/NOTES.md.)
 """
 import argparse
 import os
@@ -32,7 +32,7 @@ import rope_ext  # noqa: E402
 import timing  # noqa: E402
 from rope_ext import reference as ref  # noqa: E402
 from run import hf_cos_sin  # noqa: E402
-from timing import graph_us_interleaved, switched  # noqa: E402
+from timing import graph_us_interleaved  # noqa: E402
 
 
 @triton.jit
@@ -65,7 +65,7 @@ def workload(name):
     return x, layout, cos.view(S, 1, 128), sin.view(S, 1, 128)
 
 
-def pin_probe(reps, tile_last):
+def pin_probe(reps):
     """Does a call whose loads carry evict_last leave L2 smaller for the kernels after it?
     After each flush ("reset"): the call on a 128 MB x, then a read of a buffer z (fp32 sum),
     then that read again, timed: z fits in L2 when nothing is pinned, and its second read
@@ -82,9 +82,7 @@ def pin_probe(reps, tile_last):
              "Triton copy": lambda: _copy[grid](x, y, BLOCK=4096, HINT=0),
              "Triton copy evict_last": lambda: _copy[grid](x, y, BLOCK=4096, HINT=2),
              "torch.compile": lambda: comp(x, c4, s4)}
-    if tile_last is not None:
-        preps["rope_ext tiles, plain loads"] = switched(tile_last, False, True, lambda: rope_ext.apply_rope(x))
-        preps["rope_ext tiles (hint, demoted)"] = lambda: rope_ext.apply_rope(x)
+    preps["rope_ext"] = lambda: rope_ext.apply_rope(x)
     flush = timing._flush_buffer()
     out = torch.empty((), device="cuda")
     print("\npin probe: us of the second read of z (fp32 sum) after the call on 128 MB (median of", reps, ")")
@@ -121,7 +119,6 @@ def main():
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; triton {triton.__version__}")
     print("us, median of", args.reps, "replays per column, columns in turns")
     block = 4096
-    tile_last = getattr(rope_ext._C, "set_tile_evict_last", None)
     for name in (s for s in args.sizes.split(",") if s):
         x, layout, c4, s4 = workload(name)
         xa, ya = torch.randn_like(x), torch.empty_like(x)  # the copies' own buffers
@@ -132,26 +129,22 @@ def main():
         for label, hint in (("copy", 0), ("copy evict_first", 1), ("copy evict_last", 2)):
             fns[label] = lambda hint=hint: _copy[grid](xa, ya, BLOCK=block, HINT=hint)
         fns["rope_ext"] = lambda: rope_ext.apply_rope(x, layout=layout)
-        if tile_last is not None:  # the tiles (auto's kernel here) with plain loads: their default has the hint
-            fns["rope_ext plain"] = switched(tile_last, False, True, lambda: rope_ext.apply_rope(x, layout=layout))
-            fns["rope_ext ip"] = lambda: rope_ext.apply_rope(x, layout=layout, inplace=True)
-            fns["rope_ext ip plain"] = switched(tile_last, False, True,
-                                                lambda: rope_ext.apply_rope(x, layout=layout, inplace=True))
+        fns["rope_ext ip"] = lambda: rope_ext.apply_rope(x, layout=layout, inplace=True)
         fns["compile"] = lambda: comp(x, c4, s4)
         print(f"\n{name}: {layout} bf16 {list(x.shape)} ({x.numel() * 2 / 2**20:g} MB)")
         print(f"{'flush':>14}" + "".join(f"{c:>17}" for c in fns))
         for label in args.flushes.split(","):
             mode, clean = label.split("+")[0], label.endswith("+clean")
-            timing.FLUSH = mode
+            before, timing.FLUSH = timing.FLUSH, mode
             try:
                 got, errs = graph_us_interleaved(fns, args.reps, clean=clean)
             finally:
-                timing.FLUSH = "reset"
+                timing.FLUSH = before
             for col, e in errs.items():
                 print(f"  {col} failed: {e}")
             print(f"{label:>14}" + "".join(f"{got[c]:>17.2f}" if c in got else f"{'-':>17}" for c in fns), flush=True)
     if args.pin:
-        pin_probe(max(20, args.reps // 2), tile_last)
+        pin_probe(max(20, args.reps // 2))
 
 
 if __name__ == "__main__":

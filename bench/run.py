@@ -8,8 +8,8 @@
     python bench/run.py --suite variants   # norm+rope, M-RoPE, axial vs torch.compile (bench/variants.py)
     python bench/run.py --suite all --json out.json --csv out.csv
 
-Timing: CUDA events around each call, after warm-up, with the L2 flushed (a 256 MB
-write) before every timed call and the GPU held busy (torch.cuda._sleep) while the host
+Timing: CUDA events around each call, after warm-up, with the L2 flushed (L2's persisting
+lines reset, then a 256 MB write: bench/timing.py) before every timed call and the GPU held busy (torch.cuda._sleep) while the host
 enqueues it, so host overhead stays out of the device time; the median of --reps calls. GB/s counts the bytes
 that must move: x read once and the output written once. "% copy" compares with a
 device-to-device copy measured in the same run the same way ("% ss copy": a copy of the
@@ -431,7 +431,9 @@ def latency_suite(peers, reps, quick=False):
         # compiled column's own time moved with what ran before it (8 MB 8.6-10.4 us): so
         # on the GPU the columns' replays take turns (graph_us_interleaved) and all see
         # the same states. ROPE_EXT_BENCH_SEQUENTIAL=1 times them one after another as
-        # before (torch.compile last, a discarded timing after it).
+        # before (torch.compile last, a discarded timing after it). (Much of that was the
+        # compiled kernel's evict_last lines of the shared x outliving the flush's write:
+        # the flush now resets them first, timing.FLUSH, twentieth session.)
         if CUDA and not sequential:
             got, errs = graph_us_interleaved({c: fns[c] for c, _ in LAT_COLS if c in fns}, reps)
             for col, _ in LAT_COLS:

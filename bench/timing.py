@@ -2,23 +2,24 @@
 attn.py, variants.py; fp8_splits.py, tune_*.py): the timers, the copy reference and the
 row table. No suite imports another; all import this.
 
-Timer: CUDA events around each call, after warm-up, the L2 flushed (a 256 MB write)
-before every timed call and the GPU held busy while the host enqueues it; the median.
+Timer: CUDA events around each call, after warm-up, the L2 flushed (flush_l2: the
+persisting lines reset, then a 256 MB write) before every timed call and the GPU held busy
+while the host enqueues it; the median.
 graph_us: ONE call captured in a CUDA graph, replayed after an L2 flush each time; the
 median. graph_us_interleaved: the same for several calls at once, their replays taking
 turns in a new random order each round (the latency and attn suites' timer since the
 second session of 2026-11-26). eager_us: back-to-back eager calls, host included.
 Without a GPU, wall clock.
 
-The flush is a write, as triton's do_bench's (zero_): L2 is write-back, so the timed call
+The flush is a write, as triton's do_bench's (zero_), after a reset of L2's persisting lines
+(FLUSH below). L2 is write-back, so the timed call
 starts with ~50 MB of the flush's dirty lines in L2, and its own reads and writes evict
 them: their write-back shares DRAM with the call (bench/flush_study.py measures what that
 costs). CLEAN_L2 (`run.py --clean-l2`, or ROPE_EXT_BENCH_CLEAN_L2=1) adds a 256 MB read of
 another buffer after the write: the dirty lines go back before the timed call, and L2
 holds clean lines the call never touches (still a cold L2 for the call's data).
-Before the write, the persisting lines are reset to normal (FLUSH, "reset"): lines a kernel
-loaded with the evict_last hint (torch.compile's) otherwise outlive the write, and a call
-that reads the same tensor finds them in L2.
+The reset: lines a kernel loaded with the evict_last hint (torch.compile's) otherwise
+outlive the write, and a call that reads the same tensor finds them in L2.
 """
 import os
 import random
@@ -36,13 +37,13 @@ _CLEAN = []
 # them): "reset" (the default) cudaCtxResetPersistingL2Cache() first; "write" nothing, the
 # suites' flush until the twentieth session; "last" a read of another 256 MB with the
 # evict_last hint first; "discard" that read, then every line of it discarded from L2.
-# Why: lines loaded with evict_last (Inductor loads x and cos/sin so) go to L2's persisting
-# set-aside (9.4 MB on the H100 here) and outlive any amount of normal writes: under
-# "write", every call that read x after torch.compile's column found up to ~9 MB of it in
-# L2 (H100, 8 MB: a plain read of x 8.0 us against the copy's 10.6; 32 MB 24.7 against
-# 27.6). "reset" and "discard" put it level (10.0 / 10.2, 27.2 / 27.4) without moving the
-# copy; "last" leaves its own lines there and slowed every column 0.3-0.6 us at 8 MB.
-# bench/NOTES.md, twentieth session, runs 1-2.
+# Why: lines loaded with evict_last (Inductor's loads of x's partner halves and of cos/sin)
+# go to L2's persisting set-aside (9.4 MB on the H100 here) and outlive any amount of normal
+# writes: under "write", every call that read x after torch.compile's column found up to
+# ~9 MB of it in L2 (H100, 8 MB: a plain read of x 8.0 us against the copy's 10.6; 32 MB
+# 24.7 against 27.6). "reset" and "discard" put it level (10.0 / 10.2, 27.2 / 27.4) without
+# moving the copy; "last" leaves its own lines there and slowed the columns 0.1-0.7 us at
+# 8 MB. bench/NOTES.md, twentieth session, runs 1-2.
 FLUSH = os.environ.get("ROPE_EXT_BENCH_FLUSH", "reset")
 FLUSH_MODES = ("reset", "write", "last", "discard")
 _RT, _SWEEP = [], []
@@ -52,11 +53,20 @@ def _cudart():
     """The CUDA runtime torch loaded (ctypes), for the calls torch does not expose."""
     if not _RT:
         import ctypes
+        paths = []
         with open("/proc/self/maps") as f:
-            path = next((line.split()[-1] for line in f if "libcudart" in line), None)
-        if path is None:
-            raise RuntimeError("libcudart is not loaded in this process")
-        _RT.append(ctypes.CDLL(path))
+            for line in f:
+                if "libcudart" in line and "/" in line:
+                    paths.append(line[line.index("/"):].strip().removesuffix(" (deleted)"))
+        for name in paths + ["libcudart.so.13", "libcudart.so.12", "libcudart.so"]:
+            try:
+                _RT.append(ctypes.CDLL(name))
+                break
+            except OSError:
+                continue
+        else:
+            raise RuntimeError("timing: the CUDA runtime library was not found, so the flush cannot reset L2's "
+                               "persisting lines; ROPE_EXT_BENCH_FLUSH=write times without the reset")
     return _RT[0]
 
 
@@ -95,14 +105,15 @@ def flush_l2(buf, clean=None, mode=None):
         torch.cuda.synchronize()
         err = _cudart().cudaCtxResetPersistingL2Cache()
         if err:
-            raise RuntimeError(f"cudaCtxResetPersistingL2Cache: error {err}")
+            raise RuntimeError(f"timing: cudaCtxResetPersistingL2Cache returned error {err} (a GPU without L2 "
+                               "persistence?); ROPE_EXT_BENCH_FLUSH=write times without the reset")
     elif mode in ("last", "discard"):
         read_last, discard, src, out, block = _sweep_state()
         read_last[(out.numel(),)](src, out, BLOCK=block)
         if mode == "discard":
             discard[(out.numel(),)](src, BLOCK=block)
     elif mode != "write":
-        raise ValueError(f"ROPE_EXT_BENCH_FLUSH={mode!r}: one of {FLUSH_MODES}")
+        raise ValueError(f"flush mode {mode!r} (timing.FLUSH, ROPE_EXT_BENCH_FLUSH): one of {FLUSH_MODES}")
     buf.fill_(1)
     if CLEAN_L2 if clean is None else clean:
         if not _CLEAN:
@@ -220,8 +231,8 @@ def print_table(title, rows, ratio="x naive", err=False, ss_us=None):
 
 def graph_us(fn, reps=200, flush=None, clean=None):
     """µs of ONE call of fn captured in a CUDA graph, replayed `reps` times, each replay
-    after an L2 flush (flush_l2: a 256 MB write; clean: then a 256 MB read) with the GPU
-    held busy while the host enqueues it; the median. Device time of one call, launch
+    after an L2 flush (flush_l2: the persisting lines reset, a 256 MB write; clean: then a
+    256 MB read) with the GPU held busy while the host enqueues it; the median. Device time of one call, launch
     included, host overhead excluded."""
     return statistics.median(graph_samples(fn, reps, flush, clean))
 

@@ -44,9 +44,6 @@ void set_lean_share(bool on);
 // Tests/bench: whether variant 6 runs calls without position tensors in its instance without the position code
 // (default on).
 void set_lean_plain(bool on);
-// Tests/bench: whether the tile variant loads x with L2's evict_last hint, each line demoted to
-// evict_normal after use (default on).
-void set_tile_evict_last(bool on);
 #endif
 
 }  // namespace rope_ext

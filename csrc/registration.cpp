@@ -118,9 +118,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_lean_plain", &rope_ext::set_lean_plain,
         "tests/bench: whether variant 6 runs calls without position tensors in its instance without the "
         "position code (default on; off: the general instance)");
-  m.def("set_tile_evict_last", &rope_ext::set_tile_evict_last,
-        "tests/bench: whether the tile variant loads x with L2's evict_last hint, each line demoted to "
-        "evict_normal after use (default on; off: plain loads)");
   m.def("set_decode_cluster_merge", &rope_ext::set_decode_cluster_merge,
         "tests/bench: whether attention_decode's splits may merge in a thread-block cluster (default on; "
         "off: the combine kernel)");

@@ -86,9 +86,6 @@ struct RopeParams {
   // True when a token's position does not depend on b (shared positions [S], or
   // arange + scalar offset): the kernels then reuse sin/cos across the batch.
   bool pos_shared_b = false;
-  // The tile variant loads x with L2's evict_last hint and demotes each line to
-  // evict_normal once its data is used (TileRows; set_tile_evict_last, default on).
-  bool x_evict_last = false;
 
   // kBase with R/2 <= kParamFreqs (every head dim up to 256): HF's float32 table, built
   // on the host with the same ATen ops as transformers (rope_ops.cpp), carried in the

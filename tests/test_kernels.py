@@ -1,6 +1,5 @@
 """Every variant x dtype x layout x memory view, forward and backward, against the
 float64 truth and both PyTorch references. CPU always; CUDA where there is a GPU."""
-import math
 import os
 
 import pytest
@@ -402,48 +401,6 @@ def test_lean_token_strides(layout, B, S, positions):
         C.set_lean_rows_per_thread(0)
         C.set_lean_share(True)
         C.set_lean_plain(True)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("interleaved", [False, True])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_tile_l2_hint(dtype, interleaved):
-    """The tiles load x with L2's evict_last hint and demote each line after use (their
-    default, set_tile_evict_last): the same bits as plain loads, within the float64 truth's
-    bounds, out of place, in place (over a poisoned copy: every element rewritten) and in
-    the backward; a rotary_dim short of D (the tail's chunks) and an input 16 bytes past a
-    128-byte line (a line no thread of the row starts is left alone)."""
-    dev, shape, R = "cuda", (2, 37, 6, 128), 96
-    off = 16 // torch.empty((), dtype=dtype).element_size()
-    buf = randn((math.prod(shape) + off,), dtype, dev)
-    x = buf[off:].view(shape)
-    assert x.data_ptr() % 128 == 16
-    pos = torch.randint(0, 1 << 20, shape[:2], device=dev)
-    kw = dict(rotary_dim=R, interleaved=interleaved, impl="fp32x4_tile")
-    C = rope_ext._C
-    got = {}
-    try:
-        for hint in (True, False):
-            C.set_tile_evict_last(hint)
-            out = rope_ext.apply_rope(x, pos, **kw)
-            ip = torch.full_like(buf, float("nan"))
-            ip[off:].view(shape).copy_(x)
-            rope_ext.apply_rope(ip[off:].view(shape), pos, inplace=True, **kw)
-            xl = x.detach().clone().requires_grad_()
-            g = torch.ones_like(x) * 0.5 + x.detach()
-            rope_ext.apply_rope(xl, pos, **kw).backward(g)
-            got[hint] = (out, ip[off:].view(shape), xl.grad, g)
-    finally:
-        C.set_tile_evict_last(True)
-    truth = ref.rope_float64(x, pos, rotary_dim=R, interleaved=interleaved)
-    for what, a, b in zip(("out of place", "in place", "grad"), got[True][:3], got[False][:3]):
-        assert torch.equal(a, b), f"hinted vs plain loads ({what})"
-    scale = x.abs().max().item()
-    assert_close_f64(got[True][0], truth, scale, "hinted tiles vs float64")
-    assert_close_f64(got[True][1], truth, scale, "hinted tiles in place vs float64")
-    g = got[True][3]
-    assert_close_f64(got[True][2], ref.rope_float64(g, pos, inverse=True, rotary_dim=R, interleaved=interleaved),
-                     g.abs().max().item(), "hinted tiles' grad vs float64")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

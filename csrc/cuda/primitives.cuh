@@ -28,26 +28,6 @@ __device__ __forceinline__ VecT load_vec(const T* p) {
   *reinterpret_cast<uint4*>(&v) = *reinterpret_cast<const uint4*>(p);
   return v;
 }
-// The same load with L2's evict_last hint (the fraction-1.0 policy Triton emits for
-// eviction_policy='evict_last'): the line goes to L2's persisting set-aside, where it
-// stays after the kernel unless demoted (l2_demote_line; the tile variant's note).
-template <typename VecT, typename T>
-__device__ __forceinline__ VecT load_vec_last(const T* p) {
-  static_assert(sizeof(VecT) == 16, "16-byte vectors");
-  VecT v;
-  uint4& u = *reinterpret_cast<uint4*>(&v);
-  asm("{\n\t.reg .b64 pol;\n\tcreatepolicy.fractional.L2::evict_last.b64 pol, 1.0;\n\t"
-      "ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], pol;\n\t}"
-      : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
-      : "l"(p));
-  return v;
-}
-// Back to L2's normal eviction priority: the 128-byte line p starts (a thread whose
-// chunk does not start a line does nothing; applypriority wants the line's address).
-__device__ __forceinline__ void l2_demote_line(const void* p) {
-  if ((reinterpret_cast<uintptr_t>(p) & 127) == 0)
-    asm volatile("applypriority.global.L2::evict_normal [%0], 128;" ::"l"(p) : "memory");
-}
 template <typename VecT, typename T>
 __device__ __forceinline__ void store_vec(T* p, const VecT& v) {
   *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(&v);

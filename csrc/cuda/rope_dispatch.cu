@@ -27,7 +27,6 @@ using cuda_launch::ceil_div;
 using cuda_launch::sm_count;
 
 std::atomic<int> g_tile_rows_per_thread{0};  // 0: the default below (tuning hook)
-std::atomic<bool> g_tile_evict_last{true};   // the tiles' x loads with L2's evict_last hint, demoted after use
 std::atomic<int> g_flat_rows_per_thread{0};  // 0: the default in launch_flat (tuning hook)
 // (auto used to pick variant 5, flat, below a size limit, ROPE_EXT_FLAT_MAX_BYTES; issue 19:
 // flat measured level with the tiles or slower everywhere on the H100, so the limit is gone.)
@@ -64,7 +63,6 @@ void launch_tile(const RopeParams& shared, int device, cudaStream_t stream) {
   const TensorView& v0 = p.t[0];
   if (p.pos_shared_b && p.B > 1 && heads_total(p) >= 8 && std::abs(v0.in_stride[0]) > std::abs(v0.in_stride[1]))
     p.pos_shared_b = false;
-  p.x_evict_last = g_tile_evict_last.load(std::memory_order_relaxed);
   constexpr int V = 16 / sizeof(T);
   const int half = p.R / 2;
   const int bx = std::min(row_chunks(p, V), cuda::kTileThreads);
@@ -378,7 +376,6 @@ void set_lean_plain(bool on) { g_lean_plain.store(on); }
 void set_lean_min_block(int n) { g_lean_min_block.store(n < 0 ? 0 : n); }  // 1: the old rule (down to RB = 1)
 void set_lean_rows_per_thread(int n) { g_lean_rows_per_thread.store((n == 1 || n == 2 || n == 4 || n == 8) ? n : 0); }
 void set_tile_rows_per_thread(int n) { g_tile_rows_per_thread.store(n < 0 ? 0 : n); }
-void set_tile_evict_last(bool on) { g_tile_evict_last.store(on); }
 void set_flat_rows_per_thread(int n) { g_flat_rows_per_thread.store(n < 0 ? 0 : n); }
 
 void run_cuda(const RopeParams& p, Impl impl, at::ScalarType dtype, c10::Device device) {

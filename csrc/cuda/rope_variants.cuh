@@ -318,7 +318,6 @@ struct TileRows {
   using VecT = Vec<T, V>;
   VecT a[U], b[U];
   T* out[U];
-  const T* src[U];  // the rows' inputs (with the L2 hint, their lines are demoted after use)
   uint32_t gl[U];  // the row's group within the tile (table row)
 
   // Rows lr0, lr0 + step, ... (local to the tile, < n); x = r_first + lr counts rows
@@ -339,28 +338,23 @@ struct TileRows {
       // __grid_constant__ array with one LDC: variant 6's step 1; not re-checked here).
       const T* in = static_cast<const T*>(o.t ? p.t[1].in : p.t[0].in) + o.in;
       out[u] = static_cast<T*>(o.t ? p.t[1].out : p.t[0].out) + o.out;
-      src[u] = in;
-      // With L2's evict_last hint (p.x_evict_last, the default), each line demoted to
-      // evict_normal in store() once its data is stored. H100, twentieth session of
-      // 2026-11-27 (bench/load_hints.py, bench/NOTES.md runs 4-6), us in turns, L2
-      // flushed: sbhd bf16 128 MB (W2a) 96.2 -> 95.0 out of place, in place 96.2 -> 95.1;
-      // 96 MB (W2b) 74.1 -> 72.7, in place 73.7 -> 73.2; nothing at 32 MB. The hint
-      // alone gained ~0.5 us more, but left x's dead lines in L2's persisting set-aside
-      // (~9.4 MB): a 30 MB read after it missed L2 (16.1 -> 23.1 us), as after
-      // torch.compile's kernels, whose loads carry it too (21.7); demoted, 16.1.
-      if (p.x_evict_last) {
-        a[u] = load_vec_last<VecT>(in + d0);
-        if (pair) b[u] = load_vec_last<VecT>(in + d1);
-      } else {
-        a[u] = load_vec<VecT>(in + d0);
-        if (pair) b[u] = load_vec<VecT>(in + d1);
-      }
+      // (Tried, twentieth session of 2026-11-27, bench/NOTES.md runs 4-8: these loads with
+      // L2's evict_last hint, each line demoted to evict_normal after its store. In turns
+      // on the latency suite's inputs (H100, two passes), plain / hinted: W2a 1.008-1.011x,
+      // W2b 1.013-1.014x, 512 MB 1.008-1.009x, 128 MB 1.004x out of place. Not kept: under
+      // the >= 1.01x at W2a, W2b and 128 MB set before that run; its cost where the tiles
+      // take small calls not measured; and a line whose start this kernel does not load
+      // (in place with R < D off a 128-byte line, rows not a multiple of 128 bytes) stays
+      // pinned. The hint without the demotion leaves the dead lines in L2's persisting
+      // set-aside, as torch.compile's kernels do: a 30 MB read after it 16.1 -> 23.1 us.)
+      a[u] = load_vec<VecT>(in + d0);
+      if (pair) b[u] = load_vec<VecT>(in + d1);
     }
   }
 
   // rot: a rotary chunk whose P pairs start at pair index i0 (else a tail chunk).
   __device__ __forceinline__ void store(const float* cos_tab, const float* sin_tab, int half, int lr0, int step,
-                                        int n, int d0, int d1, bool rot, int i0, bool demote) {
+                                        int n, int d0, int d1, bool rot, int i0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (lr0 + u * step >= n) break;
@@ -372,10 +366,6 @@ struct TileRows {
       }
       store_vec(out[u] + d0, a[u]);
       if (rot && !kInterleaved) store_vec(out[u] + d1, b[u]);
-      if (demote) {
-        l2_demote_line(src[u] + d0);
-        if (rot && !kInterleaved) l2_demote_line(src[u] + d1);
-      }
     }
   }
 };
@@ -414,7 +404,7 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinBlocks) rope_tile_kernel
 
   // 3. Rotate and store, then the next rows of this chunk, then the next chunk.
   while (have) {
-    rows.store(cos_tab, sin_tab, half, lr0, step, n, d0, d0 + half, c < n_rot, c * P, p.x_evict_last);
+    rows.store(cos_tab, sin_tab, half, lr0, step, n, d0, d0 + half, c < n_rot, c * P);
     lr0 += U * step;
     if (lr0 >= n) {
       c += blockDim.x;
