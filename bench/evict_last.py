@@ -73,11 +73,7 @@ def main():
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--modes", default=",".join(timing.FLUSH_MODES))
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("evict_last.py needs a GPU")
-    peers = Peers()
-    peers.report()
-    print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; {l2_report()}")
+    peers = Peers.for_script("evict_last.py", extra=l2_report() if torch.cuda.is_available() else "")
     print("us, median of", args.reps, "replays per column, columns in turns; ratios: a / b (>= 1: b at or ahead)")
     for S in (int(s) for s in args.sizes.split(",") if s):
         torch._dynamo.reset()

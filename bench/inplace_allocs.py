@@ -146,11 +146,7 @@ def main():
                          "there; torch.compile on x and the cos/sin Liger reads), then all but the first compiled "
                          "column, then alone again")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("inplace_allocs.py needs a GPU")
-    peers = Peers()
-    peers.report()
-    print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}")
+    peers = Peers.for_script("inplace_allocs.py")
     for S in (int(s) for s in args.sizes.split(",") if s):
         torch._dynamo.reset()
         comp = torch.compile(ref.apply_cos_sin, dynamic=False)

@@ -260,6 +260,17 @@ class Peers:
         for name, why in self.why.items():
             print(f"  {name}: n/a ({why})")
 
+    @classmethod
+    def for_script(cls, script, extra=""):
+        """A GPU-only bench script's start: exits without a GPU, else the peers (those
+        missing reported) and a line naming the device and torch (then `extra`)."""
+        if not CUDA:
+            sys.exit(f"{script} needs a GPU")
+        peers = cls()
+        peers.report()
+        print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}" + (f"; {extra}" if extra else ""))
+        return peers
+
     def _liger(self, q, k, cos, sin, backward=False):
         m = self.mods["Liger"]
         qb, kb = q.unsqueeze(0).transpose(1, 2), k.unsqueeze(0).transpose(1, 2)  # bhsd views of thd memory
