@@ -1,0 +1,135 @@
+"""Why torch.compile runs W2a / W2b out of place under the same-size copy, and rope_ext 2-3%
+over it (issue 19; bench/NOTES.md, twenty-first session).
+
+    python bench/w2_study.py [--sizes W2a,W2b,128] [--reps 100] [--flushes reset,reset+clean] [--code FILE]
+    ncu --profile-from-start off --metrics ... python bench/w2_study.py --ncu W2b
+
+Columns, timed in turns (timing.graph_us_interleaved), x the same tensor for all:
+  - rope_ext auto, and the tiles at 1 / 4 rows per thread (set_tile_rows_per_thread; 2 is auto's);
+  - torch.compile with its own output (the suite's column), and writing into `buf` (out.copy_(f(x))
+    compiled: Inductor stores into buf directly);
+  - torch's copy x -> buf; a plain Triton copy x -> buf; the suite's copy (its own buffers);
+  - a minimal Triton RoPE x -> buf reading the same bf16 cos/sin rows as torch.compile, its x loads
+    plain or with evict_last, its table loads with evict_last (as Inductor's) or plain.
+Same output buffer, same input: if torch.compile -> buf is still under copy -> buf, its lead is
+the kernel, not where its output lies; the Triton RoPE variants say which of its loads' hints
+(if any) buys it. --code FILE: Inductor's generated code for the W2b call, to read its grid,
+block and hints. --ncu W: each of those calls once inside the profiler range (NVTX-named).
+"""
+import argparse
+import os
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import rope_ext  # noqa: E402
+import timing  # noqa: E402
+from load_hints import workload  # noqa: E402
+from rope_ext import reference as ref  # noqa: E402
+from timing import graph_us_interleaved, same_size_copy, switched  # noqa: E402
+
+
+@triton.jit
+def _copy(src, dst, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(dst + offs, tl.load(src + offs))
+
+
+@triton.jit
+def _rope(x, out, cos, sin, G, BLOCK_R: tl.constexpr, XHINT: tl.constexpr, THINT: tl.constexpr):
+    """Rows of 128 bf16 (neox halves), BLOCK_R rows a program; row r's position r // G; cos /
+    sin [S, 128] bf16 rows (halves equal), the first half read."""
+    r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = tl.arange(0, 64)
+    a = r[:, None] * 128 + c[None, :]
+    t = (r // G)[:, None] * 128 + c[None, :]
+    if XHINT:
+        x1 = tl.load(x + a, eviction_policy="evict_last").to(tl.float32)
+        x2 = tl.load(x + a + 64, eviction_policy="evict_last").to(tl.float32)
+    else:
+        x1 = tl.load(x + a).to(tl.float32)
+        x2 = tl.load(x + a + 64).to(tl.float32)
+    if THINT:
+        co = tl.load(cos + t, eviction_policy="evict_last").to(tl.float32)
+        si = tl.load(sin + t, eviction_policy="evict_last").to(tl.float32)
+    else:
+        co = tl.load(cos + t).to(tl.float32)
+        si = tl.load(sin + t).to(tl.float32)
+    tl.store(out + a, (x1 * co - x2 * si).to(tl.bfloat16))
+    tl.store(out + a + 64, (x2 * co + x1 * si).to(tl.bfloat16))
+
+
+def columns(name):
+    """{column: fn} for one workload, and a check of the Triton RoPE against rope_ext."""
+    x, layout, c4, s4 = workload(name)
+    S = x.shape[0] if layout == "sbhd" else x.shape[1]
+    G = x.numel() // (S * 128)  # rows per position
+    cos2, sin2 = c4.reshape(S, 128), s4.reshape(S, 128)
+    buf = torch.empty_like(x)
+    torch._dynamo.reset()
+    comp = torch.compile(ref.apply_cos_sin, dynamic=False)
+    comp_into = torch.compile(lambda x, c, s, out: out.copy_(ref.apply_cos_sin(x, c, s)), dynamic=False)
+    rows = x.numel() // 128
+    set_rows = rope_ext._C.set_tile_rows_per_thread
+    fns = {"rope_ext": lambda: rope_ext.apply_rope(x, layout=layout)}
+    for n in (1, 4):
+        fns[f"tile {n} rows"] = switched(set_rows, n, 0, lambda: rope_ext.apply_rope(x, layout=layout,
+                                                                                     impl="fp32x4_tile"))
+    fns["compile"] = lambda: comp(x, c4, s4)
+    fns["compile->buf"] = lambda: comp_into(x, c4, s4, buf)
+    fns["copy->buf"] = lambda: buf.copy_(x)
+    fns["tri copy->buf"] = lambda: _copy[(x.numel() // 4096,)](x, buf, BLOCK=4096)
+    fns["suite copy"] = same_size_copy(x.numel(), x.dtype)
+    for br in (8, 32):
+        for xh, th, tag in ((0, 1, "tbl last"), (0, 0, "plain"), (1, 1, "all last")):
+            fns[f"tri rope {br} {tag}"] = (lambda br=br, xh=xh, th=th: _rope[(rows // br,)](
+                x, buf, cos2, sin2, G, BLOCK_R=br, XHINT=xh, THINT=th))
+    # Check the Triton RoPE (fp32 math on bf16 tables, so ~1 bf16 ulp from rope_ext's).
+    _rope[(rows // 8,)](x, buf, cos2, sin2, G, BLOCK_R=8, XHINT=0, THINT=1)
+    err = (buf.float() - rope_ext.apply_rope(x, layout=layout).float()).abs().max().item()
+    assert err < 0.07 * x.float().abs().max().item(), f"{name}: Triton RoPE off by {err}"
+    return x, layout, comp, (c4, s4), fns
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="W2a,W2b,128")
+    ap.add_argument("--reps", type=int, default=100)
+    ap.add_argument("--flushes", default="reset,reset+clean")
+    ap.add_argument("--code", default="", help="write Inductor's code for the W2b call here")
+    ap.add_argument("--ncu", default="", help="one workload: each column once in the profiler range")
+    args = ap.parse_args()
+    if args.ncu:
+        *_, fns = columns(args.ncu)
+        timing.profile_once(fns)
+        return
+    print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; triton {triton.__version__}")
+    print(f"us, median of {args.reps} replays a column, columns in turns; buf: one output buffer shared")
+    for name in (s for s in args.sizes.split(",") if s):
+        x, layout, comp, (c4, s4), fns = columns(name)
+        if args.code and name == "W2b":
+            from torch._inductor.utils import run_and_get_code
+            torch._dynamo.reset()
+            _, code = run_and_get_code(torch.compile(ref.apply_cos_sin, dynamic=False), x, c4, s4)
+            with open(args.code, "w") as f:
+                f.write("\n\n".join(code))
+        print(f"\n{name}: {layout} bf16 {list(x.shape)} ({x.numel() * 2 / 2**20:g} MB)")
+        for label in args.flushes.split(","):
+            mode, clean = label.split("+")[0], label.endswith("+clean")
+            before, timing.FLUSH = timing.FLUSH, mode
+            try:
+                got, errs = graph_us_interleaved(fns, args.reps, clean=clean)
+            finally:
+                timing.FLUSH = before
+            print(f"  flush {label}" + "".join(f"; {c} failed: {e}" for c, e in errs.items()))
+            for c in fns:
+                if c in got:
+                    print(f"    {c:<22}{got[c]:>9.2f}")
+
+
+if __name__ == "__main__":
+    main()
