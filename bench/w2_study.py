@@ -6,6 +6,8 @@ over it (issue 19; bench/NOTES.md, twenty-first session).
 
 Columns, timed in turns (timing.graph_us_interleaved), x the same tensor for all:
   - rope_ext auto, and the tiles at 1 / 4 rows per thread (set_tile_rows_per_thread; 2 is auto's);
+  - the lean kernel (auto's up to 32 MB) past its size limit: width 8 / 16 bytes, rows per
+    thread by its rule or 2 / 4;
   - torch.compile with its own output (the suite's column), and writing into `buf` (out.copy_(f(x))
     compiled: Inductor stores into buf directly);
   - torch's copy x -> buf; a plain Triton copy x -> buf; the suite's copy (its own buffers);
@@ -63,6 +65,20 @@ def _rope(x, out, cos, sin, G, BLOCK_R: tl.constexpr, XHINT: tl.constexpr, THINT
     tl.store(out + a + 64, (x2 * co + x1 * si).to(tl.bfloat16))
 
 
+def knobbed(knobs, fn):
+    """fn with several rope_ext._C switches set ((setter, value, default), ...), each back
+    to its default after (a CUDA graph captures the switched road)."""
+    def run():
+        for setter, value, _ in knobs:
+            setter(value)
+        try:
+            return fn()
+        finally:
+            for setter, _, default in knobs:
+                setter(default)
+    return run
+
+
 def columns(name):
     """{column: fn} for one workload, and a check of the Triton RoPE against rope_ext."""
     x, layout, c4, s4 = workload(name)
@@ -79,6 +95,11 @@ def columns(name):
     for n in (1, 4):
         fns[f"tile {n} rows"] = switched(set_rows, n, 0, lambda: rope_ext.apply_rope(x, layout=layout,
                                                                                      impl="fp32x4_tile"))
+    C = rope_ext._C
+    for w, u in ((8, 0), (16, 0), (8, 2), (8, 4)):  # lean past its 32 MB limit: width, rows per thread
+        fns[f"lean w{w} U{u or 'rule'}"] = knobbed(((C.set_lean_max_bytes, 1 << 40, -1), (C.set_lean_bytes, w, -1),
+                                                    (C.set_lean_rows_per_thread, u, 0)),
+                                                   lambda: rope_ext.apply_rope(x, layout=layout))
     fns["compile"] = lambda: comp(x, c4, s4)
     fns["compile->buf"] = lambda: comp_into(x, c4, s4, buf)
     fns["copy->buf"] = lambda: buf.copy_(x)
@@ -92,6 +113,11 @@ def columns(name):
     _rope[(rows // 8,)](x, buf, cos2, sin2, G, BLOCK_R=8, XHINT=0, THINT=1)
     err = (buf.float() - rope_ext.apply_rope(x, layout=layout).float()).abs().max().item()
     assert err < 0.07 * x.float().abs().max().item(), f"{name}: Triton RoPE off by {err}"
+    # The lean columns against the tiles' output (the suite has them bit-equal at small sizes).
+    want = rope_ext.apply_rope(x, layout=layout, impl="fp32x4_tile")
+    for c in (c for c in fns if c.startswith("lean")):
+        d = (fns[c]().float() - want.float()).abs().max().item()
+        print(f"  {name} {c}: max |lean - tiles| = {d:g}")
     return x, layout, comp, (c4, s4), fns
 
 
