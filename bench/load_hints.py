@@ -47,11 +47,11 @@ def _copy(src, dst, BLOCK: tl.constexpr, HINT: tl.constexpr):
     tl.store(dst + offs, x)
 
 
-SHAPES = {"W2a": ("sbhd", (4096, 1, 128, 128)), "W2b": ("sbhd", (512, 32, 24, 128))}
+SHAPES = {"W2a": ("sbhd", (4096, 1, 128, 128)), "W2b": ("sbhd", (512, 32, 24, 128)), "W1": ("bshd", (4, 4096, 32, 128))}
 
 
 def workload(name):
-    """x, the layout, and torch.compile's cos / sin views of a shape name: W2a / W2b, or
+    """x, the layout, and torch.compile's cos / sin views of a shape name: W1 / W2a / W2b, or
     N (MB) for bshd bf16 [1, S, 32, 128]."""
     if name in SHAPES:
         layout, shape = SHAPES[name]

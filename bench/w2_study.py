@@ -5,14 +5,16 @@ over it (issue 19; bench/NOTES.md, twenty-first session).
     ncu --profile-from-start off --metrics ... python bench/w2_study.py --ncu W2b
 
 Columns, timed in turns (timing.graph_us_interleaved), x the same tensor for all:
-  - rope_ext auto, and the tiles at 1 / 4 rows per thread (set_tile_rows_per_thread; 2 is auto's);
-  - the lean kernel (auto's up to 32 MB) past its size limit: width 8 / 16 bytes, rows per
-    thread by its rule or 2 / 4;
+  - rope_ext auto, the tiles (auto's here until run 4) at 2 (their default) / 1 / 4 rows
+    per thread (set_tile_rows_per_thread);
+  - the lean kernel (auto's for 16-bit types since run 4) at width 16, and at 1 / 4 rows per
+    thread (its rule: 2 past 32 MB);
   - torch.compile with its own output (the suite's column), and writing into `buf` (out.copy_(f(x))
     compiled: Inductor stores into buf directly);
-  - torch's copy x -> buf; a plain Triton copy x -> buf; the suite's copy (its own buffers);
+  - torch's copy x -> buf; the suite's copy (its own buffers);
   - a minimal Triton RoPE x -> buf reading the same bf16 cos/sin rows as torch.compile, its x loads
-    plain or with evict_last, its table loads with evict_last (as Inductor's) or plain.
+    plain or with evict_last, its table loads with evict_last (as Inductor's) or plain, 8 rows
+    a program.
 Same output buffer, same input: if torch.compile -> buf is still under copy -> buf, its lead is
 the kernel, not where its output lies; the Triton RoPE variants say which of its loads' hints
 (if any) buys it. --code FILE: Inductor's generated code for the W2b call, to read its grid,
@@ -36,19 +38,13 @@ from timing import graph_us_interleaved, same_size_copy, switched  # noqa: E402
 
 
 @triton.jit
-def _copy(src, dst, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(dst + offs, tl.load(src + offs))
-
-
-@triton.jit
-def _rope(x, out, cos, sin, G, BLOCK_R: tl.constexpr, XHINT: tl.constexpr, THINT: tl.constexpr):
-    """Rows of 128 bf16 (neox halves), BLOCK_R rows a program; row r's position r // G; cos /
-    sin [S, 128] bf16 rows (halves equal), the first half read."""
+def _rope(x, out, cos, sin, G, S, BLOCK_R: tl.constexpr, XHINT: tl.constexpr, THINT: tl.constexpr):
+    """Rows of 128 bf16 (neox halves), BLOCK_R rows a program; row r's position (r // G) % S
+    (G: rows a token); cos / sin [S, 128] bf16 rows (halves equal), the first half read."""
     r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     c = tl.arange(0, 64)
     a = r[:, None] * 128 + c[None, :]
-    t = (r // G)[:, None] * 128 + c[None, :]
+    t = ((r // G) % S)[:, None] * 128 + c[None, :]
     if XHINT:
         x1 = tl.load(x + a, eviction_policy="evict_last").to(tl.float32)
         x2 = tl.load(x + a + 64, eviction_policy="evict_last").to(tl.float32)
@@ -83,7 +79,7 @@ def columns(name):
     """{column: fn} for one workload, and a check of the Triton RoPE against rope_ext."""
     x, layout, c4, s4 = workload(name)
     S = x.shape[0] if layout == "sbhd" else x.shape[1]
-    G = x.numel() // (S * 128)  # rows per position
+    G = x.numel() // (S * 128) if layout == "sbhd" else x.shape[2]  # rows a token
     cos2, sin2 = c4.reshape(S, 128), s4.reshape(S, 128)
     buf = torch.empty_like(x)
     torch._dynamo.reset()
@@ -91,26 +87,27 @@ def columns(name):
     comp_into = torch.compile(lambda x, c, s, out: out.copy_(ref.apply_cos_sin(x, c, s)), dynamic=False)
     rows = x.numel() // 128
     set_rows = rope_ext._C.set_tile_rows_per_thread
-    fns = {"rope_ext": lambda: rope_ext.apply_rope(x, layout=layout)}
+    fns = {"rope_ext": lambda: rope_ext.apply_rope(x, layout=layout),
+           "tiles": lambda: rope_ext.apply_rope(x, layout=layout, impl="fp32x4_tile")}
     for n in (1, 4):
         fns[f"tile {n} rows"] = switched(set_rows, n, 0, lambda: rope_ext.apply_rope(x, layout=layout,
                                                                                      impl="fp32x4_tile"))
     C = rope_ext._C
-    for w, u in ((8, 0), (16, 0), (8, 2), (8, 4)):  # lean past its 32 MB limit: width, rows per thread
+    # lean at any size (auto's since run 4 for 16-bit types): width, rows per thread (0: its rule)
+    for w, u in ((16, 0), (8, 1), (8, 4)):
         fns[f"lean w{w} U{u or 'rule'}"] = knobbed(((C.set_lean_max_bytes, 1 << 40, -1), (C.set_lean_bytes, w, -1),
                                                     (C.set_lean_rows_per_thread, u, 0)),
                                                    lambda: rope_ext.apply_rope(x, layout=layout))
     fns["compile"] = lambda: comp(x, c4, s4)
     fns["compile->buf"] = lambda: comp_into(x, c4, s4, buf)
     fns["copy->buf"] = lambda: buf.copy_(x)
-    fns["tri copy->buf"] = lambda: _copy[(x.numel() // 4096,)](x, buf, BLOCK=4096)
     fns["suite copy"] = same_size_copy(x.numel(), x.dtype)
-    for br in (8, 32):
+    for br in (8,):  # (32 rows a program: 1-1.5% slower in run 2)
         for xh, th, tag in ((0, 1, "tbl last"), (0, 0, "plain"), (1, 1, "all last")):
             fns[f"tri rope {br} {tag}"] = (lambda br=br, xh=xh, th=th: _rope[(rows // br,)](
-                x, buf, cos2, sin2, G, BLOCK_R=br, XHINT=xh, THINT=th))
+                x, buf, cos2, sin2, G, S, BLOCK_R=br, XHINT=xh, THINT=th))
     # Check the Triton RoPE (fp32 math on bf16 tables, so ~1 bf16 ulp from rope_ext's).
-    _rope[(rows // 8,)](x, buf, cos2, sin2, G, BLOCK_R=8, XHINT=0, THINT=1)
+    _rope[(rows // 8,)](x, buf, cos2, sin2, G, S, BLOCK_R=8, XHINT=0, THINT=1)
     err = (buf.float() - rope_ext.apply_rope(x, layout=layout).float()).abs().max().item()
     assert err < 0.07 * x.float().abs().max().item(), f"{name}: Triton RoPE off by {err}"
     # The lean columns against the tiles' output (the suite has them bit-equal at small sizes).
@@ -123,7 +120,7 @@ def columns(name):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", default="W2a,W2b,128")
+    ap.add_argument("--sizes", default="W2a,W2b,128", help="W1 / W2a / W2b, or N (MB) of bshd bf16 [1, S, 32, 128]")
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--flushes", default="reset,reset+clean")
     ap.add_argument("--code", default="", help="write Inductor's code for the W2b call here")

@@ -404,6 +404,38 @@ def test_lean_token_strides(layout, B, S, positions):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("positions", ["none", "shared", "per batch"])
+@pytest.mark.parametrize("layout,shape", [("sbhd", (520, 8, 32, 128)), ("bshd", (2, 2100, 32, 128)),
+                                          ("sbhd", (7, 3, 4, 128)), ("bshd", (5, 1, 4, 128))])
+def test_lean_large_and_batch_fold(layout, shape, positions):
+    """16-bit tensors past 32 MB go to lean at its defaults (two rows a thread there), and a
+    call whose batch rows follow each other within a token (sbhd, or S = 1) with positions
+    shared by the batch runs as one token of B * H rows (the batch fold). At 34 MB and at
+    small shapes, each position kind (none, [S] shared, [B, S] per batch: not folded), q +
+    k and in place: lean must be the kernel that ran, bit-equal to the tiles, and within
+    the float64 truth's bounds; the outputs are poisoned before the kernel writes them."""
+    dev, dtype = "cuda", torch.bfloat16
+    S, B = (shape[0], shape[1]) if layout == "sbhd" else (shape[1], shape[0])
+    q = randn(shape, dtype, dev)
+    k = randn(shape[:2] + (8, shape[3]), dtype, dev)
+    pos = {"none": None, "shared": torch.randint(0, 1 << 20, (S,), device=dev),
+           "per batch": torch.randint(0, 1 << 20, (B, S), device=dev)}[positions]
+    kw = dict(layout=layout)
+    names = cuda_kernels_of(lambda: rope_ext.apply_rope_qk(q, k, pos, **kw))
+    assert names is None or any("rope_lean_kernel" in n for n in names), \
+        f"auto did not take lean here: the test would not test it ({names})"
+    outs = rope_ext.apply_rope_qk(q, k, pos, **kw)
+    ins = [q.clone(), k.clone()]
+    rope_ext.apply_rope_qk(*ins, pos, inplace=True, **kw)
+    for x, out, inp in zip((q, k), outs, ins):
+        tile = rope_ext.apply_rope(x, pos, impl="fp32x4_tile", **kw)
+        what = f"({layout} {list(x.shape)}, positions {positions})"
+        assert torch.equal(out, tile), f"lean vs tiles {what}"
+        assert torch.equal(inp, tile), f"lean in place vs tiles {what}"
+        assert_close_f64(out, ref.rope_float64(x, pos, **kw), x.abs().max().item(), f"lean vs float64 {what}")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_lean_cos_sin_cache_out_of_range(dtype):
     """Lean reads a cos_sin_cache as the tiles do: a position outside the table gives NaN

@@ -126,8 +126,9 @@ void launch_flat(const RopeParams& p, int device, cudaStream_t stream) {
   kernel<<<static_cast<unsigned>(ceil_div(fs.threads, bs)), bs, 0, stream>>>(p, fs);
 }
 
-// Variant 6 (lean): auto's kernel for small tensors, where the case is one it covers
-// (rope_variants.cuh). Up to which size (bytes of x read) and with which access width,
+// Variant 6 (lean): auto's kernel where the case is one it covers (rope_variants.cuh):
+// 16-bit tensors of any size since the twenty-first session (past 32 MB it runs level with
+// the copy, the tiles ~3% over it: kLeanSmallBytes below), fp32 up to 16 MB. Up to which size (bytes of x read) and with which access width,
 // from the H100 latency suite (bench/NOTES.md issue 19: run 9 for the sizes, run 1 of
 // 2026-11-24 for the widths; us, lean at 16 / 8 / 4 bytes, the tiles):
 //   bf16 [1,S,32,128]: 0.12 MB 5.4 / 4.8 / 4.8, tiles 5.6; 2 MB 7.5 / 6.7 / 6.7, 7.3;
@@ -136,7 +137,8 @@ void launch_flat(const RopeParams& p, int device, cudaStream_t stream) {
 //   W5 (q + k, 16 tokens) 5.9 / 5.2 / 5.1.
 // A 16-byte bf16 thread computes 8 sin/cos, an 8-byte one 4: the chain to the first
 // store is shorter (841 vs 500 SASS instructions), and below ~8 MB that chain, not DRAM,
-// sets the time. So: 8 bytes for 16-bit types up to 32 MB; fp32 8 bytes up to 4 MB, 16
+// sets the time. So: 8 bytes for 16-bit types (past 32 MB too: 16 bytes 0.3-0.6 us
+// slower at W2a / W2b / 128 MB, run 3 of the twenty-first session); fp32 8 bytes up to 4 MB, 16
 // bytes up to 16 MB. (Measured with per-lane sin/cos; with the block's shared table, the
 // default since 2026-11-26, a thread computes about one pair whatever W: not re-measured.)
 // ROPE_EXT_LEAN_MAX_BYTES / ROPE_EXT_LEAN_BYTES at import, or set_lean_max_bytes /
@@ -163,10 +165,14 @@ std::atomic<bool> g_lean_share{[] {  // a block shares its token's sin/cos throu
   return !(e && std::atoi(e) == 0);
 }()};
 bool lean_share() { return g_lean_share.load(std::memory_order_relaxed); }
+// 16-bit types: every size lean covers (it ran level with the copy at W2a and 128 MB bshd
+// bf16, 2.9-3.2 us under the tiles: run 3 of the twenty-first session); fp32 up to 16 MB
+// (not measured past it).
+constexpr int64_t kLeanSmallBytes = int64_t(32) << 20;
 int64_t lean_max_bytes(int64_t elem_size) {
   const int64_t v = g_lean_max_bytes.load(std::memory_order_relaxed);
   if (v >= 0) return v;
-  return elem_size == 4 ? int64_t(16) << 20 : int64_t(32) << 20;
+  return elem_size == 4 ? int64_t(16) << 20 : INT64_MAX;
 }
 int lean_bytes(int64_t elem_size, int64_t bytes) {
   const int w = g_lean_bytes.load(std::memory_order_relaxed);
@@ -174,8 +180,29 @@ int lean_bytes(int64_t elem_size, int64_t bytes) {
   return (elem_size == 4 && bytes > (int64_t(4) << 20)) ? 16 : 8;
 }
 
+// A call whose batch rows sit right after each other within a token (sbhd, or S = 1) and
+// whose positions do not depend on b is one token of B * H rows: lean's grid (row blocks,
+// S, B) then walks s before b, and for sbhd consecutive blocks were B * H rows apart
+// (W2b, sbhd bf16 [512, 32, 24, 128], H100, in turns: lean 76.7-77.3 us against the
+// tiles' 73.9, which fold the batch the same way; bench/NOTES.md, twenty-first session,
+// run 3). Folded, the blocks stream through memory in order.
+bool lean_fold_batch(const RopeParams& p) {
+  if (p.B <= 1 || !p.pos_shared_b || p.offsets.ptr || (p.positions.ptr && p.pos_stride_b != 0)) return false;
+  for (int t = 0; t < p.num_tensors; ++t) {
+    const TensorView& v = p.t[t];
+    if (v.in_stride[0] != v.H * v.in_stride[2] || v.out_stride[0] != v.H * v.out_stride[2]) return false;
+  }
+  return true;
+}
+
 template <typename T>
 bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
+  if (lean_fold_batch(p)) {  // (B = 1 after: no second fold)
+    RopeParams folded = p;
+    for (int t = 0; t < folded.num_tensors; ++t) folded.t[t].H *= folded.B;
+    folded.B = 1;
+    return launch_lean<T>(folded, device, stream);
+  }
   const bool cache = p.freq == FreqSource::kCosSinCache;
   if (sizeof(T) == 8 || !(p.freq == FreqSource::kInvFreq || cache) || p.num_axes != 1 || p.cp_size != 1) return false;
   if (p.cu_seqlens.ptr && p.num_seqs != 1) return false;
@@ -269,10 +296,15 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
   // block of 128 threads holds (fewer where a token has fewer rows); the halving to
   // cover every SM with small calls is a knob now (set_lean_min_block).
   const int sms = sm_count(device);
+  // Past 32 MB (16-bit types; the size lean stopped at until the twenty-first session) 2
+  // rows a thread: W2a / 128 MB bshd bf16 93.6 / 93.8 us at U = 2 against 94.9 / 94.4 at
+  // the rule's 8 and 95.1 / 95.3 at 4 (H100, in turns, run 3 of that session; the tiles
+  // 96.5 / 97.1, the copy 93.1-93.7).
   int U = g_lean_rows_per_thread.load(std::memory_order_relaxed);
   if (U != 1 && U != 2 && U != 4 && U != 8) {
     U = 1;
     while (U < 8 && tokens * ceil_div(rows, int64_t(U)) * chunks > int64_t(sms) * 512) U *= 2;
+    if (bytes > kLeanSmallBytes) U = std::min(U, 2);
   }
   const int64_t rows_u = ceil_div(rows, int64_t(U));
   int RB = cuda::kLeanMaxThreads / chunks;
