@@ -31,7 +31,7 @@
 //              says: the barrier and the shared table alone were not what kept variant
 //              4 behind the peers at small sizes (bench/NOTES.md, issue 19, for what
 //              the static resources point at instead).
-//   6. lean    (auto's choice for small tensors, never named) variant 5's thread shape
+//   6. lean    (auto's choice where it applies, never named) variant 5's thread shape
 //              with almost nothing before the first load: its own small params
 //              (LeanParams, filled by rope_dispatch.cu from RopeParams), the token from
 //              the grid (blockIdx.z = b, blockIdx.y = s), the row and chunk from
@@ -84,6 +84,14 @@
 //              with cu_seqlens 3.94 -> 3.65 us under ncu; plain calls unchanged. Left at
 //              0.12 MB (ncu): torch.compile 3.01, a minimal kernel of the same loads and
 //              sin/cos 3.04-3.10, this kernel from the study 3.26, from the op 3.58.
+//              Then (twenty-first session, H100, bench/w2_study.py, in turns): past 32 MB,
+//              where auto ran the tiles (variant 4) until then, at 2 rows a thread: W2a
+//              93.6 us, 128 MB bshd 93.8 (the tiles 95.0-97.1 on the same machines, the
+//              copy 93.1-93.7): the tiles carry ~1.7 us over the copy at every size,
+//              lean does not. sbhd with B > 1 took the batch fold first (rope_dispatch.cu,
+//              lean_fold_batch): without it W2b ran 76.7 (the grid walked s within each
+//              b, B * H rows apart), with it 71.4 (the tiles 73.0, the copy 71.6). W4 (thd
+//              q + k, random positions, in place) 63.3 -> 60.8, the copy 60.3.
 //
 // What was learned on the H100 (bench/NOTES.md has the numbers and the method):
 //   - Variant 3's x loads must be uint4: a struct copy of Vec<bf16, 8> compiled to
