@@ -13,7 +13,8 @@ Columns, timed in turns (timing.graph_us_interleaved), x the same tensor for all
     compiled: Inductor stores into buf directly);
   - torch's copy x -> buf; the suite's copy (its own buffers);
   - a minimal Triton RoPE x -> buf reading the same bf16 cos/sin rows as torch.compile, its x loads
-    plain or with evict_last, its table loads with evict_last (as Inductor's) or plain, 8 rows
+    plain or with evict_last, its table loads with evict_last (as Inductor's) or plain, its
+    stores plain or with evict_first (whether a hint that pins nothing buys the same), 8 rows
     a program.
 Same output buffer, same input: if torch.compile -> buf is still under copy -> buf, its lead is
 the kernel, not where its output lies; the Triton RoPE variants say which of its loads' hints
@@ -38,9 +39,12 @@ from timing import graph_us_interleaved, same_size_copy, switched  # noqa: E402
 
 
 @triton.jit
-def _rope(x, out, cos, sin, G, S, BLOCK_R: tl.constexpr, XHINT: tl.constexpr, THINT: tl.constexpr):
+def _rope(x, out, cos, sin, G, S, BLOCK_R: tl.constexpr, XHINT: tl.constexpr, THINT: tl.constexpr,
+          SHINT: tl.constexpr = 0):
     """Rows of 128 bf16 (neox halves), BLOCK_R rows a program; row r's position (r // G) % S
-    (G: rows a token); cos / sin [S, 128] bf16 rows (halves equal), the first half read."""
+    (G: rows a token); cos / sin [S, 128] bf16 rows (halves equal), the first half read.
+    XHINT / THINT: x's / the table's loads with evict_last; SHINT: the stores with evict_first
+    (the output's dirty lines first out of L2, where the loads' lines stay normal)."""
     r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     c = tl.arange(0, 64)
     a = r[:, None] * 128 + c[None, :]
@@ -57,8 +61,12 @@ def _rope(x, out, cos, sin, G, S, BLOCK_R: tl.constexpr, XHINT: tl.constexpr, TH
     else:
         co = tl.load(cos + t).to(tl.float32)
         si = tl.load(sin + t).to(tl.float32)
-    tl.store(out + a, (x1 * co - x2 * si).to(tl.bfloat16))
-    tl.store(out + a + 64, (x2 * co + x1 * si).to(tl.bfloat16))
+    if SHINT:
+        tl.store(out + a, (x1 * co - x2 * si).to(tl.bfloat16), eviction_policy="evict_first")
+        tl.store(out + a + 64, (x2 * co + x1 * si).to(tl.bfloat16), eviction_policy="evict_first")
+    else:
+        tl.store(out + a, (x1 * co - x2 * si).to(tl.bfloat16))
+        tl.store(out + a + 64, (x2 * co + x1 * si).to(tl.bfloat16))
 
 
 def knobbed(knobs, fn):
@@ -103,9 +111,10 @@ def columns(name):
     fns["copy->buf"] = lambda: buf.copy_(x)
     fns["suite copy"] = same_size_copy(x.numel(), x.dtype)
     for br in (8,):  # (32 rows a program: 1-1.5% slower in run 2)
-        for xh, th, tag in ((0, 1, "tbl last"), (0, 0, "plain"), (1, 1, "all last")):
-            fns[f"tri rope {br} {tag}"] = (lambda br=br, xh=xh, th=th: _rope[(rows // br,)](
-                x, buf, cos2, sin2, G, S, BLOCK_R=br, XHINT=xh, THINT=th))
+        for xh, th, sh, tag in ((0, 1, 0, "tbl last"), (0, 0, 0, "plain"), (1, 1, 0, "all last"),
+                                (0, 0, 1, "st first"), (1, 1, 1, "last+st first")):
+            fns[f"tri rope {br} {tag}"] = (lambda br=br, xh=xh, th=th, sh=sh: _rope[(rows // br,)](
+                x, buf, cos2, sin2, G, S, BLOCK_R=br, XHINT=xh, THINT=th, SHINT=sh))
     # Check the Triton RoPE (fp32 math on bf16 tables, so ~1 bf16 ulp from rope_ext's).
     _rope[(rows // 8,)](x, buf, cos2, sin2, G, S, BLOCK_R=8, XHINT=0, THINT=1)
     err = (buf.float() - rope_ext.apply_rope(x, layout=layout).float()).abs().max().item()
