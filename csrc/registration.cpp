@@ -115,6 +115,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_lean_share", &rope_ext::set_lean_share,
         "tests/bench: whether a block of variant 6 computes its token's sin/cos once, into shared memory (default on; "
         "off: each lane its own)");
+  m.def("last_lean_launch", [] {
+          const rope_ext::LeanLaunch& l = rope_ext::last_lean_launch();
+          return std::make_tuple(l.gx, l.gy, l.gz, l.rows_per_thread, l.width);
+        },
+        "tests: this thread's last variant 6 (lean) launch: (grid x, grid y, grid z, rows per thread, access bytes); "
+        "zeros before the first");
   m.def("set_lean_plain", &rope_ext::set_lean_plain,
         "tests/bench: whether variant 6 runs calls without position tensors in its instance without the "
         "position code (default on; off: the general instance)");

@@ -157,7 +157,8 @@ def test_flat_rows_per_thread(rows_per_thread):
 
 
 
-# Variant 6 (lean) is auto's kernel for small tensors in the cases it covers; no impl name
+# Variant 6 (lean) is auto's kernel in the cases it covers (16-bit tensors of every size,
+# fp32 up to 16 MB: test_lean_large_and_batch_fold has the large ones); no impl name
 # selects it. These cases go through it (and some, on purpose, just past what it covers),
 # at token counts that give every rows-per-thread choice (1, 2, 4, 8 on an H100), and are
 # held against the float64 truth and bit for bit against variant 4 (the same arithmetic).
@@ -345,7 +346,9 @@ def test_lean_packed_position_guess(dtype, tokens, start, cu_dtype, offsets):
 def test_lean_token_strides(layout, B, S, positions):
     """Lean reads an input's token offset as one stride times (b * S + s), plus b times a
     correction from a later parameter line where the batch stride is not S token strides
-    (sbhd and bhsd with B > 1 and S > 1). Every layout with and without that correction,
+    (bhsd, and sbhd with per-batch positions, with B > 1 and S > 1; sbhd without positions
+    runs with the batch folded into the token, test_lean_large_and_batch_fold). Every
+    layout with and without that correction,
     q + k (different head counts), positions per batch and token or none: lean must be
     the kernel that ran, bit-equal to the tiles, and within the float64 truth's bounds;
     also with 2 and 4 rows per thread, with each lane computing its own sin/cos (no shared
@@ -404,35 +407,70 @@ def test_lean_token_strides(layout, B, S, positions):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("positions", ["none", "shared", "per batch"])
-@pytest.mark.parametrize("layout,shape", [("sbhd", (520, 8, 32, 128)), ("bshd", (2, 2100, 32, 128)),
-                                          ("sbhd", (7, 3, 4, 128)), ("bshd", (5, 1, 4, 128))])
-def test_lean_large_and_batch_fold(layout, shape, positions):
-    """16-bit tensors past 32 MB go to lean at its defaults (two rows a thread there), and a
-    call whose batch rows follow each other within a token (sbhd, or S = 1) with positions
-    shared by the batch runs as one token of B * H rows (the batch fold). At 34 MB and at
-    small shapes, each position kind (none, [S] shared, [B, S] per batch: not folded), q +
-    k and in place: lean must be the kernel that ran, bit-equal to the tiles, and within
-    the float64 truth's bounds; the outputs are poisoned before the kernel writes them."""
-    dev, dtype = "cuda", torch.bfloat16
-    S, B = (shape[0], shape[1]) if layout == "sbhd" else (shape[1], shape[0])
-    q = randn(shape, dtype, dev)
-    k = randn(shape[:2] + (8, shape[3]), dtype, dev)
-    pos = {"none": None, "shared": torch.randint(0, 1 << 20, (S,), device=dev),
-           "per batch": torch.randint(0, 1 << 20, (B, S), device=dev)}[positions]
+@pytest.mark.parametrize("positions", ["none", "shared", "per batch", "offset"])
+@pytest.mark.parametrize("layout,shape,dtype", [
+    ("sbhd", (520, 8, 32, 128), torch.bfloat16),   # q + k 42 MB: past 32 MB, folded
+    ("bshd", (2, 2100, 32, 128), torch.bfloat16),  # 43 MB, token-major without a fold
+    ("sbhd", (7, 3, 4, 128), torch.float16),
+    ("sbhd", (7, 3, 4, 128), torch.bfloat16),
+    ("bhsd", (3, 4, 7, 128), torch.bfloat16),      # the batch outside the sequence: not folded
+    ("sbhd qkv", (7, 3, 4, 128), torch.bfloat16),  # q, k head slices of one [S, B, 4 + 2 * 8, D] buffer
+])
+def test_lean_large_and_batch_fold(layout, shape, dtype, positions):
+    """16-bit tensors past 32 MB in token-major memory go to lean at its defaults (two rows a
+    thread there), and an sbhd call with positions shared by the batch (none, [S], or a
+    scalar offset) runs as one token of B * H rows (the batch fold: lean's grid (row blocks,
+    S, 1)). Per-batch positions, bhsd, and a fused QKV buffer (q's batch stride is not H x
+    its head stride) are not folded (grid z = B), and unfolded sbhd past 32 MB takes the
+    tiles. Each case: the kernel expected ran (lean with the grid and rows per thread
+    expected, rope_ext._C.last_lean_launch), out of place and in place bit-equal to the
+    tiles, within the float64 truth's bounds; outputs are poisoned before a kernel writes."""
+    dev, C = "cuda", rope_ext._C
+    fused = layout == "sbhd qkv"
+    layout = "sbhd" if fused else layout
+    S, B = {"sbhd": (shape[0], shape[1]), "bshd": (shape[1], shape[0]), "bhsd": (shape[2], shape[0])}[layout]
+    if fused:
+        buf = randn(shape[:2] + (shape[2] + 16, shape[3]), dtype, dev)
+        q, k = buf[:, :, :shape[2]], buf[:, :, shape[2]:shape[2] + 8]
+    else:
+        q = randn(shape, dtype, dev)
+        kshape = list(shape)
+        kshape[1 if layout == "bhsd" else 2] = 8  # the heads' dimension
+        k = randn(tuple(kshape), dtype, dev)
+    pos = {"shared": torch.randint(0, 1 << 20, (S,), device=dev),
+           "per batch": torch.randint(0, 1 << 20, (B, S), device=dev)}.get(positions)
     kw = dict(layout=layout)
+    if positions == "offset":
+        kw["offsets"] = 1000
+    folded = layout == "sbhd" and not fused and positions != "per batch"
+    big = (q.numel() + k.numel()) * q.element_size() > 32 << 20
+    # Past 32 MB lean takes token-major memory only: unfolded sbhd goes to the tiles.
+    lean = not (big and layout == "sbhd" and not folded)
+    what = f"({layout}{' qkv' if fused else ''} {list(q.shape)} {dtype}, positions {positions})"
     names = cuda_kernels_of(lambda: rope_ext.apply_rope_qk(q, k, pos, **kw))
-    assert names is None or any("rope_lean_kernel" in n for n in names), \
-        f"auto did not take lean here: the test would not test it ({names})"
+    if names is not None:
+        assert any("rope_lean_kernel" in n for n in names) == lean, f"lean {'not ' if lean else ''}taken {what}: {names}"
     outs = rope_ext.apply_rope_qk(q, k, pos, **kw)
+    gx, gy, gz, rows_per_thread, _ = C.last_lean_launch()
+    if lean:
+        assert gx > 0 and gy == S, f"lean's last launch {(gx, gy, gz)} is not this call's {what}"
+        assert gz == (1 if folded else B), f"batch {'not ' if folded else ''}folded {what}: grid {(gx, gy, gz)}"
+        if big:
+            assert rows_per_thread == 2, f"past 32 MB lean takes 2 rows a thread, took {rows_per_thread} {what}"
     ins = [q.clone(), k.clone()]
+    if fused:  # in place on the fused buffer itself, as a model holding QKV in one tensor would
+        buf2 = buf.clone()
+        ins = [buf2[:, :, :shape[2]], buf2[:, :, shape[2]:shape[2] + 8]]
     rope_ext.apply_rope_qk(*ins, pos, inplace=True, **kw)
+    if lean:
+        assert C.last_lean_launch()[2] == (1 if folded else B), f"in place {what}"
     for x, out, inp in zip((q, k), outs, ins):
         tile = rope_ext.apply_rope(x, pos, impl="fp32x4_tile", **kw)
-        what = f"({layout} {list(x.shape)}, positions {positions})"
         assert torch.equal(out, tile), f"lean vs tiles {what}"
         assert torch.equal(inp, tile), f"lean in place vs tiles {what}"
         assert_close_f64(out, ref.rope_float64(x, pos, **kw), x.abs().max().item(), f"lean vs float64 {what}")
+    if fused:  # the slots no call writes (the V heads) untouched
+        assert torch.equal(buf2[:, :, shape[2] + 8:], buf[:, :, shape[2] + 8:]), f"V heads written {what}"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

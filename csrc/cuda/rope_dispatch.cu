@@ -1,6 +1,6 @@
 // CUDA dispatch: picks a variant from csrc/cuda/rope_variants.cuh, sizes the grid and
-// launches on the current stream of x's device. auto: lean (variant 6) for small
-// tensors in the cases it covers, else fp32x4_tile (variant 4); fp32 (variant 2) when
+// launches on the current stream of x's device. auto: lean (variant 6) in the cases it
+// covers (launch_lean), else fp32x4_tile (variant 4); fp32 (variant 2) when
 // the 16-byte path does not apply. flat (variant 5) runs only when
 // asked for by name: on the H100 it measured level with the tiles or slower at every
 // size (issue 19), so auto no longer considers it.
@@ -126,9 +126,10 @@ void launch_flat(const RopeParams& p, int device, cudaStream_t stream) {
   kernel<<<static_cast<unsigned>(ceil_div(fs.threads, bs)), bs, 0, stream>>>(p, fs);
 }
 
-// Variant 6 (lean): auto's kernel where the case is one it covers (rope_variants.cuh):
-// 16-bit tensors of any size since the twenty-first session (past 32 MB it runs level with
-// the copy, the tiles ~3% over it: kLeanSmallBytes below), fp32 up to 16 MB. Up to which size (bytes of x read) and with which access width,
+// Variant 6 (lean): auto's kernel where the case is one it covers (rope_variants.cuh and
+// launch_lean below): 16-bit types of every size since the twenty-first session, in the
+// memory orders measured past 32 MB (kLeanSmallBytes), fp32 up to 16 MB. Up to which size
+// (bytes of x read) and with which access width,
 // from the H100 latency suite (bench/NOTES.md issue 19: run 9 for the sizes, run 1 of
 // 2026-11-24 for the widths; us, lean at 16 / 8 / 4 bytes, the tiles):
 //   bf16 [1,S,32,128]: 0.12 MB 5.4 / 4.8 / 4.8, tiles 5.6; 2 MB 7.5 / 6.7 / 6.7, 7.3;
@@ -165,9 +166,11 @@ std::atomic<bool> g_lean_share{[] {  // a block shares its token's sin/cos throu
   return !(e && std::atoi(e) == 0);
 }()};
 bool lean_share() { return g_lean_share.load(std::memory_order_relaxed); }
-// 16-bit types: every size lean covers (it ran level with the copy at W2a and 128 MB bshd
-// bf16, 2.9-3.2 us under the tiles: run 3 of the twenty-first session); fp32 up to 16 MB
-// (not measured past it).
+// 16-bit types: no size limit of their own since the twenty-first session (H100, in turns,
+// that session's runs 3-5: past 32 MB lean ran level with the copy at W2a, W2b folded, W1
+// and 128 MB bshd, 1.3-3.2 us under the tiles, whose margin over the copy varied 1.2-3.4 us
+// between machines); fp32 up to 16 MB (not measured past it). Past kLeanSmallBytes (the old
+// limit) launch_lean takes only the memory orders measured there and caps rows a thread at 2.
 constexpr int64_t kLeanSmallBytes = int64_t(32) << 20;
 int64_t lean_max_bytes(int64_t elem_size) {
   const int64_t v = g_lean_max_bytes.load(std::memory_order_relaxed);
@@ -180,17 +183,23 @@ int lean_bytes(int64_t elem_size, int64_t bytes) {
   return (elem_size == 4 && bytes > (int64_t(4) << 20)) ? 16 : 8;
 }
 
-// A call whose batch rows sit right after each other within a token (sbhd, or S = 1) and
-// whose positions do not depend on b is one token of B * H rows: lean's grid (row blocks,
-// S, B) then walks s before b, and for sbhd consecutive blocks were B * H rows apart
-// (W2b, sbhd bf16 [512, 32, 24, 128], H100, in turns: lean 76.7-77.3 us against the
-// tiles' 73.9, which fold the batch the same way; bench/NOTES.md, twenty-first session,
-// run 3). Folded, the blocks stream through memory in order.
+// The batch fold: an sbhd call (the batch inside the token: |batch stride| < |sequence
+// stride|, and each tensor's batch rows right after each other, batch stride = H x head
+// stride, in and out) whose positions do not depend on b runs as one token of B * H rows.
+// Unfolded, lean's grid (row blocks, S, B) walks s within each b, and in sbhd consecutive
+// blocks are then B * H rows apart: W2b (sbhd bf16 [512, 32, 24, 128], H100) ran 76.7-77.3
+// us on unfolded lean (the tiles 73.9, the copy 70.9-71.4, run 3 of the twenty-first
+// session) and 71.4 folded (the tiles 73.0, the copy 71.6-71.8, run 4, another machine:
+// no A/B of the fold in one run). Folded, the blocks walk memory in order. Not where the
+// folded rows would pass lean's 16-bit row count (the unfolded call may still fit).
 bool lean_fold_batch(const RopeParams& p) {
   if (p.B <= 1 || !p.pos_shared_b || p.offsets.ptr || (p.positions.ptr && p.pos_stride_b != 0)) return false;
+  if (p.B * heads_total(p) > INT16_MAX) return false;
   for (int t = 0; t < p.num_tensors; ++t) {
     const TensorView& v = p.t[t];
-    if (v.in_stride[0] != v.H * v.in_stride[2] || v.out_stride[0] != v.H * v.out_stride[2]) return false;
+    if (v.in_stride[0] != v.H * v.in_stride[2] || v.out_stride[0] != v.H * v.out_stride[2] ||
+        std::abs(v.in_stride[0]) >= std::abs(v.in_stride[1]))
+      return false;
   }
   return true;
 }
@@ -233,6 +242,10 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
     const int64_t ts = p.S == 1 ? v.in_stride[0] : v.in_stride[1];
     const int64_t bfix = p.B > 1 ? v.in_stride[0] - p.S * ts : 0;
     if (!fits32(ts) || !fits32(bfix) || !fits32(v.in_stride[2])) return false;
+    // Past 32 MB, only token-major memory (each token's heads together, the batch outside
+    // the sequence or folded into the token: bshd, thd, folded sbhd), where lean was
+    // measured; unfolded sbhd ran ~4% over the tiles there (the fold's note), bhsd not timed.
+    if (bytes > kLeanSmallBytes && (bfix || (v.H > 1 && std::abs(v.in_stride[2]) > std::abs(ts)))) return false;
     if (bfix) lp.cshift |= cuda::kLeanBatchFix;
     lp.in[t] = v.in;
     lp.in_ts[t] = static_cast<int32_t>(ts);
@@ -299,7 +312,8 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
   // Past 32 MB (16-bit types; the size lean stopped at until the twenty-first session) 2
   // rows a thread: W2a / 128 MB bshd bf16 93.6 / 93.8 us at U = 2 against 94.9 / 94.4 at
   // the rule's 8 and 95.1 / 95.3 at 4 (H100, in turns, run 3 of that session; the tiles
-  // 96.5 / 97.1, the copy 93.1-93.7).
+  // 96.5 / 97.1, the copy 93.1-93.7); run 4: 1 row level with 2 (W2b 71.5 / 71.4, W1 93.6
+  // / 93.6), 4 rows 0.5-0.6 us slower.
   int U = g_lean_rows_per_thread.load(std::memory_order_relaxed);
   if (U != 1 && U != 2 && U != 4 && U != 8) {
     U = 1;
@@ -319,6 +333,7 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(ceil_div(rows_u, int64_t(RB))), static_cast<unsigned>(p.S),
                   static_cast<unsigned>(p.B));
   const int threads = RB * chunks;
+  last_lean_launch() = LeanLaunch{grid.x, grid.y, grid.z, U, W};
   const bool table = !cache && lean_share();  // the block's sin/cos table (kSource 1)
   // No position tensor (none of the position flags): the instance without the position
   // code (kPlain).
@@ -401,6 +416,10 @@ void launch(const RopeParams& p, Impl impl, int device, cudaStream_t stream) {
 
 }  // namespace
 
+LeanLaunch& last_lean_launch() {
+  static thread_local LeanLaunch l;
+  return l;
+}
 void set_lean_max_bytes(int64_t n) { g_lean_max_bytes.store(n < 0 ? -1 : n); }
 void set_lean_bytes(int64_t w) { g_lean_bytes.store((w == 4 || w == 8 || w == 16) ? int(w) : -1); }
 void set_lean_share(bool on) { g_lean_share.store(on); }
@@ -415,7 +434,7 @@ void run_cuda(const RopeParams& p, Impl impl, at::ScalarType dtype, c10::Device 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "rope_ext_cuda", [&] {
     Impl chosen = impl;
-    // auto: lean (variant 6) for small tensors where it applies, else the tiles (flat lost
+    // auto: lean (variant 6) where it applies, else the tiles (flat lost
     // on the H100: issue 19); fp32 where the 16-byte path does not apply. kAuto reaching
     // launch() means "vector-eligible, lean or tiles".
     if (impl == Impl::kAuto && !vector_eligible(p, sizeof(scalar_t), nullptr)) chosen = Impl::kFp32;

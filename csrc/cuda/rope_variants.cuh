@@ -13,7 +13,7 @@
 //              computes the chunk's sin/cos once and reuses them for every row of the
 //              group: all heads of q and k, and the whole batch when positions are
 //              shared. Needs unit feature stride and 16-byte alignment.
-//   4. fp32x4_tile  (auto's choice) variant 3's 16-byte chunks, but each block owns
+//   4. fp32x4_tile  (auto's where lean does not apply) variant 3's 16-byte chunks, but each block owns
 //              one short tile of consecutive rows and exits: its first loads go out,
 //              then the block fills a shared cos/sin table for the tile's token groups
 //              (one barrier), then rotates and stores. Same eligibility as 3.
@@ -34,7 +34,9 @@
 //   6. lean    (auto's choice where it applies, never named) variant 5's thread shape
 //              with almost nothing before the first load: its own small params
 //              (LeanParams, filled by rope_dispatch.cu from RopeParams), the token from
-//              the grid (blockIdx.z = b, blockIdx.y = s), the row and chunk from
+//              the grid (blockIdx.z = b, blockIdx.y = s; sbhd calls whose positions the
+//              batch shares come with the batch folded into the token's rows and B = 1,
+//              rope_dispatch.cu's lean_fold_batch), the row and chunk from
 //              threadIdx by shift and mask, so a thread's x loads go out after a few
 //              dozen instructions (variant 4's first load is its ~290th instruction,
 //              bench/NOTES.md issue 19); frequencies from global memory (coalesced),
@@ -86,12 +88,13 @@
 //              sin/cos 3.04-3.10, this kernel from the study 3.26, from the op 3.58.
 //              Then (twenty-first session, H100, bench/w2_study.py, in turns): past 32 MB,
 //              where auto ran the tiles (variant 4) until then, at 2 rows a thread: W2a
-//              93.6 us, 128 MB bshd 93.8 (the tiles 95.0-97.1 on the same machines, the
-//              copy 93.1-93.7): the tiles carry ~1.7 us over the copy at every size,
-//              lean does not. sbhd with B > 1 took the batch fold first (rope_dispatch.cu,
-//              lean_fold_batch): without it W2b ran 76.7 (the grid walked s within each
-//              b, B * H rows apart), with it 71.4 (the tiles 73.0, the copy 71.6). W4 (thd
-//              q + k, random positions, in place) 63.3 -> 60.8, the copy 60.3.
+//              93.6 us, 128 MB bshd 93.4-93.8, W1 93.6 (the tiles 94.9-97.1 on the same
+//              machines, the copy 93.1-93.7): the tiles ran 1.2-3.4 us over the copy,
+//              varying between machines, lean level with it. sbhd with B > 1 took the
+//              batch fold first (rope_dispatch.cu, lean_fold_batch): without it W2b ran
+//              76.7 (the grid walked s within each b, B * H rows apart; the tiles 73.9),
+//              with it 71.4 on another machine (the tiles 73.0, the copy 71.6-71.8). W4
+//              (thd q + k, random positions, in place) 63.3 -> 60.8, the copy 60.3.
 //
 // What was learned on the H100 (bench/NOTES.md has the numbers and the method):
 //   - Variant 3's x loads must be uint4: a struct copy of Vec<bf16, 8> compiled to
@@ -569,7 +572,8 @@ __global__ void __launch_bounds__(kFlatMaxThreads) rope_flat_kernel(const __grid
 // no longer reads their line.
 // An input's token offset is one stride times (b * S + s), plus b times a correction
 // (its batch stride less S token strides) read from the second line only where a bit in
-// line 0 says some tensor needs one (B > 1 and S > 1 in the sbhd and bhsd layouts).
+// line 0 says some tensor needs one (B > 1 and S > 1 in the sbhd and bhsd layouts; sbhd
+// calls whose positions the batch shares run folded, B = 1, and need none).
 // Strides are 32-bit, head counts 16-bit (the host checks they fit); R / 2 is chunks * P.
 constexpr uint8_t kLeanShiftMask = 15, kLeanBatchFix = 128;  // LeanParams::cshift's bits
 enum LeanFlags : uint16_t {
