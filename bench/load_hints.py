@@ -111,7 +111,7 @@ def pin_probe(reps):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", default="8,32,96,128", help="MB of x (bshd bf16 [1, S, 32, 128]) or W2a / W2b")
+    ap.add_argument("--sizes", default="8,32,96,128", help="MB of x (bshd bf16 [1, S, 32, 128]) or W1 / W2a / W2b")
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--flushes", default="reset,reset+clean,write")
     ap.add_argument("--pin", action="store_true", help="then the pin probe (pin_probe)")

@@ -1,5 +1,6 @@
-"""Why torch.compile runs W2a / W2b out of place under the same-size copy, and rope_ext 2-3%
-over it (issue 19; bench/NOTES.md, twenty-first session).
+"""Why torch.compile runs W2a / W2b out of place under the same-size copy, and rope_ext's tiles
+(auto's kernel there until run 4) 2-3% over it (issue 19; bench/NOTES.md, twenty-first
+session: the evict_last hint on x; auto's lean kernel since then level with the copy).
 
     python bench/w2_study.py [--sizes W2a,W2b,128] [--reps 100] [--flushes reset,reset+clean] [--code FILE]
     ncu --profile-from-start off --metrics ... python bench/w2_study.py --ncu W2b
