@@ -44,8 +44,8 @@ void set_lean_share(bool on);
 // Tests/bench: whether variant 6 runs calls without position tensors in its instance without the position code
 // (default on).
 void set_lean_plain(bool on);
-// Tests: this thread's last launch of variant 6: its grid (x, y, z), rows per thread and access width in bytes
-// (all 0 before the first).
+// Tests: variant 6's launch by this thread's last CUDA rope call: its grid (x, y, z), rows per thread and access
+// width in bytes (all 0 when that call did not launch it).
 struct LeanLaunch {
   int64_t gx = 0, gy = 0, gz = 0;
   int rows_per_thread = 0, width = 0;

@@ -119,8 +119,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           const rope_ext::LeanLaunch& l = rope_ext::last_lean_launch();
           return std::make_tuple(l.gx, l.gy, l.gz, l.rows_per_thread, l.width);
         },
-        "tests: this thread's last variant 6 (lean) launch: (grid x, grid y, grid z, rows per thread, access bytes); "
-        "zeros before the first");
+        "tests: the variant 6 (lean) launch of this thread's last CUDA rope call: (grid x, grid y, grid z, rows per "
+        "thread, access bytes); zeros when that call did not launch lean");
   m.def("set_lean_plain", &rope_ext::set_lean_plain,
         "tests/bench: whether variant 6 runs calls without position tensors in its instance without the "
         "position code (default on; off: the general instance)");

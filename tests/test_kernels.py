@@ -451,7 +451,8 @@ def test_lean_large_and_batch_fold(layout, shape, dtype, positions):
     if names is not None:
         assert any("rope_lean_kernel" in n for n in names) == lean, f"lean {'not ' if lean else ''}taken {what}: {names}"
     outs = rope_ext.apply_rope_qk(q, k, pos, **kw)
-    gx, gy, gz, rows_per_thread, _ = C.last_lean_launch()
+    gx, gy, gz, rows_per_thread, _ = C.last_lean_launch()  # zeros when this call did not launch lean
+    assert (gx > 0) == lean, f"lean {'not ' if lean else ''}launched {what}: {(gx, gy, gz)}"
     if lean:
         assert gx > 0 and gy == S, f"lean's last launch {(gx, gy, gz)} is not this call's {what}"
         assert gz == (1 if folded else B), f"batch {'not ' if folded else ''}folded {what}: grid {(gx, gy, gz)}"
@@ -462,8 +463,8 @@ def test_lean_large_and_batch_fold(layout, shape, dtype, positions):
         buf2 = buf.clone()
         ins = [buf2[:, :, :shape[2]], buf2[:, :, shape[2]:shape[2] + 8]]
     rope_ext.apply_rope_qk(*ins, pos, inplace=True, **kw)
-    if lean:
-        assert C.last_lean_launch()[2] == (1 if folded else B), f"in place {what}"
+    gx, gy, gz, _, _ = C.last_lean_launch()
+    assert (gx > 0) == lean and (not lean or (gy, gz) == (S, 1 if folded else B)), f"in place {what}: {(gx, gy, gz)}"
     for x, out, inp in zip((q, k), outs, ins):
         tile = rope_ext.apply_rope(x, pos, impl="fp32x4_tile", **kw)
         assert torch.equal(out, tile), f"lean vs tiles {what}"

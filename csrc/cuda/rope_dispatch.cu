@@ -432,6 +432,7 @@ void set_flat_rows_per_thread(int n) { g_flat_rows_per_thread.store(n < 0 ? 0 : 
 void run_cuda(const RopeParams& p, Impl impl, at::ScalarType dtype, c10::Device device) {
   const c10::cuda::CUDAGuard guard(device);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  last_lean_launch() = LeanLaunch{};  // (tests: zeros unless this call launches lean)
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "rope_ext_cuda", [&] {
     Impl chosen = impl;
     // auto: lean (variant 6) where it applies, else the tiles (flat lost
