@@ -30,7 +30,7 @@ import rope_ext  # noqa: E402
 import timing  # noqa: E402
 from rope_ext import reference as ref  # noqa: E402
 from run import Peers, hf_cos_sin  # noqa: E402
-from timing import graph_us_interleaved, same_size_copy  # noqa: E402
+from timing import same_size_copy  # noqa: E402
 
 DEV = "cuda"
 
@@ -86,15 +86,12 @@ def main():
               "".join(f"{a + '/' + b:>22}" for a, b in PAIRS))
         for mode in args.modes.split(","):
             for with_comp in (False, True):
-                before, timing.FLUSH = timing.FLUSH, mode
                 try:
                     sel = {k: f for k, f in fns.items() if with_comp or k != "compile"}
-                    got, errs = graph_us_interleaved(sel, args.reps)
+                    got, errs = timing.graph_us_under(sel, args.reps, mode)
                 except Exception as e:  # noqa: BLE001 (a mode this machine cannot run)
                     print(f"{mode:>8}: failed: {e}")
                     break
-                finally:
-                    timing.FLUSH = before
                 for name, e in errs.items():
                     print(f"  {name} failed: {e}")
                 cells = "".join(f"{got[c]:>12.2f}" if c in got else f"{'-':>12}" for c in cols)

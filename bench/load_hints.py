@@ -32,7 +32,6 @@ import rope_ext  # noqa: E402
 import timing  # noqa: E402
 from rope_ext import reference as ref  # noqa: E402
 from run import hf_cos_sin  # noqa: E402
-from timing import graph_us_interleaved  # noqa: E402
 
 
 @triton.jit
@@ -134,12 +133,7 @@ def main():
         print(f"\n{name}: {layout} bf16 {list(x.shape)} ({x.numel() * 2 / 2**20:g} MB)")
         print(f"{'flush':>14}" + "".join(f"{c:>17}" for c in fns))
         for label in args.flushes.split(","):
-            mode, clean = label.split("+")[0], label.endswith("+clean")
-            before, timing.FLUSH = timing.FLUSH, mode
-            try:
-                got, errs = graph_us_interleaved(fns, args.reps, clean=clean)
-            finally:
-                timing.FLUSH = before
+            got, errs = timing.graph_us_under(fns, args.reps, label)
             for col, e in errs.items():
                 print(f"  {col} failed: {e}")
             print(f"{label:>14}" + "".join(f"{got[c]:>17.2f}" if c in got else f"{'-':>17}" for c in fns), flush=True)

@@ -314,20 +314,40 @@ def graph_us_interleaved(fns, reps=200, flush=None, clean=None, captures=2):
     return {n: statistics.median(v) for n, v in ts.items()}, errors
 
 
-def switched(set_switch, value, default, fn):
-    """fn with a rope_ext._C test switch at `value`, back to `default` after (the switch is
-    read when a call launches, so a CUDA graph captures the switched road). Without a GPU
-    (the switches are CUDA-only) fn as it is."""
+def graph_us_under(fns, reps, flush_label):
+    """graph_us_interleaved under one flush, named "MODE" or "MODE+clean" (MODE one of
+    FLUSH_MODES; +clean: CLEAN_L2's read after the write), FLUSH restored after."""
+    global FLUSH
+    mode, clean = flush_label.split("+")[0], flush_label.endswith("+clean")
+    before, FLUSH = FLUSH, mode
+    try:
+        return graph_us_interleaved(fns, reps, clean=clean)
+    finally:
+        FLUSH = before
+
+
+def switched_many(knobs, fn):
+    """fn with several rope_ext._C switches set, ((setter, value, default), ...), each back
+    to its default after (switched's note)."""
     if not CUDA:
         return fn
 
     def run():
-        set_switch(value)
+        for setter, value, _ in knobs:
+            setter(value)
         try:
             return fn()
         finally:
-            set_switch(default)
+            for setter, _, default in knobs:
+                setter(default)
     return run
+
+
+def switched(set_switch, value, default, fn):
+    """fn with a rope_ext._C test switch at `value`, back to `default` after (the switch is
+    read when a call launches, so a CUDA graph captures the switched road). Without a GPU
+    (the switches are CUDA-only) fn as it is."""
+    return switched_many(((set_switch, value, default),), fn)
 
 
 def profile_once(fns):

@@ -36,7 +36,7 @@ import rope_ext  # noqa: E402
 import timing  # noqa: E402
 from load_hints import workload  # noqa: E402
 from rope_ext import reference as ref  # noqa: E402
-from timing import graph_us_interleaved, same_size_copy, switched  # noqa: E402
+from timing import graph_us_under, same_size_copy, switched, switched_many  # noqa: E402
 
 
 @triton.jit
@@ -70,20 +70,6 @@ def _rope(x, out, cos, sin, G, S, BLOCK_R: tl.constexpr, XHINT: tl.constexpr, TH
         tl.store(out + a + 64, (x2 * co + x1 * si).to(tl.bfloat16))
 
 
-def knobbed(knobs, fn):
-    """fn with several rope_ext._C switches set ((setter, value, default), ...), each back
-    to its default after (a CUDA graph captures the switched road)."""
-    def run():
-        for setter, value, _ in knobs:
-            setter(value)
-        try:
-            return fn()
-        finally:
-            for setter, _, default in knobs:
-                setter(default)
-    return run
-
-
 def columns(name):
     """{column: fn} for one workload, and a check of the Triton RoPE against rope_ext."""
     x, layout, c4, s4 = workload(name)
@@ -104,9 +90,9 @@ def columns(name):
     C = rope_ext._C
     # lean at any size (auto's since run 4 for 16-bit types): width, rows per thread (0: its rule)
     for w, u in ((16, 0), (8, 1), (8, 4)):
-        fns[f"lean w{w} U{u or 'rule'}"] = knobbed(((C.set_lean_max_bytes, 1 << 40, -1), (C.set_lean_bytes, w, -1),
-                                                    (C.set_lean_rows_per_thread, u, 0)),
-                                                   lambda: rope_ext.apply_rope(x, layout=layout))
+        fns[f"lean w{w} U{u or 'rule'}"] = switched_many(((C.set_lean_max_bytes, 1 << 40, -1), (C.set_lean_bytes, w, -1),
+                                                          (C.set_lean_rows_per_thread, u, 0)),
+                                                         lambda: rope_ext.apply_rope(x, layout=layout))
     fns["compile"] = lambda: comp(x, c4, s4)
     fns["compile->buf"] = lambda: comp_into(x, c4, s4, buf)
     fns["copy->buf"] = lambda: buf.copy_(x)
@@ -152,12 +138,7 @@ def main():
                 f.write("\n\n".join(code))
         print(f"\n{name}: {layout} bf16 {list(x.shape)} ({x.numel() * 2 / 2**20:g} MB)")
         for label in args.flushes.split(","):
-            mode, clean = label.split("+")[0], label.endswith("+clean")
-            before, timing.FLUSH = timing.FLUSH, mode
-            try:
-                got, errs = graph_us_interleaved(fns, args.reps, clean=clean)
-            finally:
-                timing.FLUSH = before
+            got, errs = graph_us_under(fns, args.reps, label)
             print(f"  flush {label}" + "".join(f"; {c} failed: {e}" for c, e in errs.items()))
             for c in fns:
                 if c in got:
