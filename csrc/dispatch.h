@@ -39,6 +39,7 @@ void set_lean_rows_per_thread(int n);
 // Tests/bench: the fewest threads a lean block keeps when its rows are halved to cover the SMs (0 = 128,
 // the default; 1 = down to one row per block).
 void set_lean_min_block(int n);
+void set_lean_min_threads(int threads, int64_t from_bytes);
 // Tests/bench: whether two lanes of variant 6 may share a chunk's sin/cos (default on).
 void set_lean_share(bool on);
 // Tests/bench: whether variant 6 runs calls without position tensors in its instance without the position code

@@ -112,6 +112,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_lean_min_block", &rope_ext::set_lean_min_block,
         "tests/bench: the fewest threads a block of variant 6 keeps when its rows are halved to cover the SMs "
         "(0 = the default, 128; 1 = down to one row per block)");
+  m.def("set_lean_min_threads", &rope_ext::set_lean_min_threads, pybind11::arg("threads"), pybind11::arg("from_bytes"),
+        "tests/bench: past from_bytes of x, auto declines variant 6 (lean) for a call whose block would hold fewer "
+        "than `threads` threads (few rows a token), and runs the tiles (0 threads: no limit; -1: the defaults)");
   m.def("set_lean_share", &rope_ext::set_lean_share,
         "tests/bench: whether a block of variant 6 computes its token's sin/cos once, into shared memory (default on; "
         "off: each lane its own)");

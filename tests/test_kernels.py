@@ -475,6 +475,34 @@ def test_lean_large_and_batch_fold(layout, shape, dtype, positions):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("heads", [1, 2, 8])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_lean_small_block_limit(dtype, heads):
+    """Lean's block holds one token's rows, so few heads make small blocks (one bf16 head:
+    16 threads). set_lean_min_threads(threads, from_bytes): past from_bytes of x, a call
+    whose block would hold fewer threads takes the tiles. Each setting: the kernel expected
+    ran (last_lean_launch), bit-equal to the tiles, within the float64 truth's bounds."""
+    dev, C = "cuda", rope_ext._C
+    x = randn((2, 100, heads, 128), dtype, dev)  # small: one row a thread, 8-byte chunks
+    chunks = 64 // (8 // x.element_size())  # threads a row: 16 (bf16), 32 (fp32)
+    want = rope_ext.apply_rope(x, impl="fp32x4_tile")
+    truth = ref.rope_float64(x)
+    nbytes = x.numel() * x.element_size()
+    try:
+        for threads, from_bytes in ((0, 0), (64, 0), (64, nbytes), (256, 0)):
+            C.set_lean_min_threads(threads, from_bytes)
+            out = rope_ext.apply_rope(x)
+            gx, *_ = C.last_lean_launch()
+            block = min(128, chunks * heads)  # a token's rows x threads a row, at most 128
+            lean = not (block < threads and nbytes > from_bytes)
+            assert (gx > 0) == lean, f"limit {(threads, from_bytes)}, {heads} heads {dtype}: lean {gx > 0}"
+            assert torch.equal(out, want), f"limit {(threads, from_bytes)}: vs the tiles"
+            assert_close_f64(out, truth, x.abs().max().item(), f"limit {(threads, from_bytes)}")
+    finally:
+        C.set_lean_min_threads(-1, -1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_lean_cos_sin_cache_out_of_range(dtype):
     """Lean reads a cos_sin_cache as the tiles do: a position outside the table gives NaN

@@ -161,6 +161,23 @@ std::atomic<int> g_lean_bytes{[] {
 std::atomic<int> g_lean_rows_per_thread{0};  // 0: launch_lean's rule
 std::atomic<int> g_lean_min_block{0};         // fewest threads a block keeps when rows are halved (0: 128)
 std::atomic<bool> g_lean_plain{true};  // calls without position tensors take the kPlain instance
+// Small blocks: lean's block holds one token's rows, so a call with few rows a token
+// (one head: the seed form x [..., S, D]) gets blocks of 16-32 threads. Past
+// g_lean_small_block_bytes of x a call whose block would hold fewer than
+// g_lean_min_threads threads takes the tiles (bench/lean_shapes.py; 0 threads: no limit).
+// ROPE_EXT_LEAN_MIN_THREADS="threads[,from_bytes]" at import, set_lean_min_threads.
+constexpr int kLeanMinThreads = 0;
+constexpr int64_t kLeanSmallBlockBytes = 0;
+std::atomic<int> g_lean_min_threads{kLeanMinThreads};
+std::atomic<int64_t> g_lean_small_block_bytes{kLeanSmallBlockBytes};
+[[maybe_unused]] const bool g_lean_min_threads_env = [] {
+  const char* e = std::getenv("ROPE_EXT_LEAN_MIN_THREADS");
+  if (!e) return false;
+  char* end = nullptr;
+  g_lean_min_threads.store(static_cast<int>(std::strtol(e, &end, 10)));
+  if (end && *end == ',') g_lean_small_block_bytes.store(std::atoll(end + 1));
+  return true;
+}();
 std::atomic<bool> g_lean_share{[] {  // a block shares its token's sin/cos through shared memory
   const char* e = std::getenv("ROPE_EXT_LEAN_SHARE");
   return !(e && std::atoi(e) == 0);
@@ -323,6 +340,9 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
   const int64_t rows_u = ceil_div(rows, int64_t(U));
   int RB = cuda::kLeanMaxThreads / chunks;
   while (RB > 1 && RB / 2 >= rows_u) RB /= 2;
+  if (RB * chunks < g_lean_min_threads.load(std::memory_order_relaxed) &&
+      bytes > g_lean_small_block_bytes.load(std::memory_order_relaxed))
+    return false;
   // Halving rows per block to cover the SMs stops at 128 threads: smaller blocks lost
   // (bench/small_rope_study.py, H200, bf16 out of place: blocks of 32 threads at 0.12 MB
   // 4.99 us against 4.77 with 128; 2 MB 5.92 against 5.73; equal at 0.5 and 8 MB).
@@ -424,6 +444,10 @@ void set_lean_max_bytes(int64_t n) { g_lean_max_bytes.store(n < 0 ? -1 : n); }
 void set_lean_bytes(int64_t w) { g_lean_bytes.store((w == 4 || w == 8 || w == 16) ? int(w) : -1); }
 void set_lean_share(bool on) { g_lean_share.store(on); }
 void set_lean_plain(bool on) { g_lean_plain.store(on); }
+void set_lean_min_threads(int threads, int64_t from_bytes) {  // -1: the defaults
+  g_lean_min_threads.store(threads < 0 ? kLeanMinThreads : threads);
+  g_lean_small_block_bytes.store(from_bytes < 0 ? kLeanSmallBlockBytes : from_bytes);
+}
 void set_lean_min_block(int n) { g_lean_min_block.store(n < 0 ? 0 : n); }  // 1: the old rule (down to RB = 1)
 void set_lean_rows_per_thread(int n) { g_lean_rows_per_thread.store((n == 1 || n == 2 || n == 4 || n == 8) ? n : 0); }
 void set_tile_rows_per_thread(int n) { g_tile_rows_per_thread.store(n < 0 ? 0 : n); }

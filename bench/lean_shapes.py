@@ -1,0 +1,104 @@
+"""Where auto's lean kernel (variant 6) meets shapes the latency suite never had: few heads
+per token, and fp32 past lean's 16 MB limit (issue 19; bench/NOTES.md, twenty-second
+session).
+
+    python bench/lean_shapes.py [--rows all|NAME,...] [--reps 100]
+
+Lean's block holds one token's rows (rope_variants.cuh): with one head (the seed form
+x [..., S, D], `rope_ext.rope`) a bf16 block is 16 threads, with two 32. Since the
+twenty-first session auto runs 16-bit tensors of every size on lean, so these calls left
+the tiles (variant 4) at every size. Columns, timed in turns (timing.graph_us_interleaved,
+one x for all): auto; the tiles (impl="fp32x4_tile"); lean forced past its size limit
+(set_lean_max_bytes, and no small-block limit: set_lean_min_threads); torch.compile of the cached
+formula (its own output); the same-size copy. The launch auto took (last_lean_launch:
+grid, rows a thread, width; zeros: the tiles) and lean's output against the tiles' are
+printed per row.
+"""
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import rope_ext  # noqa: E402
+import timing  # noqa: E402
+from run import hf_cos_sin  # noqa: E402
+from rope_ext import reference as ref  # noqa: E402
+from timing import same_size_copy, switched_many  # noqa: E402
+
+# name: (dtype, [B, S, H, D]) bshd
+ROWS = {
+    "h1_bf16_0.125MB": (torch.bfloat16, (1, 512, 1, 128)),
+    "h1_bf16_1MB": (torch.bfloat16, (1, 4096, 1, 128)),
+    "h1_bf16_4MB": (torch.bfloat16, (4, 4096, 1, 128)),
+    "h1_bf16_8MB": (torch.bfloat16, (8, 4096, 1, 128)),
+    "h1_bf16_32MB": (torch.bfloat16, (32, 4096, 1, 128)),
+    "h1_bf16_128MB": (torch.bfloat16, (128, 4096, 1, 128)),
+    "seed_bf16_256MB": (torch.bfloat16, (128, 8192, 1, 128)),
+    "h2_bf16_128MB": (torch.bfloat16, (64, 4096, 2, 128)),
+    "h2_bf16_4MB": (torch.bfloat16, (2, 4096, 2, 128)),
+    "h4_bf16_128MB": (torch.bfloat16, (32, 4096, 4, 128)),
+    "h8_bf16_128MB": (torch.bfloat16, (16, 4096, 8, 128)),
+    "h32_bf16_128MB": (torch.bfloat16, (4, 4096, 32, 128)),
+    "h1_fp32_4MB": (torch.float32, (8, 1024, 1, 128)),
+    "h32_fp32_32MB": (torch.float32, (1, 2048, 32, 128)),
+    "h32_fp32_128MB": (torch.float32, (1, 8192, 32, 128)),
+    "h8_fp32_128MB": (torch.float32, (4, 8192, 8, 128)),
+    "seed_fp32_512MB": (torch.float32, (128, 8192, 1, 128)),
+}
+
+
+def columns(name, min_threads):
+    dtype, shape = ROWS[name]
+    B, S, H, D = shape
+    x = torch.randn(*shape, device="cuda").to(dtype)
+    cos, sin = hf_cos_sin(S, D, dtype)
+    c4, s4 = cos.view(S, 1, D), sin.view(S, 1, D)
+    torch._dynamo.reset()
+    comp = torch.compile(ref.apply_cos_sin, dynamic=False)
+    C = rope_ext._C
+    fns = {"auto": lambda: rope_ext.apply_rope(x),
+           "tiles": lambda: rope_ext.apply_rope(x, impl="fp32x4_tile"),
+           "lean forced": switched_many(((C.set_lean_max_bytes, 1 << 40, -1),
+                                         (lambda v: C.set_lean_min_threads(*v), (0, 0), min_threads)),
+                                        lambda: rope_ext.apply_rope(x)),
+           "compile": lambda: comp(x, c4, s4),
+           "copy": same_size_copy(x.numel(), dtype)}
+    rope_ext.apply_rope(x)
+    torch.cuda.synchronize()
+    auto_launch = C.last_lean_launch()
+    want = rope_ext.apply_rope(x, impl="fp32x4_tile")
+    got = fns["lean forced"]()
+    torch.cuda.synchronize()
+    forced_launch = C.last_lean_launch()
+    diff = (got.float() - want.float()).abs().max().item()
+    return x, fns, auto_launch, forced_launch, diff
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="all")
+    ap.add_argument("--reps", type=int, default=100)
+    ap.add_argument("--min-threads", default="", help="THREADS,FROM_BYTES: auto's small-block limit for this run")
+    args = ap.parse_args()
+    # the limit auto runs with ("lean forced" switches it off and back to this)
+    mt = tuple(int(v) for v in args.min_threads.split(",")) if args.min_threads else (-1, -1)
+    mt = mt if len(mt) == 2 else (mt[0], 0)
+    rope_ext._C.set_lean_min_threads(*mt)
+    names = list(ROWS) if args.rows == "all" else args.rows.split(",")
+    print(f"device: {torch.cuda.get_device_name()}; flush {timing.FLUSH}; us, median of {args.reps} replays, in turns")
+    print("launch: (grid x, y, z, rows a thread, width); zeros: the tiles ran")
+    for name in names:
+        x, fns, al, fl, diff = columns(name, mt)
+        mb = x.numel() * x.element_size() / 2**20
+        got, errs = timing.graph_us_interleaved(fns, args.reps)
+        cells = "  ".join(f"{c} {got[c]:.2f}" for c in fns if c in got)
+        print(f"{name:<18} {str(ROWS[name][1]):<22} {mb:8.3g} MB  {cells}", flush=True)
+        print(f"    auto launch {al}  forced {fl}  max |lean - tiles| {diff:g}"
+              + "".join(f"; {c} failed: {str(e)[:60]}" for c, e in errs.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
