@@ -411,13 +411,14 @@ def test_lean_token_strides(layout, B, S, positions):
 @pytest.mark.parametrize("layout,shape,dtype", [
     ("sbhd", (520, 8, 32, 128), torch.bfloat16),   # q + k 42 MB: past 32 MB, folded
     ("bshd", (2, 2100, 32, 128), torch.bfloat16),  # 43 MB, token-major without a fold
+    ("bshd", (2, 1100, 32, 128), torch.float32),   # 45 MB: fp32 past 32 MB too
     ("sbhd", (7, 3, 4, 128), torch.float16),
     ("sbhd", (7, 3, 4, 128), torch.bfloat16),
     ("bhsd", (3, 4, 7, 128), torch.bfloat16),      # the batch outside the sequence: not folded
     ("sbhd qkv", (7, 3, 4, 128), torch.bfloat16),  # q, k head slices of one [S, B, 4 + 2 * 8, D] buffer
 ])
 def test_lean_large_and_batch_fold(layout, shape, dtype, positions):
-    """16-bit tensors past 32 MB in token-major memory go to lean at its defaults (two rows a
+    """16-bit and fp32 tensors past 32 MB in token-major memory go to lean at its defaults (two rows a
     thread there), and an sbhd call with positions shared by the batch (none, [S], or a
     scalar offset) runs as one token of B * H rows (the batch fold: lean's grid (row blocks,
     S, 1)). Per-batch positions, bhsd, and a fused QKV buffer (q's batch stride is not H x
@@ -493,7 +494,7 @@ def test_lean_small_block_limit(dtype, heads):
             C.set_lean_min_threads(threads, from_bytes)
             out = rope_ext.apply_rope(x)
             gx, *_ = C.last_lean_launch()
-            block = min(128, chunks * heads)  # a token's rows x threads a row, at most 128
+            block = chunks * heads  # a token's rows x threads a row (at one row a thread)
             lean = not (block < threads and nbytes > from_bytes)
             assert (gx > 0) == lean, f"limit {(threads, from_bytes)}, {heads} heads {dtype}: lean {gx > 0}"
             assert torch.equal(out, want), f"limit {(threads, from_bytes)}: vs the tiles"

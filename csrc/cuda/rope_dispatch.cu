@@ -166,8 +166,8 @@ std::atomic<bool> g_lean_plain{true};  // calls without position tensors take th
 // g_lean_small_block_bytes of x a call whose block would hold fewer than
 // g_lean_min_threads threads takes the tiles (bench/lean_shapes.py; 0 threads: no limit).
 // ROPE_EXT_LEAN_MIN_THREADS="threads[,from_bytes]" at import, set_lean_min_threads.
-constexpr int kLeanMinThreads = 0;
-constexpr int64_t kLeanSmallBlockBytes = 0;
+constexpr int kLeanMinThreads = 64;
+constexpr int64_t kLeanSmallBlockBytes = int64_t(256) << 10;
 std::atomic<int> g_lean_min_threads{kLeanMinThreads};
 std::atomic<int64_t> g_lean_small_block_bytes{kLeanSmallBlockBytes};
 [[maybe_unused]] const bool g_lean_min_threads_env = [] {
@@ -192,7 +192,8 @@ constexpr int64_t kLeanSmallBytes = int64_t(32) << 20;
 int64_t lean_max_bytes(int64_t elem_size) {
   const int64_t v = g_lean_max_bytes.load(std::memory_order_relaxed);
   if (v >= 0) return v;
-  return elem_size == 4 ? int64_t(16) << 20 : INT64_MAX;
+  (void)elem_size;
+  return INT64_MAX;
 }
 int lean_bytes(int64_t elem_size, int64_t bytes) {
   const int w = g_lean_bytes.load(std::memory_order_relaxed);
@@ -337,12 +338,14 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
     while (U < 8 && tokens * ceil_div(rows, int64_t(U)) * chunks > int64_t(sms) * 512) U *= 2;
     if (bytes > kLeanSmallBytes) U = std::min(U, 2);
   }
+  // A token's rows x threads a row at one row a thread: the block's bytes in flight
+  // whatever U (U rows a thread, RB / U row slots).
+  if (rows * chunks < g_lean_min_threads.load(std::memory_order_relaxed) &&
+      bytes > g_lean_small_block_bytes.load(std::memory_order_relaxed))
+    return false;
   const int64_t rows_u = ceil_div(rows, int64_t(U));
   int RB = cuda::kLeanMaxThreads / chunks;
   while (RB > 1 && RB / 2 >= rows_u) RB /= 2;
-  if (RB * chunks < g_lean_min_threads.load(std::memory_order_relaxed) &&
-      bytes > g_lean_small_block_bytes.load(std::memory_order_relaxed))
-    return false;
   // Halving rows per block to cover the SMs stops at 128 threads: smaller blocks lost
   // (bench/small_rope_study.py, H200, bf16 out of place: blocks of 32 threads at 0.12 MB
   // 4.99 us against 4.77 with 128; 2 MB 5.92 against 5.73; equal at 0.5 and 8 MB).
