@@ -157,10 +157,10 @@ def test_flat_rows_per_thread(rows_per_thread):
 
 
 
-# Variant 6 (lean) is auto's kernel in the cases it covers (16-bit tensors of every size,
-# fp32 up to 16 MB: test_lean_large_and_batch_fold has the large ones); no impl name
-# selects it. These cases go through it (and some, on purpose, just past what it covers),
-# at token counts that give every rows-per-thread choice (1, 2, 4, 8 on an H100), and are
+# Variant 6 (lean) is auto's kernel in the cases it covers (every size but few rows a
+# token: test_lean_large_and_batch_fold has the large ones, test_lean_small_block_limit
+# the few rows); no impl name selects it. These cases go through it (and some, on
+# purpose, just past what it covers), at token counts that give every rows-per-thread choice (1, 2, 4, 8 on an H100), and are
 # held against the float64 truth and bit for bit against variant 4 (the same arithmetic).
 LEAN_CASES = [
     dict(),
@@ -192,8 +192,8 @@ LEAN_CASES = [
 @pytest.fixture(params=[(16, True), (8, True), (4, True), (16, False), (8, False)],
                 ids=lambda p: f"{p[0]}B" + ("" if p[1] else "-noshare"))
 def lean_up_to_32mb(request):
-    """auto gives lean tensors up to 32 MB here (its defaults stop at 16 MB for fp32:
-    measured), so every rows-per-thread choice runs through it, at each access width (its
+    """auto gives lean tensors up to 32 MB here (its defaults have no size limit), so every
+    rows-per-thread choice runs through it, at each access width (its
     defaults pick 8 or 16 bytes by size; 4 is an A/B instance), with the block's sin/cos
     table in shared memory (the default) and with each lane computing its own."""
     width, share = request.param
@@ -481,8 +481,9 @@ def test_lean_large_and_batch_fold(layout, shape, dtype, positions):
 def test_lean_small_block_limit(dtype, heads):
     """Lean's block holds one token's rows, so few heads make small blocks (one bf16 head:
     16 threads). set_lean_min_threads(threads, from_bytes): past from_bytes of x, a call
-    whose block would hold fewer threads takes the tiles. Each setting: the kernel expected
-    ran (last_lean_launch), bit-equal to the tiles, within the float64 truth's bounds."""
+    whose token's rows x threads a row are fewer takes the tiles (defaults 64, 256 KB).
+    Each setting: the kernel expected ran (last_lean_launch), bit-equal to the tiles,
+    within the float64 truth's bounds."""
     dev, C = "cuda", rope_ext._C
     x = randn((2, 100, heads, 128), dtype, dev)  # small: one row a thread, 8-byte chunks
     chunks = 64 // (8 // x.element_size())  # threads a row: 16 (bf16), 32 (fp32)

@@ -127,9 +127,9 @@ void launch_flat(const RopeParams& p, int device, cudaStream_t stream) {
 }
 
 // Variant 6 (lean): auto's kernel where the case is one it covers (rope_variants.cuh and
-// launch_lean below): 16-bit types of every size since the twenty-first session, in the
-// memory orders measured past 32 MB (kLeanSmallBytes), fp32 up to 16 MB. Up to which size
-// (bytes of x read) and with which access width,
+// launch_lean below): every size (16-bit types since the twenty-first session, fp32 since
+// the twenty-second), in the memory orders measured past 32 MB (kLeanSmallBytes), but not
+// calls with few rows a token (the small-block limit below). Which access width,
 // from the H100 latency suite (bench/NOTES.md issue 19: run 9 for the sizes, run 1 of
 // 2026-11-24 for the widths; us, lean at 16 / 8 / 4 bytes, the tiles):
 //   bf16 [1,S,32,128]: 0.12 MB 5.4 / 4.8 / 4.8, tiles 5.6; 2 MB 7.5 / 6.7 / 6.7, 7.3;
@@ -140,11 +140,11 @@ void launch_flat(const RopeParams& p, int device, cudaStream_t stream) {
 // store is shorter (841 vs 500 SASS instructions), and below ~8 MB that chain, not DRAM,
 // sets the time. So: 8 bytes for 16-bit types (past 32 MB too: 16 bytes 0.3-0.6 us
 // slower at W2a / W2b / 128 MB, run 3 of the twenty-first session); fp32 8 bytes up to 4 MB, 16
-// bytes up to 16 MB. (Measured with per-lane sin/cos; with the block's shared table, the
+// bytes past it (past 16 MB not A/B'd by width). (Measured with per-lane sin/cos; with the block's shared table, the
 // default since 2026-11-26, a thread computes about one pair whatever W: not re-measured.)
 // ROPE_EXT_LEAN_MAX_BYTES / ROPE_EXT_LEAN_BYTES at import, or set_lean_max_bytes /
 // set_lean_bytes (tests: every width and rows-per-thread choice), override them; a size
-// of 0 turns lean off (the bench's A/B), -1 restores the defaults.
+// of 0 turns lean off (the bench's A/B), -1 restores the defaults (no size limit).
 // Rows per thread (set_lean_rows_per_thread), the block's shared sin/cos table
 // (set_lean_share, ROPE_EXT_LEAN_SHARE=0: each lane its own) and the position-free
 // instance (set_lean_plain) are A/B knobs too (bench/lean_sweep.py, bench/lean_ab.py,
@@ -162,9 +162,14 @@ std::atomic<int> g_lean_rows_per_thread{0};  // 0: launch_lean's rule
 std::atomic<int> g_lean_min_block{0};         // fewest threads a block keeps when rows are halved (0: 128)
 std::atomic<bool> g_lean_plain{true};  // calls without position tensors take the kPlain instance
 // Small blocks: lean's block holds one token's rows, so a call with few rows a token
-// (one head: the seed form x [..., S, D]) gets blocks of 16-32 threads. Past
-// g_lean_small_block_bytes of x a call whose block would hold fewer than
-// g_lean_min_threads threads takes the tiles (bench/lean_shapes.py; 0 threads: no limit).
+// (one head: the seed form x [..., S, D]) gets blocks of 16-32 threads, too few bytes in
+// flight per SM. H100, in turns (bench/lean_shapes.py, twenty-second session, runs 4 and
+// 7), us, lean / the tiles / the copy: one bf16 head [B, S, 1, 128] 0.125 MB 5.8 / 6.1 /
+// 4.2, 1 MB 8.5 / 7.1 / 4.9, 4 MB 15.9 / 8.9 / 7.1, 32 MB 84.9 / 30.1 / 27.5, 128 MB 321 /
+// 100 / 93; two heads 4 MB 11.8 / 9.1, 128 MB 179 / 102; four heads 128 MB 94.1 / 101.6
+// (lean ahead from a token's 64 threads); one fp32 head 4 MB 10.5 / 8.1. So past
+// g_lean_small_block_bytes (256 KB) of x a call whose token's rows x threads a row are
+// fewer than g_lean_min_threads (64) takes the tiles (0 threads: no limit).
 // ROPE_EXT_LEAN_MIN_THREADS="threads[,from_bytes]" at import, set_lean_min_threads.
 constexpr int kLeanMinThreads = 64;
 constexpr int64_t kLeanSmallBlockBytes = int64_t(256) << 10;
@@ -183,17 +188,18 @@ std::atomic<bool> g_lean_share{[] {  // a block shares its token's sin/cos throu
   return !(e && std::atoi(e) == 0);
 }()};
 bool lean_share() { return g_lean_share.load(std::memory_order_relaxed); }
-// 16-bit types: no size limit of their own since the twenty-first session (H100, in turns,
-// that session's runs 3-5: past 32 MB lean ran level with the copy at W2a, W2b folded, W1
-// and 128 MB bshd, 1.3-3.2 us under the tiles, whose margin over the copy varied 1.2-3.4 us
-// between machines); fp32 up to 16 MB (not measured past it). Past kLeanSmallBytes (the old
-// limit) launch_lean takes only the memory orders measured there and caps rows a thread at 2.
+// No size limit: 16-bit types since the twenty-first session (H100, in turns, that
+// session's runs 3-5: past 32 MB lean ran level with the copy at W2a, W2b folded, W1 and
+// 128 MB bshd, 1.3-3.2 us under the tiles, whose margin over the copy varied 1.2-3.4 us
+// between machines), fp32 since the twenty-second (its 16 MB limit until then; run 7, us,
+// lean / the tiles / the copy: [1, 2048, 32, 128] 32 MB 26.6 / 28.2 / 27.2, [1, 8192, 32,
+// 128] 128 MB 93.4 / 94.4 / 93.5; run 4: [4, 8192, 8, 128] 93.8 / 94.1 / 93.6). Past
+// kLeanSmallBytes (the old 16-bit limit) launch_lean takes only the memory orders measured
+// there and caps rows a thread at 2.
 constexpr int64_t kLeanSmallBytes = int64_t(32) << 20;
-int64_t lean_max_bytes(int64_t elem_size) {
+int64_t lean_max_bytes() {
   const int64_t v = g_lean_max_bytes.load(std::memory_order_relaxed);
-  if (v >= 0) return v;
-  (void)elem_size;
-  return INT64_MAX;
+  return v >= 0 ? v : INT64_MAX;
 }
 int lean_bytes(int64_t elem_size, int64_t bytes) {
   const int w = g_lean_bytes.load(std::memory_order_relaxed);
@@ -237,7 +243,7 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
   if (p.B > 65535 || p.S > 65535) return false;
   const int64_t rows = heads_total(p), tokens = p.B * p.S;
   const int64_t bytes = tokens * rows * p.D * static_cast<int64_t>(sizeof(T));
-  if (bytes > lean_max_bytes(sizeof(T))) return false;
+  if (bytes > lean_max_bytes()) return false;
   // A GPT-J chunk holds whole pairs: at least 2 elements.
   const int wb = lean_bytes(sizeof(T), bytes);
   const int W = (p.interleaved && wb / int(sizeof(T)) < 2) ? 2 * int(sizeof(T)) : wb;

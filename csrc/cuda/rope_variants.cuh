@@ -95,6 +95,13 @@
 //              76.7 (the grid walked s within each b, B * H rows apart; the tiles 73.9),
 //              with it 71.4 on another machine (the tiles 73.0, the copy 71.6-71.8). W4
 //              (thd q + k, random positions, in place) 63.3 -> 60.8, the copy 60.3.
+//              Then (twenty-second session, H100, bench/lean_shapes.py): a block holds
+//              one token's rows, so one head makes a block of 16 threads (bf16; 8 KB in
+//              flight a SM at 32 blocks): one bf16 head at 128 MB took 321 us against the
+//              tiles' 100 (the copy 93), 2.3-3.4x the tiles' time from 4 MB up; four heads
+//              (64 threads a token) 94.1 against 101.6. Calls under 64 threads a token
+//              take the tiles past 256 KB (rope_dispatch.cu). fp32 past 16 MB on lean:
+//              32 MB 26.6 us against the tiles' 28.2.
 //
 // What was learned on the H100 (bench/NOTES.md has the numbers and the method):
 //   - Variant 3's x loads must be uint4: a struct copy of Vec<bf16, 8> compiled to
