@@ -1,18 +1,19 @@
 """Where auto's lean kernel (variant 6) meets shapes the latency suite never had: few heads
-per token, and fp32 past lean's 16 MB limit (issue 19; bench/NOTES.md, twenty-second
+per token, and fp32 past lean's old 16 MB limit (issue 19; bench/NOTES.md, twenty-second
 session).
 
-    python bench/lean_shapes.py [--rows all|NAME,...] [--reps 100]
+    python bench/lean_shapes.py [--rows all|NAME,...] [--reps 100] [--min-threads T,BYTES]
 
 Lean's block holds one token's rows (rope_variants.cuh): with one head (the seed form
-x [..., S, D], `rope_ext.rope`) a bf16 block is 16 threads, with two 32. Since the
-twenty-first session auto runs 16-bit tensors of every size on lean, so these calls left
-the tiles (variant 4) at every size. Columns, timed in turns (timing.graph_us_interleaved,
-one x for all): auto; the tiles (impl="fp32x4_tile"); lean forced past its size limit
-(set_lean_max_bytes, and no small-block limit: set_lean_min_threads); torch.compile of the cached
-formula (its own output); the same-size copy. The launch auto took (last_lean_launch:
-grid, rows a thread, width; zeros: the tiles) and lean's output against the tiles' are
-printed per row.
+x [..., S, D], `rope_ext.rope`) a bf16 block is 16 threads, with two 32. From the
+twenty-first session auto ran 16-bit tensors of every size on lean, these calls too; since
+the twenty-second a token under 64 threads takes the tiles (variant 4) past 256 KB, and
+fp32 has no size limit on lean. Columns, timed in turns (timing.graph_us_interleaved, one
+x for all): auto; the tiles (impl="fp32x4_tile"); lean forced (no size limit, no
+small-block limit); auto with the one-head fold (set_lean_fold_one_head: a one-head call
+as one token of B rows); torch.compile of the cached formula (its own output); the
+same-size copy. Per row: the launches (last_lean_launch: grid, rows a thread, width;
+zeros: the tiles ran) and the lean outputs against the tiles'.
 """
 import argparse
 import os
@@ -64,6 +65,9 @@ def columns(name, min_threads):
            "lean forced": switched_many(((C.set_lean_max_bytes, 1 << 40, -1),
                                          (lambda v: C.set_lean_min_threads(*v), (0, 0), min_threads)),
                                         lambda: rope_ext.apply_rope(x)),
+           # the one-head fold (set_lean_fold_one_head, off by default): B rows a token
+           "lean 1-head fold": switched_many(((C.set_lean_fold_one_head, True, False),),
+                                             lambda: rope_ext.apply_rope(x)),
            "compile": lambda: comp(x, c4, s4),
            "copy": same_size_copy(x.numel(), dtype)}
     rope_ext.apply_rope(x)
@@ -74,7 +78,11 @@ def columns(name, min_threads):
     torch.cuda.synchronize()
     forced_launch = C.last_lean_launch()
     diff = (got.float() - want.float()).abs().max().item()
-    return x, fns, auto_launch, forced_launch, diff
+    got = fns["lean 1-head fold"]()
+    torch.cuda.synchronize()
+    fold_launch = C.last_lean_launch()
+    diff = max(diff, (got.float() - want.float()).abs().max().item())
+    return x, fns, auto_launch, forced_launch, fold_launch, diff
 
 
 def main():
@@ -91,12 +99,12 @@ def main():
     print(f"device: {torch.cuda.get_device_name()}; flush {timing.FLUSH}; us, median of {args.reps} replays, in turns")
     print("launch: (grid x, y, z, rows a thread, width); zeros: the tiles ran")
     for name in names:
-        x, fns, al, fl, diff = columns(name, mt)
+        x, fns, al, fl, hl, diff = columns(name, mt)
         mb = x.numel() * x.element_size() / 2**20
         got, errs = timing.graph_us_interleaved(fns, args.reps)
         cells = "  ".join(f"{c} {got[c]:.2f}" for c in fns if c in got)
         print(f"{name:<18} {str(ROWS[name][1]):<22} {mb:8.3g} MB  {cells}", flush=True)
-        print(f"    auto launch {al}  forced {fl}  max |lean - tiles| {diff:g}"
+        print(f"    auto launch {al}  forced {fl}  1-head fold {hl}  max |lean - tiles| {diff:g}"
               + "".join(f"; {c} failed: {str(e)[:60]}" for c, e in errs.items()), flush=True)
 
 

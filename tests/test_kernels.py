@@ -1,6 +1,8 @@
 """Every variant x dtype x layout x memory view, forward and backward, against the
 float64 truth and both PyTorch references. CPU always; CUDA where there is a GPU."""
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -500,8 +502,88 @@ def test_lean_small_block_limit(dtype, heads):
             assert (gx > 0) == lean, f"limit {(threads, from_bytes)}, {heads} heads {dtype}: lean {gx > 0}"
             assert torch.equal(out, want), f"limit {(threads, from_bytes)}: vs the tiles"
             assert_close_f64(out, truth, x.abs().max().item(), f"limit {(threads, from_bytes)}")
+        # The defaults (-1: 64 threads past 256 KB) on a call past 256 KB; the width by
+        # lean's rule (16 bytes for fp32 past 4 MB).
+        C.set_lean_min_threads(-1, -1)
+        C.set_lean_bytes(-1)
+        big = randn((2, 1100, heads, 128), dtype, dev)
+        nb = big.numel() * big.element_size()
+        row_threads = 64 // ((16 if dtype == torch.float32 and nb > 4 << 20 else 8) // big.element_size())
+        out = rope_ext.apply_rope(big)
+        gx, *_ = C.last_lean_launch()
+        assert (gx > 0) == (row_threads * heads >= 64), f"defaults, {heads} heads {dtype}: lean {gx > 0}"
+        assert torch.equal(out, rope_ext.apply_rope(big, impl="fp32x4_tile")), "defaults: vs the tiles"
     finally:
         C.set_lean_min_threads(-1, -1)
+
+
+@pytest.mark.skipif(not rope_ext.WITH_CUDA, reason="the variable is read by the CUDA build")
+@pytest.mark.parametrize("value,valid,lean", [("0", True, True), ("64,262144", True, False), ("garbage", False, False),
+                                              ("64,", False, False), ("-1", False, False)])
+def test_lean_min_threads_env(value, valid, lean):
+    """ROPE_EXT_LEAN_MIN_THREADS="threads[,from_bytes]": a malformed value warns on stderr and
+    keeps the defaults (64 threads past 256 KB), never a silent "limit off". With a GPU, a
+    one-head bf16 call of 1 MB (16 threads a token) takes lean only with the limit off."""
+    code = ("import torch, rope_ext\n"
+            "if torch.cuda.is_available():\n"
+            "    rope_ext.apply_rope(torch.randn(1, 4096, 1, 128, device='cuda').bfloat16())\n"
+            "    print('lean', rope_ext._C.last_lean_launch()[0] > 0)\n")
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "ROPE_EXT_LEAN_MIN_THREADS": value},
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert ("ROPE_EXT_LEAN_MIN_THREADS" in r.stderr) == (not valid), r.stderr[-2000:]
+    if torch.cuda.is_available():
+        assert f"lean {lean}" in r.stdout, (value, r.stdout)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("positions", ["none", "shared", "per batch", "offset"])
+@pytest.mark.parametrize("layout,shape,dtype", [
+    ("bshd", (4, 300, 1, 128), torch.bfloat16),    # 300 KB: past the small-block limit's 256 KB
+    ("bshd", (8, 300, 1, 128), torch.float32),
+    ("bshd qk", (4, 300, 1, 128), torch.bfloat16),  # q and k one head each
+    ("sbhd", (300, 4, 1, 128), torch.float16),
+    ("bshd", (140, 1000, 1, 128), torch.bfloat16),  # 34 MB: past 32 MB
+])
+def test_lean_one_head_fold(layout, shape, dtype, positions):
+    """With set_lean_fold_one_head(True), a call whose tensors have one head each and whose
+    positions the batch shares runs on lean as one token of B rows (the batch stride as
+    the head stride; grid (row blocks, S, 1)); per-batch positions are not folded (a token
+    of one head: the tiles, past 256 KB). Each case: the kernel expected ran
+    (last_lean_launch), out of place and in place bit-equal to the tiles, within the
+    float64 truth's bounds; with the knob off the tiles run it (but sbhd, which the batch
+    fold takes anyway)."""
+    dev, C = "cuda", rope_ext._C
+    qk = layout == "bshd qk"
+    layout = "bshd" if qk else layout
+    S, B = (shape[0], shape[1]) if layout == "sbhd" else (shape[1], shape[0])
+    xs = [randn(shape, dtype, dev) for _ in range(2 if qk else 1)]
+    pos = {"shared": torch.randint(0, 1 << 20, (S,), device=dev),
+           "per batch": torch.randint(0, 1 << 20, (B, S), device=dev)}.get(positions)
+    kw = dict(layout=layout, offsets=1000) if positions == "offset" else dict(layout=layout)
+    call = (lambda *a, **k: rope_ext.apply_rope_qk(*a, **k)) if qk else (lambda *a, **k: (rope_ext.apply_rope(*a, **k),))
+    tiles = [rope_ext.apply_rope(x, pos, impl="fp32x4_tile", **kw) for x in xs]
+    fold = positions != "per batch"
+    what = f"({layout}{' qk' if qk else ''} {list(shape)} {dtype}, positions {positions})"
+    try:
+        for on in (False, True):
+            C.set_lean_fold_one_head(on)
+            outs = call(*xs, pos, **kw)
+            gx, gy, gz, _, _ = C.last_lean_launch()
+            # (sbhd with one head: the batch fold's own case, folded with the knob off too)
+            lean = fold and (on or layout == "sbhd")
+            assert (gx > 0) == lean, f"fold {on}: lean {'not ' if lean else ''}launched {what}: {(gx, gy, gz)}"
+            if lean:
+                assert (gy, gz) == (S, 1), f"not folded {what}: grid {(gx, gy, gz)}"
+            ins = [x.clone() for x in xs]
+            (rope_ext.apply_rope_qk if qk else rope_ext.apply_rope)(*ins, pos, inplace=True, **kw)
+            assert (C.last_lean_launch()[0] > 0) == lean, f"fold {on}, in place {what}"
+            for x, out, inp, tile in zip(xs, outs, ins, tiles):
+                assert torch.equal(out, tile), f"fold {on} vs tiles {what}"
+                assert torch.equal(inp, tile), f"fold {on} in place vs tiles {what}"
+                assert_close_f64(out, ref.rope_float64(x, pos, **kw), x.abs().max().item(), f"fold {on} {what}")
+    finally:
+        C.set_lean_fold_one_head(False)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -13,6 +13,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 
 #include "launch_utils.h"
@@ -175,12 +178,28 @@ constexpr int kLeanMinThreads = 64;
 constexpr int64_t kLeanSmallBlockBytes = int64_t(256) << 10;
 std::atomic<int> g_lean_min_threads{kLeanMinThreads};
 std::atomic<int64_t> g_lean_small_block_bytes{kLeanSmallBlockBytes};
+// "threads" or "threads,from_bytes", non-negative integers; anything else keeps the defaults
+// (with a warning on stderr: a mistyped A/B must not pass for the limit being off).
 [[maybe_unused]] const bool g_lean_min_threads_env = [] {
   const char* e = std::getenv("ROPE_EXT_LEAN_MIN_THREADS");
   if (!e) return false;
   char* end = nullptr;
-  g_lean_min_threads.store(static_cast<int>(std::strtol(e, &end, 10)));
-  if (end && *end == ',') g_lean_small_block_bytes.store(std::atoll(end + 1));
+  errno = 0;
+  const long long threads = std::strtoll(e, &end, 10);
+  long long from = kLeanSmallBlockBytes;
+  bool ok = end != e && errno == 0 && threads >= 0 && threads <= INT32_MAX;
+  if (ok && *end == ',') {
+    const char* b = end + 1;
+    from = std::strtoll(b, &end, 10);
+    ok = end != b && errno == 0 && from >= 0;
+  }
+  if (!ok || *end != '\0') {
+    std::fprintf(stderr, "rope_ext: ROPE_EXT_LEAN_MIN_THREADS=\"%s\" is not \"threads[,from_bytes]\" (non-negative "
+                 "integers); the defaults stay\n", e);
+    return false;
+  }
+  g_lean_min_threads.store(static_cast<int>(threads));
+  g_lean_small_block_bytes.store(from);
   return true;
 }();
 std::atomic<bool> g_lean_share{[] {  // a block shares its token's sin/cos through shared memory
@@ -216,25 +235,47 @@ int lean_bytes(int64_t elem_size, int64_t bytes) {
 // session) and 71.4 folded (the tiles 73.0, the copy 71.6-71.8, run 4, another machine:
 // no A/B of the fold in one run). Folded, the blocks walk memory in order. Not where the
 // folded rows would pass lean's 16-bit row count (the unfolded call may still fit).
-bool lean_fold_batch(const RopeParams& p) {
-  if (p.B <= 1 || !p.pos_shared_b || p.offsets.ptr || (p.positions.ptr && p.pos_stride_b != 0)) return false;
-  if (p.B * heads_total(p) > INT16_MAX) return false;
+// One-head fold (an A/B knob, off by default: set_lean_fold_one_head; not yet timed): a
+// call whose every tensor has one head (k alone under MQA, the seed form [B, S, 1, D])
+// and whose positions the batch shares also runs as one token of B rows, the batch
+// stride standing in for the head stride, in any layout (bshd too). Without it such a
+// call is under the small-block limit (a token: 16 bf16 threads) and takes the tiles past
+// 256 KB, where torch.compile ran 3-14% under them (bench/lean_shapes.py, twenty-second
+// session). Folded, a block shares its token's sin/cos over B rows, but in bshd those rows
+// lie S x D elements apart (the walk order the fold above exists to avoid).
+std::atomic<bool> g_lean_fold_one_head{false};
+enum class LeanFold { kNone, kBatch, kOneHead };
+LeanFold lean_fold_batch(const RopeParams& p) {
+  if (p.B <= 1 || !p.pos_shared_b || p.offsets.ptr || (p.positions.ptr && p.pos_stride_b != 0)) return LeanFold::kNone;
+  if (p.B * heads_total(p) > INT16_MAX) return LeanFold::kNone;
+  bool one_head = g_lean_fold_one_head.load(std::memory_order_relaxed);
+  bool batch = true;
   for (int t = 0; t < p.num_tensors; ++t) {
     const TensorView& v = p.t[t];
+    one_head = one_head && v.H == 1;
     if (v.in_stride[0] != v.H * v.in_stride[2] || v.out_stride[0] != v.H * v.out_stride[2] ||
         std::abs(v.in_stride[0]) >= std::abs(v.in_stride[1]))
-      return false;
+      batch = false;
   }
-  return true;
+  return batch ? LeanFold::kBatch : one_head ? LeanFold::kOneHead : LeanFold::kNone;
 }
 
+// one_head_fold: this call is a one-head fold's (in bshd its rows lie S x D apart: past 32
+// MB not held to token-major memory, for the knob's A/B).
 template <typename T>
-bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
-  if (lean_fold_batch(p)) {  // (B = 1 after: no second fold)
+bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_head_fold = false) {
+  if (const LeanFold fold = lean_fold_batch(p); fold != LeanFold::kNone) {  // (B = 1 after: no second fold)
     RopeParams folded = p;
-    for (int t = 0; t < folded.num_tensors; ++t) folded.t[t].H *= folded.B;
+    for (int t = 0; t < folded.num_tensors; ++t) {
+      TensorView& v = folded.t[t];
+      if (fold == LeanFold::kOneHead) {  // row b of the one head: the batch stride
+        v.in_stride[2] = v.in_stride[0];
+        v.out_stride[2] = v.out_stride[0];
+      }
+      v.H *= folded.B;
+    }
     folded.B = 1;
-    return launch_lean<T>(folded, device, stream);
+    return launch_lean<T>(folded, device, stream, fold == LeanFold::kOneHead);
   }
   const bool cache = p.freq == FreqSource::kCosSinCache;
   if (sizeof(T) == 8 || !(p.freq == FreqSource::kInvFreq || cache) || p.num_axes != 1 || p.cp_size != 1) return false;
@@ -269,7 +310,8 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
     // Past 32 MB, only token-major memory (each token's heads together, the batch outside
     // the sequence or folded into the token: bshd, thd, folded sbhd), where lean was
     // measured; unfolded sbhd ran ~4% over the tiles there (the fold's note), bhsd not timed.
-    if (bytes > kLeanSmallBytes && (bfix || (v.H > 1 && std::abs(v.in_stride[2]) > std::abs(ts)))) return false;
+    if (bytes > kLeanSmallBytes && !one_head_fold && (bfix || (v.H > 1 && std::abs(v.in_stride[2]) > std::abs(ts))))
+      return false;
     if (bfix) lp.cshift |= cuda::kLeanBatchFix;
     lp.in[t] = v.in;
     lp.in_ts[t] = static_cast<int32_t>(ts);
@@ -333,8 +375,9 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream) {
   // block of 128 threads holds (fewer where a token has fewer rows); the halving to
   // cover every SM with small calls is a knob now (set_lean_min_block).
   const int sms = sm_count(device);
-  // Past 32 MB (16-bit types; the size lean stopped at until the twenty-first session) 2
-  // rows a thread: W2a / 128 MB bshd bf16 93.6 / 93.8 us at U = 2 against 94.9 / 94.4 at
+  // Past 32 MB (the size 16-bit types stopped at on lean until the twenty-first session;
+  // fp32 too since the twenty-second, at 2 rows not A/B'd against others: run 7, 128 MB
+  // 93.4 us, the copy 93.5) 2 rows a thread: W2a / 128 MB bshd bf16 93.6 / 93.8 us at U = 2 against 94.9 / 94.4 at
   // the rule's 8 and 95.1 / 95.3 at 4 (H100, in turns, run 3 of that session; the tiles
   // 96.5 / 97.1, the copy 93.1-93.7); run 4: 1 row level with 2 (W2b 71.5 / 71.4, W1 93.6
   // / 93.6), 4 rows 0.5-0.6 us slower.
@@ -457,6 +500,7 @@ void set_lean_min_threads(int threads, int64_t from_bytes) {  // -1: the default
   g_lean_min_threads.store(threads < 0 ? kLeanMinThreads : threads);
   g_lean_small_block_bytes.store(from_bytes < 0 ? kLeanSmallBlockBytes : from_bytes);
 }
+void set_lean_fold_one_head(bool on) { g_lean_fold_one_head.store(on); }
 void set_lean_min_block(int n) { g_lean_min_block.store(n < 0 ? 0 : n); }  // 1: the old rule (down to RB = 1)
 void set_lean_rows_per_thread(int n) { g_lean_rows_per_thread.store((n == 1 || n == 2 || n == 4 || n == 8) ? n : 0); }
 void set_tile_rows_per_thread(int n) { g_tile_rows_per_thread.store(n < 0 ? 0 : n); }

@@ -98,7 +98,7 @@
 //              Then (twenty-second session, H100, bench/lean_shapes.py): a block holds
 //              one token's rows, so one head makes a block of 16 threads (bf16; 8 KB in
 //              flight a SM at 32 blocks): one bf16 head at 128 MB took 321 us against the
-//              tiles' 100 (the copy 93), 2.3-3.4x the tiles' time from 4 MB up; four heads
+//              tiles' 100 (the copy 93), 1.8-3.2x the tiles' time from 4 MB up; four heads
 //              (64 threads a token) 94.1 against 101.6. Calls under 64 threads a token
 //              take the tiles past 256 KB (rope_dispatch.cu). fp32 past 16 MB on lean:
 //              32 MB 26.6 us against the tiles' 28.2.
