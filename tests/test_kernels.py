@@ -487,8 +487,13 @@ def test_lean_small_block_limit(dtype, heads):
     Each setting: the kernel expected ran (last_lean_launch), bit-equal to the tiles,
     within the float64 truth's bounds."""
     dev, C = "cuda", rope_ext._C
-    x = randn((2, 100, heads, 128), dtype, dev)  # small: one row a thread, 8-byte chunks
-    chunks = 64 // (8 // x.element_size())  # threads a row: 16 (bf16), 32 (fp32)
+
+    def row_threads(t):  # lean's threads a row of 128: its width rule (16 bytes for fp32 past 4 MB, else 8)
+        nb = t.numel() * t.element_size()
+        return 64 // ((16 if t.dtype == torch.float32 and nb > 4 << 20 else 8) // t.element_size())
+
+    C.set_lean_bytes(-1)
+    x = randn((2, 100, heads, 128), dtype, dev)  # small: one row a thread
     want = rope_ext.apply_rope(x, impl="fp32x4_tile")
     truth = ref.rope_float64(x)
     nbytes = x.numel() * x.element_size()
@@ -497,7 +502,7 @@ def test_lean_small_block_limit(dtype, heads):
             C.set_lean_min_threads(threads, from_bytes)
             out = rope_ext.apply_rope(x)
             gx, *_ = C.last_lean_launch()
-            block = chunks * heads  # a token's rows x threads a row (at one row a thread)
+            block = row_threads(x) * heads  # a token's rows x threads a row
             lean = not (block < threads and nbytes > from_bytes)
             assert (gx > 0) == lean, f"limit {(threads, from_bytes)}, {heads} heads {dtype}: lean {gx > 0}"
             assert torch.equal(out, want), f"limit {(threads, from_bytes)}: vs the tiles"
@@ -505,13 +510,10 @@ def test_lean_small_block_limit(dtype, heads):
         # The defaults (-1: 64 threads past 256 KB) on a call past 256 KB; the width by
         # lean's rule (16 bytes for fp32 past 4 MB).
         C.set_lean_min_threads(-1, -1)
-        C.set_lean_bytes(-1)
         big = randn((2, 1100, heads, 128), dtype, dev)
-        nb = big.numel() * big.element_size()
-        row_threads = 64 // ((16 if dtype == torch.float32 and nb > 4 << 20 else 8) // big.element_size())
         out = rope_ext.apply_rope(big)
         gx, *_ = C.last_lean_launch()
-        assert (gx > 0) == (row_threads * heads >= 64), f"defaults, {heads} heads {dtype}: lean {gx > 0}"
+        assert (gx > 0) == (row_threads(big) * heads >= 64), f"defaults, {heads} heads {dtype}: lean {gx > 0}"
         assert torch.equal(out, rope_ext.apply_rope(big, impl="fp32x4_tile")), "defaults: vs the tiles"
     finally:
         C.set_lean_min_threads(-1, -1)
@@ -561,7 +563,7 @@ def test_lean_one_head_fold(layout, shape, dtype, positions):
     pos = {"shared": torch.randint(0, 1 << 20, (S,), device=dev),
            "per batch": torch.randint(0, 1 << 20, (B, S), device=dev)}.get(positions)
     kw = dict(layout=layout, offsets=1000) if positions == "offset" else dict(layout=layout)
-    call = (lambda *a, **k: rope_ext.apply_rope_qk(*a, **k)) if qk else (lambda *a, **k: (rope_ext.apply_rope(*a, **k),))
+    call = rope_ext.apply_rope_qk if qk else (lambda *a, **k: (rope_ext.apply_rope(*a, **k),))
     tiles = [rope_ext.apply_rope(x, pos, impl="fp32x4_tile", **kw) for x in xs]
     fold = positions != "per batch"
     what = f"({layout}{' qk' if qk else ''} {list(shape)} {dtype}, positions {positions})"
