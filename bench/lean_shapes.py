@@ -9,9 +9,14 @@ x [..., S, D], `rope_ext.rope`) a bf16 block is 16 threads, with two 32. From th
 twenty-first session auto ran 16-bit tensors of every size on lean, these calls too; since
 the twenty-second a token under 64 threads takes the tiles (variant 4) past 256 KB, and
 fp32 has no size limit on lean. Columns, timed in turns (timing.graph_us_interleaved, one
-x for all): auto; the tiles (impl="fp32x4_tile"); lean forced (no size limit, no
-small-block limit); auto with the one-head fold (set_lean_fold_one_head: a one-head call
-as one token of B rows); torch.compile of the cached formula (its own output); the
+x for all): auto; the tiles (impl="fp32x4_tile"); the tiles at one row a thread
+(set_tile_rows_per_thread); lean without the block's shared sin/cos table (forced,
+set_lean_share(False)); lean forced (no size limit, no
+small-block limit, and with it the 64-thread floor on rows a thread); lean U=1 (forced, one
+row a thread); auto without the one-head fold (set_lean_fold_one_head(False); on by
+default, a one-head call whose positions the batch shares runs as one token of B rows);
+auto with rows a thread by the rule before the twenty-third session (no 64-thread floor,
+no small-block limit); torch.compile of the cached formula (its own output); the
 same-size copy. Per row: the launches (last_lean_launch: grid, rows a thread, width;
 zeros: the tiles ran) and the lean outputs against the tiles'.
 """
@@ -40,6 +45,9 @@ ROWS = {
     "seed_bf16_256MB": (torch.bfloat16, (128, 8192, 1, 128)),
     "h2_bf16_128MB": (torch.bfloat16, (64, 4096, 2, 128)),
     "h2_bf16_4MB": (torch.bfloat16, (2, 4096, 2, 128)),
+    "h2_bf16_32MB": (torch.bfloat16, (16, 4096, 2, 128)),
+    "h4_bf16_4MB": (torch.bfloat16, (1, 4096, 4, 128)),
+    "h4_bf16_32MB": (torch.bfloat16, (8, 4096, 4, 128)),
     "h4_bf16_128MB": (torch.bfloat16, (32, 4096, 4, 128)),
     "h8_bf16_128MB": (torch.bfloat16, (16, 4096, 8, 128)),
     "h32_bf16_128MB": (torch.bfloat16, (4, 4096, 32, 128)),
@@ -65,9 +73,26 @@ def columns(name, min_threads):
            "lean forced": switched_many(((C.set_lean_max_bytes, 1 << 40, -1),
                                          (lambda v: C.set_lean_min_threads(*v), (0, 0), min_threads)),
                                         lambda: rope_ext.apply_rope(x)),
-           # the one-head fold (set_lean_fold_one_head, off by default): B rows a token
-           "lean 1-head fold": switched_many(((C.set_lean_fold_one_head, True, False),),
-                                             lambda: rope_ext.apply_rope(x)),
+           "tiles U=1": switched_many(((C.set_tile_rows_per_thread, 1, 0),),
+                                      lambda: rope_ext.apply_rope(x, impl="fp32x4_tile")),
+           # lean without its block's shared sin/cos table (set_lean_share): each lane its own
+           "lean no table": switched_many(((C.set_lean_max_bytes, 1 << 40, -1),
+                                           (lambda v: C.set_lean_min_threads(*v), (0, 0), min_threads),
+                                           (C.set_lean_share, False, True)),
+                                          lambda: rope_ext.apply_rope(x)),
+           # one row a thread (set_lean_rows_per_thread), no limits
+           "lean U=1": switched_many(((C.set_lean_max_bytes, 1 << 40, -1),
+                                      (lambda v: C.set_lean_min_threads(*v), (0, 0), min_threads),
+                                      (C.set_lean_rows_per_thread, 1, 0)),
+                                     lambda: rope_ext.apply_rope(x)),
+           # auto without the one-head fold (set_lean_fold_one_head, on by default since the
+           # twenty-third session: a one-head call as one token of B rows)
+           "no fold": switched_many(((C.set_lean_fold_one_head, False, True),),
+                                    lambda: rope_ext.apply_rope(x)),
+           # rows a thread by the rule before the twenty-third session (no 64-thread floor:
+           # set_lean_min_threads(0) lifts it with the limit)
+           "old U": switched_many(((lambda v: C.set_lean_min_threads(*v), (0, 0), min_threads),),
+                                  lambda: rope_ext.apply_rope(x)),
            "compile": lambda: comp(x, c4, s4),
            "copy": same_size_copy(x.numel(), dtype)}
     rope_ext.apply_rope(x)
@@ -78,7 +103,7 @@ def columns(name, min_threads):
     torch.cuda.synchronize()
     forced_launch = C.last_lean_launch()
     diff = (got.float() - want.float()).abs().max().item()
-    got = fns["lean 1-head fold"]()
+    got = fns["no fold"]()
     torch.cuda.synchronize()
     fold_launch = C.last_lean_launch()
     diff = max(diff, (got.float() - want.float()).abs().max().item())
@@ -104,7 +129,7 @@ def main():
         got, errs = timing.graph_us_interleaved(fns, args.reps)
         cells = "  ".join(f"{c} {got[c]:.2f}" for c in fns if c in got)
         print(f"{name:<18} {str(ROWS[name][1]):<22} {mb:8.3g} MB  {cells}", flush=True)
-        print(f"    auto launch {al}  forced {fl}  1-head fold {hl}  max |lean - tiles| {diff:g}"
+        print(f"    auto launch {al}  forced {fl}  no fold {hl}  max |lean - tiles| {diff:g}"
               + "".join(f"; {c} failed: {str(e)[:60]}" for c, e in errs.items()), flush=True)
 
 

@@ -497,12 +497,13 @@ def test_lean_small_block_limit(dtype, heads):
     want = rope_ext.apply_rope(x, impl="fp32x4_tile")
     truth = ref.rope_float64(x)
     nbytes = x.numel() * x.element_size()
+    rows = heads * (2 if heads == 1 else 1)  # a token's rows (one head: the fold's B rows)
     try:
         for threads, from_bytes in ((0, 0), (64, 0), (64, nbytes), (256, 0)):
             C.set_lean_min_threads(threads, from_bytes)
             out = rope_ext.apply_rope(x)
             gx, *_ = C.last_lean_launch()
-            block = row_threads(x) * heads  # a token's rows x threads a row
+            block = row_threads(x) * rows  # a token's rows x threads a row
             lean = not (block < threads and nbytes > from_bytes)
             assert (gx > 0) == lean, f"limit {(threads, from_bytes)}, {heads} heads {dtype}: lean {gx > 0}"
             assert torch.equal(out, want), f"limit {(threads, from_bytes)}: vs the tiles"
@@ -512,11 +513,36 @@ def test_lean_small_block_limit(dtype, heads):
         C.set_lean_min_threads(-1, -1)
         big = randn((2, 1100, heads, 128), dtype, dev)
         out = rope_ext.apply_rope(big)
-        gx, *_ = C.last_lean_launch()
-        assert (gx > 0) == (row_threads(big) * heads >= 64), f"defaults, {heads} heads {dtype}: lean {gx > 0}"
+        gx, _, _, U, _ = C.last_lean_launch()
+        assert (gx > 0) == (row_threads(big) * rows >= 64), f"defaults, {heads} heads {dtype}: lean {gx > 0}"
+        if gx > 0:  # rows a thread stop where a block would fall under 64 threads
+            assert -(-rows // U) * row_threads(big) >= 64, f"defaults, {heads} heads {dtype}: {U} rows a thread"
         assert torch.equal(out, rope_ext.apply_rope(big, impl="fp32x4_tile")), "defaults: vs the tiles"
     finally:
         C.set_lean_min_threads(-1, -1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("heads,table", [(1, False), (2, True), (32, True)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_lean_table_only_when_shared(dtype, heads, table):
+    """Lean's block computes its token's sin/cos into a shared table (kSource 1, the
+    instance's fifth template argument) only where the block has more than one row slot;
+    a block of one row (one head, B = 1: no fold) computes them per lane (kSource 0).
+    Either way bit-equal to the tiles and within the float64 truth's bounds."""
+    import re
+    x = randn((1, 64, heads, 128), dtype, "cuda")
+    pos = torch.randint(0, 1 << 20, (64,), device="cuda")
+    for p in (None, pos):
+        names = cuda_kernels_of(lambda: rope_ext.apply_rope(x, p))
+        if names is not None:
+            lean = [re.search(r"rope_lean_kernel<([^>]*)>", n) for n in names]
+            args = [m.group(1).split(",") for m in lean if m]
+            assert len(args) == 1, f"one lean launch expected: {names}"
+            assert args[0][4].strip() == ("1" if table else "0"), f"{heads} heads: {names}"
+        out = rope_ext.apply_rope(x, p)
+        assert torch.equal(out, rope_ext.apply_rope(x, p, impl="fp32x4_tile")), f"{heads} heads vs the tiles"
+        assert_close_f64(out, ref.rope_float64(x, p), x.abs().max().item(), f"{heads} heads")
 
 
 @pytest.mark.skipif(not rope_ext.WITH_CUDA, reason="the variable is read by the CUDA build")
@@ -546,9 +572,10 @@ def test_lean_min_threads_env(value, valid, lean):
     ("bshd qk", (4, 300, 1, 128), torch.bfloat16),  # q and k one head each
     ("sbhd", (300, 4, 1, 128), torch.float16),
     ("bshd", (140, 1000, 1, 128), torch.bfloat16),  # 34 MB: past 32 MB
+    ("bshd", (4, 4096, 1, 128), torch.bfloat16),    # 4 MB: rows a thread held to 64-thread blocks
 ])
 def test_lean_one_head_fold(layout, shape, dtype, positions):
-    """With set_lean_fold_one_head(True), a call whose tensors have one head each and whose
+    """With set_lean_fold_one_head(True) (the default), a call whose tensors have one head each and whose
     positions the batch shares runs on lean as one token of B rows (the batch stride as
     the head stride; grid (row blocks, S, 1)); per-batch positions are not folded (a token
     of one head: the tiles, past 256 KB). Each case: the kernel expected ran
@@ -571,12 +598,15 @@ def test_lean_one_head_fold(layout, shape, dtype, positions):
         for on in (False, True):
             C.set_lean_fold_one_head(on)
             outs = call(*xs, pos, **kw)
-            gx, gy, gz, _, _ = C.last_lean_launch()
+            gx, gy, gz, U, width = C.last_lean_launch()
             # (sbhd with one head: the batch fold's own case, folded with the knob off too)
             lean = fold and (on or layout == "sbhd")
             assert (gx > 0) == lean, f"fold {on}: lean {'not ' if lean else ''}launched {what}: {(gx, gy, gz)}"
             if lean:
                 assert (gy, gz) == (S, 1), f"not folded {what}: grid {(gx, gy, gz)}"
+                rows, row_threads = B * len(xs), 64 // (width // xs[0].element_size())
+                # rows a thread stop where the block would fall under 64 threads (16-thread blocks lost)
+                assert -(-rows // U) * row_threads >= min(64, rows * row_threads), f"{U} rows a thread {what}"
             ins = [x.clone() for x in xs]
             (rope_ext.apply_rope_qk if qk else rope_ext.apply_rope)(*ins, pos, inplace=True, **kw)
             assert (C.last_lean_launch()[0] > 0) == lean, f"fold {on}, in place {what}"
@@ -585,7 +615,7 @@ def test_lean_one_head_fold(layout, shape, dtype, positions):
                 assert torch.equal(inp, tile), f"fold {on} in place vs tiles {what}"
                 assert_close_f64(out, ref.rope_float64(x, pos, **kw), x.abs().max().item(), f"fold {on} {what}")
     finally:
-        C.set_lean_fold_one_head(False)
+        C.set_lean_fold_one_head(True)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -235,15 +235,19 @@ int lean_bytes(int64_t elem_size, int64_t bytes) {
 // session) and 71.4 folded (the tiles 73.0, the copy 71.6-71.8, run 4, another machine:
 // no A/B of the fold in one run). Folded, the blocks walk memory in order. Not where the
 // folded rows would pass lean's 16-bit row count (the unfolded call may still fit).
-// One-head fold (an A/B knob, off by default: set_lean_fold_one_head; not yet timed): a
+// One-head fold (on by default since the twenty-third session; set_lean_fold_one_head): a
 // call whose every tensor has one head (k alone under MQA, the seed form [B, S, 1, D])
 // and whose positions the batch shares also runs as one token of B rows, the batch
-// stride standing in for the head stride, in any layout (bshd too). Without it such a
+// stride standing in for the head stride, in any layout (bshd too). Unfolded, such a
 // call is under the small-block limit (a token: 16 bf16 threads) and takes the tiles past
-// 256 KB, where torch.compile ran 3-14% under them (bench/lean_shapes.py, twenty-second
-// session). Folded, a block shares its token's sin/cos over B rows, but in bshd those rows
-// lie S x D elements apart (the walk order the fold above exists to avoid).
-std::atomic<bool> g_lean_fold_one_head{false};
+// 256 KB. Folded, a block shares its token's sin/cos over B rows; in bshd those rows lie
+// S x D elements apart, which did not cost. H100, in turns (bench/lean_shapes.py, run 2 of
+// the twenty-third session, rows a thread held to 64-thread blocks), us, fold / the tiles /
+// torch.compile / copy, one bf16 head: 4 MB 7.65 / 8.93 / 7.86 / 7.14, 8 MB 10.88 / 11.17 /
+// 10.78 / 10.18, 32 MB 27.94 / 30.37 / 27.55 / 27.55, 128 MB 99.0 / 99.2 / 93.4 / 93.7, 256
+// MB 194.1 / 196.0 / 190.1 / 181.4; one fp32 head 4 MB 7.23 / 8.03 / 7.81 / 7.38, 512 MB
+// 383.2 / 381.3 (0.5% over the tiles here, and in run 1). B = 1 has nothing to fold.
+std::atomic<bool> g_lean_fold_one_head{true};
 enum class LeanFold { kNone, kBatch, kOneHead };
 LeanFold lean_fold_batch(const RopeParams& p) {
   if (p.B <= 1 || !p.pos_shared_b || p.offsets.ptr || (p.positions.ptr && p.pos_stride_b != 0)) return LeanFold::kNone;
@@ -381,16 +385,20 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // the rule's 8 and 95.1 / 95.3 at 4 (H100, in turns, run 3 of that session; the tiles
   // 96.5 / 97.1, the copy 93.1-93.7); run 4: 1 row level with 2 (W2b 71.5 / 71.4, W1 93.6
   // / 93.6), 4 rows 0.5-0.6 us slower.
+  const int min_threads = g_lean_min_threads.load(std::memory_order_relaxed);
   int U = g_lean_rows_per_thread.load(std::memory_order_relaxed);
   if (U != 1 && U != 2 && U != 4 && U != 8) {
     U = 1;
     while (U < 8 && tokens * ceil_div(rows, int64_t(U)) * chunks > int64_t(sms) * 512) U *= 2;
     if (bytes > kLeanSmallBytes) U = std::min(U, 2);
+    // Nor past a block of g_lean_min_threads: U rows a thread leave rows / U row slots, and
+    // a token of few rows then ran 16-thread blocks (the one-head fold, 4 and 8 bf16 rows at
+    // U = 4 and 8: 9.9 / 12.2 us against the tiles' 8.7 / 11.2, where 64-thread blocks won:
+    // run 1 of the twenty-third session).
+    while (U > 1 && ceil_div(rows, int64_t(U)) * chunks < min_threads) U /= 2;
   }
-  // A token's rows x threads a row at one row a thread: the block's bytes in flight
-  // whatever U (U rows a thread, RB / U row slots).
-  if (rows * chunks < g_lean_min_threads.load(std::memory_order_relaxed) &&
-      bytes > g_lean_small_block_bytes.load(std::memory_order_relaxed))
+  // A token's rows x threads a row at one row a thread (the block's bytes in flight).
+  if (rows * chunks < min_threads && bytes > g_lean_small_block_bytes.load(std::memory_order_relaxed))
     return false;
   const int64_t rows_u = ceil_div(rows, int64_t(U));
   int RB = cuda::kLeanMaxThreads / chunks;
@@ -406,7 +414,14 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
                   static_cast<unsigned>(p.B));
   const int threads = RB * chunks;
   last_lean_launch() = LeanLaunch{grid.x, grid.y, grid.z, U, W};
-  const bool table = !cache && lean_share();  // the block's sin/cos table (kSource 1)
+  // The block's sin/cos table (kSource 1), where the block has more than one row slot: with
+  // one (rows_u = 1: one head, or U rows a thread covering the token) a lane's sin/cos serve
+  // its own U rows only, and the table added a barrier and a shared-memory round trip. H100,
+  // in turns (bench/lean_shapes.py, run 2 of the twenty-third session), us, per-lane / the
+  // table: one bf16 head 0.125 MB 4.77 / 5.60 (torch.compile 4.48), 1 MB 7.04 / 8.32; four
+  // heads at U = 4, 4 MB 8.35 / 10.11. With several slots the table won (four heads 4 MB, U =
+  // 1: 7.58 against 8.35 per-lane) or tied (32 heads, 128 MB).
+  const bool table = !cache && lean_share() && rows_u > 1;
   // No position tensor (none of the position flags): the instance without the position
   // code (kPlain).
   const bool plain = !cache && !(flags & (cuda::kLeanPos | cuda::kLeanOff | cuda::kLeanSeq)) &&
