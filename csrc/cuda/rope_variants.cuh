@@ -102,6 +102,14 @@
 //              (64 threads a token) 94.1 against 101.6. Calls under 64 threads a token
 //              take the tiles past 256 KB (rope_dispatch.cu). fp32 past 16 MB on lean:
 //              32 MB 26.6 us against the tiles' 28.2.
+//              Then (twenty-third session, same bench): what makes a small block is the
+//              block's threads, not the token's: rows a thread had shrunk a token of 4-8
+//              rows to one 16-thread slot (four bf16 heads at 32 MB 31.7-37.5 us against
+//              the tiles' 29.5-29.7); held to 64-thread blocks 27.4-27.7. A one-head
+//              call with batch-shared positions folds its B rows into the token (4 MB
+//              7.7 us against the tiles' 8.9, 32 MB 28.0 against 30.4). The shared
+//              sin/cos table only pays with several row slots: with one it cost 0.8-1.3
+//              us (one bf16 head 0.125 MB 5.6 -> 4.6-4.8 per lane).
 //
 // What was learned on the H100 (bench/NOTES.md has the numbers and the method):
 //   - Variant 3's x loads must be uint4: a struct copy of Vec<bf16, 8> compiled to
