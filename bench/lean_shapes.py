@@ -49,6 +49,8 @@ ROWS = {
     "h4_bf16_4MB": (torch.bfloat16, (1, 4096, 4, 128)),
     "h4_bf16_32MB": (torch.bfloat16, (8, 4096, 4, 128)),
     "h4_bf16_128MB": (torch.bfloat16, (32, 4096, 4, 128)),
+    "h8_bf16_8MB": (torch.bfloat16, (1, 4096, 8, 128)),   # k alone under GQA 8
+    "h8_bf16_32MB": (torch.bfloat16, (4, 4096, 8, 128)),
     "h8_bf16_128MB": (torch.bfloat16, (16, 4096, 8, 128)),
     "h32_bf16_128MB": (torch.bfloat16, (4, 4096, 32, 128)),
     "h1_fp32_4MB": (torch.float32, (8, 1024, 1, 128)),
