@@ -4,19 +4,22 @@ session).
 
     python bench/lean_shapes.py [--rows all|NAME,...] [--reps 100] [--min-threads T,BYTES]
 
-Lean's block holds one token's rows (rope_variants.cuh): with one head (the seed form
-x [..., S, D], `rope_ext.rope`) a bf16 block is 16 threads, with two 32. From the
-twenty-first session auto ran 16-bit tensors of every size on lean, these calls too; since
-the twenty-second a token under 64 threads takes the tiles (variant 4) past 256 KB, and
-fp32 has no size limit on lean. Columns, timed in turns (timing.graph_us_interleaved, one
-x for all): auto; the tiles (impl="fp32x4_tile"); the tiles at one row a thread
-(set_tile_rows_per_thread); lean without the block's shared sin/cos table (forced,
-set_lean_share(False)); lean forced (no size limit, no
-small-block limit, and with it the 64-thread floor on rows a thread); lean U=1 (forced, one
-row a thread); auto without the one-head fold (set_lean_fold_one_head(False); on by
-default, a one-head call whose positions the batch shares runs as one token of B rows);
-auto with rows a thread by the rule before the twenty-third session (no 64-thread floor,
-no small-block limit); torch.compile of the cached formula (its own output); the
+Lean's block holds one token's rows (rope_variants.cuh): with one head unfolded (B = 1, or
+per-batch positions) a bf16 block is 16 threads, with two 32. From the twenty-first
+session auto ran 16-bit tensors of every size on lean, these calls too; since the
+twenty-second a token under 64 threads takes the tiles (variant 4) past 256 KB, and fp32
+has no size limit on lean; since the twenty-third a one-head call whose positions the
+batch shares runs as one token of B rows (the one-head fold), rows a thread stop at
+64-thread blocks, and a block of one row slot computes sin/cos per lane. Columns, in
+order, timed in turns (timing.graph_us_interleaved, one x for all): auto; the tiles
+(impl="fp32x4_tile"); lean forced (no size limit, no small-block limit, and with it no
+64-thread floor on rows a thread); the tiles at one row a thread
+(set_tile_rows_per_thread); lean forced without the block's shared sin/cos table
+(set_lean_share(False)); lean forced at one row a thread; auto without the one-head fold
+(set_lean_fold_one_head(False)); auto with rows a thread by the rule before the
+twenty-third session (no 64-thread floor, no small-block limit; the table rule stays the
+current one, so at one row slot per lane: the code before that session is not
+reproducible by knobs); torch.compile of the cached formula (its own output); the
 same-size copy. Per row: the launches (last_lean_launch: grid, rows a thread, width;
 zeros: the tiles ran) and the lean outputs against the tiles'.
 """

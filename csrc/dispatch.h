@@ -40,12 +40,14 @@ void set_lean_rows_per_thread(int n);
 // the default; 1 = down to one row per block).
 void set_lean_min_block(int n);
 // Tests/bench: past from_bytes of x, lean declines a call whose token's rows x threads a row are fewer
-// than `threads` (0: no limit; -1: the defaults, 64 threads past 256 KB).
+// than `threads`, and its rows a thread stop where a block would fall under `threads` (0: neither; -1: the
+// defaults, 64 threads past 256 KB).
 void set_lean_min_threads(int threads, int64_t from_bytes);
 // Tests/bench: whether lean runs a one-head call whose positions the batch shares as one token of B rows
-// (default off).
+// (default on).
 void set_lean_fold_one_head(bool on);
-// Tests/bench: whether two lanes of variant 6 may share a chunk's sin/cos (default on).
+// Tests/bench: whether a block of variant 6 with several row slots computes its token's sin/cos once, into
+// shared memory (default on; off: each lane its own, as a block of one row slot always does).
 void set_lean_share(bool on);
 // Tests/bench: whether variant 6 runs calls without position tensors in its instance without the position code
 // (default on).

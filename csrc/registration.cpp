@@ -120,8 +120,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "tests/bench: whether variant 6 (lean) runs a call whose tensors have one head each, and whose positions "
         "the batch shares, as one token of B rows (default on)");
   m.def("set_lean_share", &rope_ext::set_lean_share,
-        "tests/bench: whether a block of variant 6 computes its token's sin/cos once, into shared memory (default on; "
-        "off: each lane its own)");
+        "tests/bench: whether a block of variant 6 with several row slots computes its token's sin/cos once, into "
+        "shared memory (default on; off: each lane its own, as a block of one row slot always does)");
   m.def("last_lean_launch", [] {
           const rope_ext::LeanLaunch& l = rope_ext::last_lean_launch();
           return std::make_tuple(l.gx, l.gy, l.gz, l.rows_per_thread, l.width);

@@ -482,8 +482,10 @@ def test_lean_large_and_batch_fold(layout, shape, dtype, positions):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_lean_small_block_limit(dtype, heads):
     """Lean's block holds one token's rows, so few heads make small blocks (one bf16 head:
-    16 threads). set_lean_min_threads(threads, from_bytes): past from_bytes of x, a call
-    whose token's rows x threads a row are fewer takes the tiles (defaults 64, 256 KB).
+    16 threads a row; here the one-head fold puts the B = 2 rows in the token, 32).
+    set_lean_min_threads(threads, from_bytes): past from_bytes of x, a call whose token's
+    rows x threads a row are fewer takes the tiles (defaults 64, 256 KB), and rows a
+    thread stop where a block would fall under that many.
     Each setting: the kernel expected ran (last_lean_launch), bit-equal to the tiles,
     within the float64 truth's bounds."""
     dev, C = "cuda", rope_ext._C

@@ -144,7 +144,8 @@ void launch_flat(const RopeParams& p, int device, cudaStream_t stream) {
 // sets the time. So: 8 bytes for 16-bit types (past 32 MB too: 16 bytes 0.3-0.6 us
 // slower at W2a / W2b / 128 MB, run 3 of the twenty-first session); fp32 8 bytes up to 4 MB, 16
 // bytes past it (past 16 MB not A/B'd by width). (Measured with per-lane sin/cos; with the block's shared table, the
-// default since 2026-11-26, a thread computes about one pair whatever W: not re-measured.)
+// default since 2026-11-26 for blocks of several row slots, a thread computes about one pair whatever W: not
+// re-measured.)
 // ROPE_EXT_LEAN_MAX_BYTES / ROPE_EXT_LEAN_BYTES at import, or set_lean_max_bytes /
 // set_lean_bytes (tests: every width and rows-per-thread choice), override them; a size
 // of 0 turns lean off (the bench's A/B), -1 restores the defaults (no size limit).
@@ -165,14 +166,15 @@ std::atomic<int> g_lean_rows_per_thread{0};  // 0: launch_lean's rule
 std::atomic<int> g_lean_min_block{0};         // fewest threads a block keeps when rows are halved (0: 128)
 std::atomic<bool> g_lean_plain{true};  // calls without position tensors take the kPlain instance
 // Small blocks: lean's block holds one token's rows, so a call with few rows a token
-// (one head: the seed form x [..., S, D]) gets blocks of 16-32 threads, too few bytes in
-// flight per SM. H100, in turns (bench/lean_shapes.py, twenty-second session, runs 4 and
+// (one head at B = 1, or with per-batch positions: no fold; two or three heads) gets
+// blocks of 16-48 bf16 threads, too few bytes in flight per SM. H100, in turns (bench/lean_shapes.py, twenty-second session, runs 4 and
 // 7), us, lean / the tiles / the copy: one bf16 head [B, S, 1, 128] 0.125 MB 5.8 / 6.1 /
 // 4.2, 1 MB 8.5 / 7.1 / 4.9, 4 MB 15.9 / 8.9 / 7.1, 32 MB 84.9 / 30.1 / 27.5, 128 MB 321 /
 // 100 / 93; two heads 4 MB 11.8 / 9.1, 128 MB 179 / 102; four heads 128 MB 94.1 / 101.6
 // (lean ahead from a token's 64 threads); one fp32 head 4 MB 10.5 / 8.1. So past
 // g_lean_small_block_bytes (256 KB) of x a call whose token's rows x threads a row are
-// fewer than g_lean_min_threads (64) takes the tiles (0 threads: no limit).
+// fewer than g_lean_min_threads (64) takes the tiles, and rows a thread stop where a block
+// would fall under that many (launch_lean; 0 threads: neither).
 // ROPE_EXT_LEAN_MIN_THREADS="threads[,from_bytes]" at import, set_lean_min_threads.
 constexpr int kLeanMinThreads = 64;
 constexpr int64_t kLeanSmallBlockBytes = int64_t(256) << 10;
@@ -246,7 +248,8 @@ int lean_bytes(int64_t elem_size, int64_t bytes) {
 // torch.compile / copy, one bf16 head: 4 MB 7.65 / 8.93 / 7.86 / 7.14, 8 MB 10.88 / 11.17 /
 // 10.78 / 10.18, 32 MB 27.94 / 30.37 / 27.55 / 27.55, 128 MB 99.0 / 99.2 / 93.4 / 93.7, 256
 // MB 194.1 / 196.0 / 190.1 / 181.4; one fp32 head 4 MB 7.23 / 8.03 / 7.81 / 7.38, 512 MB
-// 383.2 / 381.3 (0.5% over the tiles here, and in run 1). B = 1 has nothing to fold.
+// 383.2 / 381.3. Over three runs the fold was within -1.0% / +0.6% of the tiles at 256 MB
+// and -0.6% / +0.5% at fp32 512 MB. B = 1 has nothing to fold.
 std::atomic<bool> g_lean_fold_one_head{true};
 enum class LeanFold { kNone, kBatch, kOneHead };
 LeanFold lean_fold_batch(const RopeParams& p) {
@@ -373,7 +376,8 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   lp.cos_scale = p.scale;
   // Rows per thread U: the fewest that keep the grid within ~512 threads per SM (each
   // thread computes its chunk's sin/cos once for its U rows). Not more to let one block
-  // hold a token's rows (its sin/cos table then computed once per token): U = 4 at 0.12-2
+  // hold a token's rows (its sin/cos table, where it has several row slots, then computed
+  // once per token): U = 4 at 0.12-2
   // MB took 0.4-0.6 us more than U = 1 (ncu, H200, run 4 of 2026-11-26; a thread's U
   // rows' address code runs before its frequency load). Rows per block RB: as many as a
   // block of 128 threads holds (fewer where a token has fewer rows); the halving to
@@ -392,9 +396,12 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
     while (U < 8 && tokens * ceil_div(rows, int64_t(U)) * chunks > int64_t(sms) * 512) U *= 2;
     if (bytes > kLeanSmallBytes) U = std::min(U, 2);
     // Nor past a block of g_lean_min_threads: U rows a thread leave rows / U row slots, and
-    // a token of few rows then ran 16-thread blocks (the one-head fold, 4 and 8 bf16 rows at
-    // U = 4 and 8: 9.9 / 12.2 us against the tiles' 8.7 / 11.2, where 64-thread blocks won:
-    // run 1 of the twenty-third session).
+    // a token of few rows then ran one 16-thread slot. H100, in turns (bench/lean_shapes.py,
+    // twenty-third session), us, 64-thread blocks / one 16-thread slot (sin/cos per lane
+    // there, run 3) / the tiles: four bf16 heads 4 MB 7.44 / 8.35 / 8.98, 32 MB 27.65 /
+    // 31.70 / 29.47 (with the table, the rule before: 10.11 / 37.52, run 2); the one-head
+    // fold 4 MB 7.74 / 8.32 / 8.86; but 8 MB 10.75 / 10.46-10.62 / 11.14 (the one row where
+    // the slot did not lose).
     while (U > 1 && ceil_div(rows, int64_t(U)) * chunks < min_threads) U /= 2;
   }
   // A token's rows x threads a row at one row a thread (the block's bytes in flight).
@@ -416,11 +423,15 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   last_lean_launch() = LeanLaunch{grid.x, grid.y, grid.z, U, W};
   // The block's sin/cos table (kSource 1), where the block has more than one row slot: with
   // one (rows_u = 1: one head, or U rows a thread covering the token) a lane's sin/cos serve
-  // its own U rows only, and the table added a barrier and a shared-memory round trip. H100,
-  // in turns (bench/lean_shapes.py, run 2 of the twenty-third session), us, per-lane / the
-  // table: one bf16 head 0.125 MB 4.77 / 5.60 (torch.compile 4.48), 1 MB 7.04 / 8.32; four
-  // heads at U = 4, 4 MB 8.35 / 10.11. With several slots the table won (four heads 4 MB, U =
-  // 1: 7.58 against 8.35 per-lane) or tied (32 heads, 128 MB).
+  // its own U rows only, and the table added a barrier, a shared-memory round trip and (a
+  // block narrower than R / 2) lean_table_rest. H100, in turns (bench/lean_shapes.py, run 2
+  // of the twenty-third session), us, per-lane / the table, one slot: one bf16 head 0.125 MB
+  // 4.77 / 5.60 (torch.compile 4.48), 1 MB 7.04 / 8.32; four heads at U = 4, 4 MB 8.35 /
+  // 10.11, 32 MB 32.10 / 37.52; two heads at U = 8, 128 MB 162.3 / 180.3. With several slots,
+  // same U, level: 32 / 8 / 4 bf16 heads at 128 MB 93.34 / 93.38, 93.50 / 93.57, 93.73 /
+  // 94.11; 32 fp32 heads at 32 MB 26.80 / 26.56. (rows_u > 1 is the block's RB > 1 at the
+  // default min block and up to 64 chunks a row; under set_lean_min_block an RB of 1 keeps
+  // the table, untimed.)
   const bool table = !cache && lean_share() && rows_u > 1;
   // No position tensor (none of the position flags): the instance without the position
   // code (kPlain).

@@ -35,8 +35,9 @@
 //              with almost nothing before the first load: its own small params
 //              (LeanParams, filled by rope_dispatch.cu from RopeParams), the token from
 //              the grid (blockIdx.z = b, blockIdx.y = s; sbhd calls whose positions the
-//              batch shares come with the batch folded into the token's rows and B = 1,
-//              rope_dispatch.cu's lean_fold_batch), the row and chunk from
+//              batch shares, and one-head calls whose positions the batch shares, come
+//              with the batch folded into the token's rows and B = 1, rope_dispatch.cu's
+//              lean_fold_batch), the row and chunk from
 //              threadIdx by shift and mask, so a thread's x loads go out after a few
 //              dozen instructions (variant 4's first load is its ~290th instruction,
 //              bench/NOTES.md issue 19); frequencies from global memory (coalesced),
@@ -104,12 +105,13 @@
 //              32 MB 26.6 us against the tiles' 28.2.
 //              Then (twenty-third session, same bench): what makes a small block is the
 //              block's threads, not the token's: rows a thread had shrunk a token of 4-8
-//              rows to one 16-thread slot (four bf16 heads at 32 MB 31.7-37.5 us against
-//              the tiles' 29.5-29.7); held to 64-thread blocks 27.4-27.7. A one-head
-//              call with batch-shared positions folds its B rows into the token (4 MB
-//              7.7 us against the tiles' 8.9, 32 MB 28.0 against 30.4). The shared
-//              sin/cos table only pays with several row slots: with one it cost 0.8-1.3
-//              us (one bf16 head 0.125 MB 5.6 -> 4.6-4.8 per lane).
+//              rows to one 16-thread slot (four bf16 heads at 32 MB 37.5 us with the
+//              table, 31.7 per lane, the tiles 29.5-29.7); held to 64-thread blocks
+//              27.4-27.7. A one-head call with batch-shared positions folds its B rows
+//              into the token (4 MB 7.7 us against the tiles' 8.9, 32 MB 27.9-28.0
+//              against 30.4). The shared sin/cos table is shared only with several row
+//              slots: with one it cost 0.8 us at 0.125 MB (one bf16 head 5.6 -> 4.6-4.8
+//              per lane) to 5.4 at 32 MB (four heads, U = 4); with several it ran level.
 //
 // What was learned on the H100 (bench/NOTES.md has the numbers and the method):
 //   - Variant 3's x loads must be uint4: a struct copy of Vec<bf16, 8> compiled to
@@ -634,7 +636,8 @@ constexpr int kLeanMaxThreads = 128;
 // The block's sin/cos table (kSource 1): every lean block holds one token, so its R / 2
 // sin/cos are computed once, by one thread per pair, into shared memory, and each thread
 // reads its chunk's P from there after a barrier. Per-lane sin/cos (kSource 0) computes
-// each pair once per row slot of the block: 8 times at 32 heads and 16 chunks. The
+// each pair once per row slot of the block: 8 times at 32 heads and 16 chunks. A block of
+// one row slot takes kSource 0 (launch_lean: the table would be shared with no one). The
 // shared-memory form of the minimal kernel (bench/small_rope_study.py, lean_smem4) ran
 // at 2 MB 5.44 us against lean's 6.0-6.4 and at 8 MB 8.06 against 9.2 (H200, run 2 of
 // 2026-11-26), where the sin/cos issue work, not DRAM, set the time. It replaced two
