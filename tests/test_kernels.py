@@ -621,6 +621,24 @@ def test_lean_one_head_fold(layout, shape, dtype, positions):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("S,folded", [(8192, True), (8200, False)])
+def test_lean_one_head_fold_size_limit(S, folded):
+    """The one-head fold stops at 128 MB of x (past it the fold ran within 1% of the tiles,
+    over them in two runs of three): bshd bf16 [64, S, 1, 128] at exactly 128 MB runs
+    folded on lean (grid z = 1), a little past it the tiles run it; either way bit-equal
+    to the tiles, and rows checked against the float64 truth."""
+    dev, C = "cuda", rope_ext._C
+    x = randn((64, S, 1, 128), torch.bfloat16, dev)
+    out = rope_ext.apply_rope(x)
+    gx, gy, gz, _, _ = C.last_lean_launch()
+    assert (gx > 0) == folded and (not folded or (gy, gz) == (S, 1)), f"S {S}: launch {(gx, gy, gz)}"
+    assert torch.equal(out, rope_ext.apply_rope(x, impl="fp32x4_tile")), f"S {S}: vs the tiles"
+    part = x[:2, -300:]  # a corner, against the float64 truth (positions S - 300 ...)
+    pos = torch.arange(S - 300, S, device=dev)
+    assert_close_f64(out[:2, -300:], ref.rope_float64(part, pos), part.abs().max().item(), f"S {S}")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_lean_cos_sin_cache_out_of_range(dtype):
     """Lean reads a cos_sin_cache as the tiles do: a position outside the table gives NaN

@@ -249,13 +249,17 @@ int lean_bytes(int64_t elem_size, int64_t bytes) {
 // 10.78 / 10.18, 32 MB 27.94 / 30.37 / 27.55 / 27.55, 128 MB 99.0 / 99.2 / 93.4 / 93.7, 256
 // MB 194.1 / 196.0 / 190.1 / 181.4; one fp32 head 4 MB 7.23 / 8.03 / 7.81 / 7.38, 512 MB
 // 383.2 / 381.3. Over three runs the fold was within -1.0% / +0.6% of the tiles at 256 MB
-// and -0.6% / +0.5% at fp32 512 MB. B = 1 has nothing to fold.
+// and -0.6% / +0.5% at fp32 512 MB, over them in two runs of three at each: past
+// kLeanFoldOneHeadBytes (128 MB, where it was under the tiles in every run) the tiles
+// keep such calls. B = 1 has nothing to fold.
 std::atomic<bool> g_lean_fold_one_head{true};
+constexpr int64_t kLeanFoldOneHeadBytes = int64_t(128) << 20;
 enum class LeanFold { kNone, kBatch, kOneHead };
-LeanFold lean_fold_batch(const RopeParams& p) {
+// bytes: x's (q + k's) bytes, for the one-head fold's size limit.
+LeanFold lean_fold_batch(const RopeParams& p, int64_t bytes) {
   if (p.B <= 1 || !p.pos_shared_b || p.offsets.ptr || (p.positions.ptr && p.pos_stride_b != 0)) return LeanFold::kNone;
   if (p.B * heads_total(p) > INT16_MAX) return LeanFold::kNone;
-  bool one_head = g_lean_fold_one_head.load(std::memory_order_relaxed);
+  bool one_head = g_lean_fold_one_head.load(std::memory_order_relaxed) && bytes <= kLeanFoldOneHeadBytes;
   bool batch = true;
   for (int t = 0; t < p.num_tensors; ++t) {
     const TensorView& v = p.t[t];
@@ -271,7 +275,8 @@ LeanFold lean_fold_batch(const RopeParams& p) {
 // MB not held to token-major memory, for the knob's A/B).
 template <typename T>
 bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_head_fold = false) {
-  if (const LeanFold fold = lean_fold_batch(p); fold != LeanFold::kNone) {  // (B = 1 after: no second fold)
+  const int64_t bytes = p.B * p.S * heads_total(p) * p.D * static_cast<int64_t>(sizeof(T));  // (the same folded)
+  if (const LeanFold fold = lean_fold_batch(p, bytes); fold != LeanFold::kNone) {  // (B = 1 after: no second fold)
     RopeParams folded = p;
     for (int t = 0; t < folded.num_tensors; ++t) {
       TensorView& v = folded.t[t];
@@ -290,7 +295,6 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   if (p.copy_tail && p.R != p.D) return false;
   if (p.B > 65535 || p.S > 65535) return false;
   const int64_t rows = heads_total(p), tokens = p.B * p.S;
-  const int64_t bytes = tokens * rows * p.D * static_cast<int64_t>(sizeof(T));
   if (bytes > lean_max_bytes()) return false;
   // A GPT-J chunk holds whole pairs: at least 2 elements.
   const int wb = lean_bytes(sizeof(T), bytes);
