@@ -10,18 +10,17 @@ session auto ran 16-bit tensors of every size on lean, these calls too; since th
 twenty-second a token under 64 threads takes the tiles (variant 4) past 256 KB, and fp32
 has no size limit on lean; since the twenty-third a one-head call whose positions the
 batch shares runs as one token of B rows (the one-head fold), rows a thread stop at
-64-thread blocks, and a block of one row slot computes sin/cos per lane. Columns, in
-order, timed in turns (timing.graph_us_interleaved, one x for all): auto; the tiles
-(impl="fp32x4_tile"); lean forced (no size limit, no small-block limit, and with it no
-64-thread floor on rows a thread); the tiles at one row a thread
-(set_tile_rows_per_thread); lean forced without the block's shared sin/cos table
-(set_lean_share(False)); lean forced at one row a thread; auto without the one-head fold
-(set_lean_fold_one_head(False)); auto with rows a thread by the rule before the
-twenty-third session (no 64-thread floor, no small-block limit; the table rule stays the
-current one, so at one row slot per lane: the code before that session is not
-reproducible by knobs); torch.compile of the cached formula (its own output); the
-same-size copy. Per row: the launches (last_lean_launch: grid, rows a thread, width;
-zeros: the tiles ran) and the lean outputs against the tiles'.
+64-thread blocks, and a block of one row slot computes sin/cos per lane; since the
+twenty-fourth a block of a token under 64 threads takes consecutive tokens up to 64
+(set_lean_tokens_per_block). Columns, in order, timed in turns
+(timing.graph_us_interleaved, one x for all): auto; the tiles (impl="fp32x4_tile"); lean
+forced (no size limit, no small-block limit, and with it one token a block); auto without
+the one-head fold (set_lean_fold_one_head(False)); auto at one token a block (the rule
+before the twenty-fourth session: a token under 64 threads past 256 KB takes the tiles);
+lean forced at 2 / 4 / 8 tokens a block (fewer where 128 threads or S do not allow it);
+torch.compile of the cached formula (its own output); the same-size copy. Per row: the
+launches (last_lean_launch: grid, rows a thread, width, tokens a block; zeros: the tiles
+ran) and the lean outputs against the tiles'.
 """
 import argparse
 import os
@@ -40,7 +39,13 @@ from timing import same_size_copy, switched_many  # noqa: E402
 # name: (dtype, [B, S, H, D]) bshd
 ROWS = {
     "h1_bf16_0.125MB": (torch.bfloat16, (1, 512, 1, 128)),
-    "h1_bf16_1MB": (torch.bfloat16, (1, 4096, 1, 128)),
+    "h1_bf16_1MB": (torch.bfloat16, (1, 4096, 1, 128)),   # B = 1: nothing to fold
+    "h1b1_bf16_4MB": (torch.bfloat16, (1, 16384, 1, 128)),
+    "h1b1_bf16_32MB": (torch.bfloat16, (1, 131072, 1, 128)),
+    "h1b1_bf16_122MB": (torch.bfloat16, (1, 500000, 1, 128)),  # S / 8 <= 65535
+    "h2b1_bf16_4MB": (torch.bfloat16, (1, 8192, 2, 128)),
+    "h1b1_fp32_4MB": (torch.float32, (1, 8192, 1, 128)),
+    "h1b1_fp32_0.5MB": (torch.float32, (1, 1024, 1, 128)),
     "h1_bf16_4MB": (torch.bfloat16, (4, 4096, 1, 128)),
     "h1_bf16_8MB": (torch.bfloat16, (8, 4096, 1, 128)),
     "h1_bf16_32MB": (torch.bfloat16, (32, 4096, 1, 128)),
@@ -78,26 +83,16 @@ def columns(name, min_threads):
            "lean forced": switched_many(((C.set_lean_max_bytes, 1 << 40, -1),
                                          (lambda v: C.set_lean_min_threads(*v), (0, 0), min_threads)),
                                         lambda: rope_ext.apply_rope(x)),
-           "tiles U=1": switched_many(((C.set_tile_rows_per_thread, 1, 0),),
-                                      lambda: rope_ext.apply_rope(x, impl="fp32x4_tile")),
-           # lean without its block's shared sin/cos table (set_lean_share): each lane its own
-           "lean no table": switched_many(((C.set_lean_max_bytes, 1 << 40, -1),
-                                           (lambda v: C.set_lean_min_threads(*v), (0, 0), min_threads),
-                                           (C.set_lean_share, False, True)),
-                                          lambda: rope_ext.apply_rope(x)),
-           # one row a thread (set_lean_rows_per_thread), no limits
-           "lean U=1": switched_many(((C.set_lean_max_bytes, 1 << 40, -1),
-                                      (lambda v: C.set_lean_min_threads(*v), (0, 0), min_threads),
-                                      (C.set_lean_rows_per_thread, 1, 0)),
-                                     lambda: rope_ext.apply_rope(x)),
            # auto without the one-head fold (set_lean_fold_one_head, on by default since the
            # twenty-third session: a one-head call as one token of B rows)
            "no fold": switched_many(((C.set_lean_fold_one_head, False, True),),
                                     lambda: rope_ext.apply_rope(x)),
-           # rows a thread by the rule before the twenty-third session (no 64-thread floor:
-           # set_lean_min_threads(0) lifts it with the limit)
-           "old U": switched_many(((lambda v: C.set_lean_min_threads(*v), (0, 0), min_threads),),
-                                  lambda: rope_ext.apply_rope(x)),
+           # one token a block: auto before the twenty-fourth session
+           "tpb 1": switched_many(((C.set_lean_tokens_per_block, 1, 0),), lambda: rope_ext.apply_rope(x)),
+           **{f"tpb {n}": switched_many(((C.set_lean_max_bytes, 1 << 40, -1),
+                                        (lambda v: C.set_lean_min_threads(*v), (0, 0), min_threads),
+                                        (C.set_lean_tokens_per_block, n, 0)),
+                                       lambda: rope_ext.apply_rope(x)) for n in (2, 4, 8)},
            "compile": lambda: comp(x, c4, s4),
            "copy": same_size_copy(x.numel(), dtype)}
     rope_ext.apply_rope(x)
@@ -127,7 +122,7 @@ def main():
     rope_ext._C.set_lean_min_threads(*mt)
     names = list(ROWS) if args.rows == "all" else args.rows.split(",")
     print(f"device: {torch.cuda.get_device_name()}; flush {timing.FLUSH}; us, median of {args.reps} replays, in turns")
-    print("launch: (grid x, y, z, rows a thread, width); zeros: the tiles ran")
+    print("launch: (grid x, y, z, rows a thread, width, tokens a block); zeros: the tiles ran")
     for name in names:
         x, fns, al, fl, hl, diff = columns(name, mt)
         mb = x.numel() * x.element_size() / 2**20

@@ -214,10 +214,50 @@ def lean_up_to_32mb(request):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("case", range(len(LEAN_CASES)))
 def test_lean_small_tensor_path(case, dtype, tokens):
-    cfg = dict(LEAN_CASES[case])
     if tokens == 4096 and dtype == torch.float32:
         tokens = 2048  # keep the tensor within the 32 MB set by the fixture
-    Hq, Hk, D = 32, 8, 128
+    lean_case(LEAN_CASES[case], dtype, tokens, 32, 8)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("tpb", [0, 2, 8])
+@pytest.mark.parametrize("tokens", [1, 16, 300, 4096])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("case", range(len(LEAN_CASES)))
+def test_lean_tokens_per_block(case, dtype, tokens, tpb):
+    """Lean's cases with one head a tensor (q and k: one each), where a block holds several
+    consecutive tokens (blockDim.y: the rule's choice, 0, or 2 / 8 forced through
+    set_lean_tokens_per_block, fewer where S or 128 threads do not allow it), each row slot
+    computing its own token's sin/cos. Positions per batch where the case has positions, so
+    that the one-head fold does not take them. Each case against the float64 truth and bit
+    for bit against the tiles (lean_case); the launch covers S exactly."""
+    C = rope_ext._C
+    C.set_lean_tokens_per_block(tpb)
+    if tpb:  # forced: no small-block limit, so that lean runs these blocks at every size
+        C.set_lean_min_threads(0, 0)
+    try:
+        lean_case(LEAN_CASES[case], dtype, tokens, 1, 1)
+        gx, gy, gz, _, _, got = C.last_lean_launch()
+        if gx > 0:
+            S = tokens if tokens < 4 or LEAN_CASES[case].get("thd_one_seq") else tokens // 2
+            assert gy * got == S and got >= 1, f"launch {(gx, gy, gz, got)} for S {S}"
+            if tpb:
+                assert got <= tpb, f"{got} tokens a block, {tpb} forced"
+            threads = 64 // (8 // torch.tensor([], dtype=dtype).element_size())  # a row's chunks at 8 bytes
+            cfg = LEAN_CASES[case]  # one row a token (positions per batch: no fold), neox
+            if tpb == 8 and S % 8 == 0 and cfg.get("positions") and not cfg.get("interleaved") and not cfg.get("qk"):
+                assert got == min(8, 128 // threads), f"{got} tokens a block for S {S} ({threads} threads a row)"
+    finally:
+        C.set_lean_tokens_per_block(0)
+        C.set_lean_min_threads(-1, -1)
+
+
+def lean_case(cfg, dtype, tokens, Hq, Hk):
+    """One of LEAN_CASES at Hq / Hk heads: auto (lean where it covers the case) against the
+    float64 truth and bit for bit against the tiles, out of place or in place as the case
+    says; the backward case through autograd."""
+    cfg = dict(cfg)
+    D = 128
     dev = "cuda"
     layout = "thd" if cfg.pop("thd_one_seq", False) else "bshd"
     Bn, Sn = (1, tokens) if layout == "thd" or tokens < 4 else (2, tokens // 2)
@@ -395,6 +435,20 @@ def test_lean_token_strides(layout, B, S, positions):
         C.set_lean_rows_per_thread(0)
         C.set_lean_share(True)
         C.set_lean_plain(True)
+        # One head a tensor at two tokens a block (S = 8; forced, no small-block limit):
+        # the token offset b * S + s with S = grid y x tokens a block, the correction too.
+        C.set_lean_min_threads(0, 0)
+        C.set_lean_tokens_per_block(2)
+        q1, k1 = randn(shape(1), dtype, dev), randn(shape(1), dtype, dev)
+        outs = rope_ext.apply_rope_qk(q1, k1, pos, **kw)
+        gx, gy, _, _, _, tpb = C.last_lean_launch()
+        assert gx > 0 and gy * tpb == S and tpb == (2 if S % 2 == 0 else 1), f"launch {(gx, gy)}, {tpb} tokens"
+        for x, out in zip((q1, k1), outs):
+            what = f"(one head, {layout}, B {B}, S {S}, {tpb} tokens a block)"
+            assert torch.equal(out, rope_ext.apply_rope(x, pos, impl="fp32x4_tile", **kw)), f"lean vs tiles {what}"
+            assert_close_f64(out, ref.rope_float64(x, pos, **kw), x.abs().max().item(), f"lean vs float64 {what}")
+        C.set_lean_tokens_per_block(0)
+        C.set_lean_min_threads(-1, -1)
         f = torch.empty(D, device=dev)[::2]
         f.copy_(rope_ext.inv_freq(D, device=dev))
         names = cuda_kernels_of(lambda: rope_ext.apply_rope(q, pos, inv_freq=f, **kw))
@@ -406,6 +460,8 @@ def test_lean_token_strides(layout, B, S, positions):
         C.set_lean_rows_per_thread(0)
         C.set_lean_share(True)
         C.set_lean_plain(True)
+        C.set_lean_tokens_per_block(0)
+        C.set_lean_min_threads(-1, -1)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -454,7 +510,7 @@ def test_lean_large_and_batch_fold(layout, shape, dtype, positions):
     if names is not None:
         assert any("rope_lean_kernel" in n for n in names) == lean, f"lean {'not ' if lean else ''}taken {what}: {names}"
     outs = rope_ext.apply_rope_qk(q, k, pos, **kw)
-    gx, gy, gz, rows_per_thread, _ = C.last_lean_launch()  # zeros when this call did not launch lean
+    gx, gy, gz, rows_per_thread, _, _ = C.last_lean_launch()  # zeros when this call did not launch lean
     assert (gx > 0) == lean, f"lean {'not ' if lean else ''}launched {what}: {(gx, gy, gz)}"
     if lean:
         assert gx > 0 and gy == S, f"lean's last launch {(gx, gy, gz)} is not this call's {what}"
@@ -466,7 +522,7 @@ def test_lean_large_and_batch_fold(layout, shape, dtype, positions):
         buf2 = buf.clone()
         ins = [buf2[:, :, :shape[2]], buf2[:, :, shape[2]:shape[2] + 8]]
     rope_ext.apply_rope_qk(*ins, pos, inplace=True, **kw)
-    gx, gy, gz, _, _ = C.last_lean_launch()
+    gx, gy, gz, _, _, _ = C.last_lean_launch()
     assert (gx > 0) == lean and (not lean or (gy, gz) == (S, 1 if folded else B)), f"in place {what}: {(gx, gy, gz)}"
     for x, out, inp in zip((q, k), outs, ins):
         tile = rope_ext.apply_rope(x, pos, impl="fp32x4_tile", **kw)
@@ -483,9 +539,11 @@ def test_lean_large_and_batch_fold(layout, shape, dtype, positions):
 def test_lean_small_block_limit(dtype, heads):
     """Lean's block holds one token's rows, so few heads make small blocks (one bf16 head:
     16 threads a row; here the one-head fold puts the B = 2 rows in the token, 32).
-    set_lean_min_threads(threads, from_bytes): past from_bytes of x, a call whose token's
-    rows x threads a row are fewer takes the tiles (defaults 64, 256 KB), and rows a
-    thread stop where a block would fall under that many.
+    set_lean_min_threads(threads, from_bytes): past from_bytes of x, a call whose block's
+    rows x threads a row (a token's, times its tokens a block) are fewer takes the tiles
+    (defaults 64, 256 KB), rows a thread stop where a block would fall under that many,
+    and blocks take consecutive tokens up to that many while the grid keeps a block per SM
+    (here 100 tokens: 50 blocks at 2 a block, fewer than the SMs, so one token a block).
     Each setting: the kernel expected ran (last_lean_launch), bit-equal to the tiles,
     within the float64 truth's bounds."""
     dev, C = "cuda", rope_ext._C
@@ -511,15 +569,23 @@ def test_lean_small_block_limit(dtype, heads):
             assert torch.equal(out, want), f"limit {(threads, from_bytes)}: vs the tiles"
             assert_close_f64(out, truth, x.abs().max().item(), f"limit {(threads, from_bytes)}")
         # The defaults (-1: 64 threads past 256 KB) on a call past 256 KB; the width by
-        # lean's rule (16 bytes for fp32 past 4 MB).
+        # lean's rule (16 bytes for fp32 past 4 MB). 1100 tokens: a block takes 64 // a
+        # token's threads of them (2 at 32 threads), so every head count runs on lean; 1101
+        # (odd): one token a block, so a token under 64 threads takes the tiles.
         C.set_lean_min_threads(-1, -1)
-        big = randn((2, 1100, heads, 128), dtype, dev)
-        out = rope_ext.apply_rope(big)
-        gx, _, _, U, _ = C.last_lean_launch()
-        assert (gx > 0) == (row_threads(big) * rows >= 64), f"defaults, {heads} heads {dtype}: lean {gx > 0}"
-        if gx > 0:  # rows a thread stop where a block would fall under 64 threads
-            assert -(-rows // U) * row_threads(big) >= 64, f"defaults, {heads} heads {dtype}: {U} rows a thread"
-        assert torch.equal(out, rope_ext.apply_rope(big, impl="fp32x4_tile")), "defaults: vs the tiles"
+        for S in (1100, 1101):
+            big = randn((2, S, heads, 128), dtype, dev)
+            out = rope_ext.apply_rope(big)
+            gx, gy, _, U, _, tpb = C.last_lean_launch()
+            block = row_threads(big) * rows
+            want_tpb = max(1, 64 // block) if S % 2 == 0 else 1
+            lean = block * want_tpb >= 64
+            what = f"defaults, S {S}, {heads} heads {dtype}"
+            assert (gx > 0) == lean, f"{what}: lean {gx > 0}"
+            if lean:  # rows a thread stop where a block would fall under 64 threads
+                assert tpb == want_tpb and gy * tpb == S, f"{what}: {tpb} tokens a block, grid y {gy}"
+                assert -(-rows // U) * row_threads(big) * tpb >= 64, f"{what}: {U} rows a thread"
+            assert torch.equal(out, rope_ext.apply_rope(big, impl="fp32x4_tile")), f"{what}: vs the tiles"
     finally:
         C.set_lean_min_threads(-1, -1)
 
@@ -553,10 +619,11 @@ def test_lean_table_only_when_shared(dtype, heads, table):
 def test_lean_min_threads_env(value, valid, lean):
     """ROPE_EXT_LEAN_MIN_THREADS="threads[,from_bytes]": a malformed value warns on stderr and
     keeps the defaults (64 threads past 256 KB), never a silent "limit off". With a GPU, a
-    one-head bf16 call of 1 MB (16 threads a token) takes lean only with the limit off."""
+    one-head bf16 call of 1 MB (16 threads a token; S odd, so one token a block) takes lean
+    only with the limit off."""
     code = ("import torch, rope_ext\n"
             "if torch.cuda.is_available():\n"
-            "    rope_ext.apply_rope(torch.randn(1, 4096, 1, 128, device='cuda').bfloat16())\n"
+            "    rope_ext.apply_rope(torch.randn(1, 4095, 1, 128, device='cuda').bfloat16())\n"
             "    print('lean', rope_ext._C.last_lean_launch()[0] > 0)\n")
     r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "ROPE_EXT_LEAN_MIN_THREADS": value},
                        capture_output=True, text=True, timeout=300)
@@ -580,10 +647,10 @@ def test_lean_one_head_fold(layout, shape, dtype, positions):
     """With set_lean_fold_one_head(True) (the default), a call whose tensors have one head each and whose
     positions the batch shares runs on lean as one token of B rows (the batch stride as
     the head stride; grid (row blocks, S, 1)); per-batch positions are not folded (a token
-    of one head: the tiles, past 256 KB). Each case: the kernel expected ran
-    (last_lean_launch), out of place and in place bit-equal to the tiles, within the
-    float64 truth's bounds; with the knob off the tiles run it (but sbhd, which the batch
-    fold takes anyway)."""
+    of one head: a block then takes 64 threads' worth of consecutive tokens, grid (row
+    blocks, S / tokens a block, B)). Each case: the kernel expected ran (last_lean_launch),
+    out of place and in place bit-equal to the tiles, within the float64 truth's bounds;
+    with the knob off unfolded (but sbhd, which the batch fold takes anyway)."""
     dev, C = "cuda", rope_ext._C
     qk = layout == "bshd qk"
     layout = "bshd" if qk else layout
@@ -600,18 +667,22 @@ def test_lean_one_head_fold(layout, shape, dtype, positions):
         for on in (False, True):
             C.set_lean_fold_one_head(on)
             outs = call(*xs, pos, **kw)
-            gx, gy, gz, U, width = C.last_lean_launch()
+            gx, gy, gz, U, width, tpb = C.last_lean_launch()
             # (sbhd with one head: the batch fold's own case, folded with the knob off too)
-            lean = fold and (on or layout == "sbhd")
-            assert (gx > 0) == lean, f"fold {on}: lean {'not ' if lean else ''}launched {what}: {(gx, gy, gz)}"
-            if lean:
-                assert (gy, gz) == (S, 1), f"not folded {what}: grid {(gx, gy, gz)}"
-                rows, row_threads = B * len(xs), 64 // (width // xs[0].element_size())
+            folded = fold and (on or layout == "sbhd")
+            assert gx > 0, f"fold {on}: lean not launched {what}"
+            row_threads = 64 // (width // xs[0].element_size())
+            if folded:
+                assert (gy, gz, tpb) == (S, 1, 1), f"not folded {what}: grid {(gx, gy, gz)}, {tpb} tokens a block"
+                rows = B * len(xs)
                 # rows a thread stop where the block would fall under 64 threads (16-thread blocks lost)
                 assert -(-rows // U) * row_threads >= min(64, rows * row_threads), f"{U} rows a thread {what}"
+            else:  # a block of 64 threads' tokens (every S here divides by them)
+                want = 64 // (row_threads * len(xs))
+                assert (gy * tpb, gz, tpb) == (S, B, want), f"fold {on} {what}: grid {(gx, gy, gz)}, {tpb} tokens"
             ins = [x.clone() for x in xs]
             (rope_ext.apply_rope_qk if qk else rope_ext.apply_rope)(*ins, pos, inplace=True, **kw)
-            assert (C.last_lean_launch()[0] > 0) == lean, f"fold {on}, in place {what}"
+            assert C.last_lean_launch()[0] > 0, f"fold {on}, in place {what}"
             for x, out, inp, tile in zip(xs, outs, ins, tiles):
                 assert torch.equal(out, tile), f"fold {on} vs tiles {what}"
                 assert torch.equal(inp, tile), f"fold {on} in place vs tiles {what}"
@@ -625,13 +696,15 @@ def test_lean_one_head_fold(layout, shape, dtype, positions):
 def test_lean_one_head_fold_size_limit(S, folded):
     """The one-head fold stops at 128 MB of x (past it the fold ran within 1% of the tiles,
     over them in two runs of three): bshd bf16 [64, S, 1, 128] at exactly 128 MB runs
-    folded on lean (grid z = 1), a little past it the tiles run it; either way bit-equal
-    to the tiles, and rows checked against the float64 truth."""
+    folded on lean (grid z = 1, a token of 64 rows), a little past it unfolded (grid z =
+    64, four one-row tokens a block); either way bit-equal to the tiles, and rows checked
+    against the float64 truth."""
     dev, C = "cuda", rope_ext._C
     x = randn((64, S, 1, 128), torch.bfloat16, dev)
     out = rope_ext.apply_rope(x)
-    gx, gy, gz, _, _ = C.last_lean_launch()
-    assert (gx > 0) == folded and (not folded or (gy, gz) == (S, 1)), f"S {S}: launch {(gx, gy, gz)}"
+    gx, gy, gz, _, _, tpb = C.last_lean_launch()
+    want = (S, 1, 1) if folded else (S // 4, 64, 4)
+    assert gx > 0 and (gy, gz, tpb) == want, f"S {S}: launch {(gx, gy, gz)}, {tpb} tokens a block"
     assert torch.equal(out, rope_ext.apply_rope(x, impl="fp32x4_tile")), f"S {S}: vs the tiles"
     part = x[:2, -300:]  # a corner, against the float64 truth (positions S - 300 ...)
     pos = torch.arange(S - 300, S, device=dev)

@@ -165,6 +165,7 @@ std::atomic<int> g_lean_bytes{[] {
 std::atomic<int> g_lean_rows_per_thread{0};  // 0: launch_lean's rule
 std::atomic<int> g_lean_min_block{0};         // fewest threads a block keeps when rows are halved (0: 128)
 std::atomic<bool> g_lean_plain{true};  // calls without position tensors take the kPlain instance
+std::atomic<int> g_lean_tokens_per_block{0};  // 1, 2, 4, 8: forced (at most 128 threads a block); 0: the rule
 // Small blocks: lean's block holds one token's rows, so a call with few rows a token
 // (one head at B = 1, or with per-batch positions: no fold; two or three heads) gets
 // blocks of 16-48 bf16 threads, too few bytes in flight per SM. H100, in turns (bench/lean_shapes.py, twenty-second session, runs 4 and
@@ -293,7 +294,7 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   if (sizeof(T) == 8 || !(p.freq == FreqSource::kInvFreq || cache) || p.num_axes != 1 || p.cp_size != 1) return false;
   if (p.cu_seqlens.ptr && p.num_seqs != 1) return false;
   if (p.copy_tail && p.R != p.D) return false;
-  if (p.B > 65535 || p.S > 65535) return false;
+  if (p.B > 65535) return false;  // (S / tokens a block <= 65535: below)
   const int64_t rows = heads_total(p), tokens = p.B * p.S;
   if (bytes > lean_max_bytes()) return false;
   // A GPT-J chunk holds whole pairs: at least 2 elements.
@@ -408,9 +409,6 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
     // the slot did not lose).
     while (U > 1 && ceil_div(rows, int64_t(U)) * chunks < min_threads) U /= 2;
   }
-  // A token's rows x threads a row at one row a thread (the block's bytes in flight).
-  if (rows * chunks < min_threads && bytes > g_lean_small_block_bytes.load(std::memory_order_relaxed))
-    return false;
   const int64_t rows_u = ceil_div(rows, int64_t(U));
   int RB = cuda::kLeanMaxThreads / chunks;
   while (RB > 1 && RB / 2 >= rows_u) RB /= 2;
@@ -421,10 +419,31 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   const int min_block = min_block_knob > 0 ? min_block_knob : cuda::kLeanMaxThreads;
   while (RB > 1 && (RB / 2) * chunks >= min_block && tokens * ceil_div(rows_u, int64_t(RB)) < sms) RB /= 2;
   lp.rows_per_block = static_cast<uint8_t>(RB);
-  const dim3 grid(static_cast<unsigned>(ceil_div(rows_u, int64_t(RB))), static_cast<unsigned>(p.S),
-                  static_cast<unsigned>(p.B));
   const int threads = RB * chunks;
-  last_lean_launch() = LeanLaunch{grid.x, grid.y, grid.z, U, W};
+  const int64_t row_blocks = ceil_div(rows_u, int64_t(RB));
+  // Tokens a block (blockDim.y): a token of few rows (one or two heads unfolded: B = 1,
+  // per-batch positions) is a block of 16-32 bf16 threads, too few bytes in flight a SM
+  // at 32 blocks (the small-block limit's measurements above). Consecutive tokens then
+  // share a block, up to g_lean_min_threads (64), while the grid keeps a block per SM and
+  // S divides evenly (the kernel takes S = gridDim.y * blockDim.y); sin/cos per lane (each
+  // row slot its own token). (twenty-fourth session, bench/NOTES.md)
+  int tpb = g_lean_tokens_per_block.load(std::memory_order_relaxed);
+  if (tpb == 1 || tpb == 2 || tpb == 4 || tpb == 8) {
+    while (tpb > 1 && (p.S % tpb || threads * tpb > cuda::kLeanMaxThreads)) tpb /= 2;
+  } else {
+    tpb = 1;
+    while (tpb < 8 && threads * tpb < min_threads && p.S % (2 * tpb) == 0 &&
+           row_blocks * (p.S / (2 * tpb)) * p.B >= sms)
+      tpb *= 2;
+  }
+  if (p.S / tpb > 65535) return false;
+  // A block's rows x threads a row at one row a thread (its bytes in flight): a token's
+  // rows x tokens a block.
+  if (rows * chunks * tpb < min_threads && bytes > g_lean_small_block_bytes.load(std::memory_order_relaxed))
+    return false;
+  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(p.S / tpb), static_cast<unsigned>(p.B));
+  const dim3 block(static_cast<unsigned>(threads), static_cast<unsigned>(tpb));
+  last_lean_launch() = LeanLaunch{grid.x, grid.y, grid.z, U, W, tpb};
   // The block's sin/cos table (kSource 1), where the block has more than one row slot: with
   // one (rows_u = 1: one head, or U rows a thread covering the token) a lane's sin/cos serve
   // its own U rows only, and the table added a barrier, a shared-memory round trip and (a
@@ -436,7 +455,7 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // 94.11; 32 fp32 heads at 32 MB 26.80 / 26.56. (rows_u > 1 is the block's RB > 1 at the
   // default min block and up to 64 chunks a row; under set_lean_min_block an RB of 1 keeps
   // the table, untimed.)
-  const bool table = !cache && lean_share() && rows_u > 1;
+  const bool table = !cache && lean_share() && rows_u > 1 && tpb == 1;  // (the table holds one token's)
   // No position tensor (none of the position flags): the instance without the position
   // code (kPlain).
   const bool plain = !cache && !(flags & (cuda::kLeanPos | cuda::kLeanOff | cuda::kLeanSeq)) &&
@@ -453,15 +472,15 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
           ROPE_POW2_UPTO8_SWITCH(U, kU, [&] {
             const size_t smem = 2 * sizeof(float) * (p.R / 2);  // the table: sin, then cos, of R / 2 pairs
             if (cache)
-              cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 2><<<grid, threads, 0, stream>>>(lp);
+              cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 2><<<grid, block, 0, stream>>>(lp);
             else if (table && plain)
-              cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 1, true><<<grid, threads, smem, stream>>>(lp);
+              cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 1, true><<<grid, block, smem, stream>>>(lp);
             else if (table)
-              cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 1><<<grid, threads, smem, stream>>>(lp);
+              cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 1><<<grid, block, smem, stream>>>(lp);
             else if (plain)
-              cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 0, true><<<grid, threads, 0, stream>>>(lp);
+              cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 0, true><<<grid, block, 0, stream>>>(lp);
             else
-              cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 0><<<grid, threads, 0, stream>>>(lp);
+              cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 0><<<grid, block, 0, stream>>>(lp);
           });
         }
       });
@@ -526,6 +545,7 @@ void set_lean_max_bytes(int64_t n) { g_lean_max_bytes.store(n < 0 ? -1 : n); }
 void set_lean_bytes(int64_t w) { g_lean_bytes.store((w == 4 || w == 8 || w == 16) ? int(w) : -1); }
 void set_lean_share(bool on) { g_lean_share.store(on); }
 void set_lean_plain(bool on) { g_lean_plain.store(on); }
+void set_lean_tokens_per_block(int n) { g_lean_tokens_per_block.store((n == 1 || n == 2 || n == 4 || n == 8) ? n : 0); }
 void set_lean_min_threads(int threads, int64_t from_bytes) {  // -1: the defaults
   g_lean_min_threads.store(threads < 0 ? kLeanMinThreads : threads);
   g_lean_small_block_bytes.store(from_bytes < 0 ? kLeanSmallBlockBytes : from_bytes);

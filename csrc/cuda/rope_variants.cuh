@@ -573,7 +573,8 @@ __global__ void __launch_bounds__(kFlatMaxThreads) rope_flat_kernel(const __grid
 // ---------------------------------------------------------------- 6. lean
 // One thread: chunk c (16 bytes of each half for neox, of the row for GPT-J) of rows r,
 // r + RB, ... (U of them) of token (b, s), rows = q's heads then k's. The host
-// (launch_lean) picks U and RB; the chunks per row are a power of two (shift, mask).
+// (launch_lean) picks U, RB and the tokens a block (blockDim.y, one but where a token has
+// few threads); the chunks per row are a power of two (shift, mask).
 // Laid out for the constant cache: after an L2 flush each 64-byte line of constant bank
 // 0 is a DRAM round trip the first time it is read, and the compiler reads a kernel's
 // pointers with LDC / ULDC at its top, ahead of the first loads. The parameters start
@@ -633,7 +634,7 @@ static_assert(offsetof(LeanParams, out) == 48 && offsetof(LeanParams, positions)
               "LeanParams: the lines at 0x200, 0x240 and 0x280 in order of use");
 constexpr int kLeanMaxThreads = 128;
 
-// The block's sin/cos table (kSource 1): every lean block holds one token, so its R / 2
+// The block's sin/cos table (kSource 1): a lean block with the table holds one token, so its R / 2
 // sin/cos are computed once, by one thread per pair, into shared memory, and each thread
 // reads its chunk's P from there after a barrier. Per-lane sin/cos (kSource 0) computes
 // each pair once per row slot of the block: 8 times at 32 heads and 16 chunks. A block of
@@ -695,7 +696,10 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   const int cshift = p.cshift & kLeanShiftMask;
   const int c = threadIdx.x & ((1 << cshift) - 1);
   const int r0 = blockIdx.x * (p.rows_per_block * U) + (threadIdx.x >> cshift);
-  const int64_t b = blockIdx.z, s = blockIdx.y, tok = b * gridDim.y + s;
+  // The block's tokens: blockDim.y consecutive ones (launch_lean: more than one only where a
+  // token has few threads, sin/cos then per lane; S = gridDim.y * blockDim.y exactly).
+  const int64_t b = blockIdx.z, s = int64_t(blockIdx.y) * blockDim.y + threadIdx.y;
+  const int64_t tok = b * (int64_t(gridDim.y) * blockDim.y) + s;
   const int d0 = c * V, d1 = d0 + (V << cshift);  // neox: the second half starts R / 2 = chunks * V in
   const int half = P << cshift;                     // R / 2: pairs per row
 
@@ -786,9 +790,10 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
     // Without a positions or offsets tensor, sin/cos start from the guess s + offset
     // while cu_seqlens[0] is in flight (it is 0 in every valid call) and are computed
     // again where the loaded position differs: one loop body (a second copy would be
-    // more cold code to fetch). With a tensor the position is waited for. Every lane
-    // of a block has the same token, so the trip count is the block's (the table's
-    // barrier below sees every thread).
+    // more cold code to fetch). With a tensor the position is waited for. With the
+    // table every lane of a block has the same token, so the trip count is the block's
+    // (the table's barrier below sees every thread); blocks of several tokens compute
+    // per lane and have no barrier.
     const bool guessed = !has_pos && !has_off;
     int64_t at = s + p.offset;
     if (!guessed) at = loaded();
