@@ -17,7 +17,8 @@ twenty-fourth a block of a token under 64 threads takes consecutive tokens up to
 forced (no size limit, no small-block limit, and with it one token a block); auto without
 the one-head fold (set_lean_fold_one_head(False)); auto at one token a block (the rule
 before the twenty-fourth session: a token under 64 threads past 256 KB takes the tiles);
-lean forced at 2 / 4 / 8 tokens a block (fewer where 128 threads or S do not allow it);
+lean forced at 4 / 8 tokens a block (fewer where 128 threads or S do not allow it); auto at
+2 / 8 rows a thread (set_lean_rows_per_thread);
 torch.compile of the cached formula (its own output); the same-size copy. Per row: the
 launches (last_lean_launch: grid, rows a thread, width, tokens a block; zeros: the tiles
 ran) and the lean outputs against the tiles'.
@@ -92,7 +93,11 @@ def columns(name, min_threads):
            **{f"tpb {n}": switched_many(((C.set_lean_max_bytes, 1 << 40, -1),
                                         (lambda v: C.set_lean_min_threads(*v), (0, 0), min_threads),
                                         (C.set_lean_tokens_per_block, n, 0)),
-                                       lambda: rope_ext.apply_rope(x)) for n in (2, 4, 8)},
+                                       lambda: rope_ext.apply_rope(x)) for n in (4, 8)},
+           # auto at 2 / 8 rows a thread (set_lean_rows_per_thread; a one-row token then takes the
+           # instance that loads x before its frequencies, a two-row one shares its sin/cos)
+           **{f"U={n}": switched_many(((C.set_lean_rows_per_thread, n, 0),), lambda: rope_ext.apply_rope(x))
+              for n in (2, 8)},
            "compile": lambda: comp(x, c4, s4),
            "copy": same_size_copy(x.numel(), dtype)}
     rope_ext.apply_rope(x)

@@ -257,8 +257,12 @@ std::atomic<bool> g_lean_fold_one_head{true};
 constexpr int64_t kLeanFoldOneHeadBytes = int64_t(128) << 20;
 enum class LeanFold { kNone, kBatch, kOneHead };
 // bytes: x's (q + k's) bytes, for the one-head fold's size limit.
+// B > 1 rows whose positions the batch shares (their sin/cos computed once would serve B).
+bool batch_shares_positions(const RopeParams& p) {
+  return p.B > 1 && p.pos_shared_b && !p.offsets.ptr && !(p.positions.ptr && p.pos_stride_b != 0);
+}
 LeanFold lean_fold_batch(const RopeParams& p, int64_t bytes) {
-  if (p.B <= 1 || !p.pos_shared_b || p.offsets.ptr || (p.positions.ptr && p.pos_stride_b != 0)) return LeanFold::kNone;
+  if (!batch_shares_positions(p)) return LeanFold::kNone;
   if (p.B * heads_total(p) > INT16_MAX) return LeanFold::kNone;
   bool one_head = g_lean_fold_one_head.load(std::memory_order_relaxed) && bytes <= kLeanFoldOneHeadBytes;
   bool batch = true;
@@ -424,17 +428,30 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // Tokens a block (blockDim.y): a token of few rows (one or two heads unfolded: B = 1,
   // per-batch positions) is a block of 16-32 bf16 threads, too few bytes in flight a SM
   // at 32 blocks (the small-block limit's measurements above). Consecutive tokens then
-  // share a block, up to g_lean_min_threads (64), while the grid keeps a block per SM and
-  // S divides evenly (the kernel takes S = gridDim.y * blockDim.y); sin/cos per lane (each
-  // row slot its own token). (twenty-fourth session, bench/NOTES.md)
+  // share a block, up to g_lean_min_threads (64; 128 where S / 64 threads' tokens is past
+  // the grid's 65535), while the grid keeps a block per SM and S divides evenly (the
+  // kernel takes S = gridDim.y * blockDim.y); sin/cos per lane (each row slot its own
+  // token). H100, in turns (bench/lean_shapes.py, run 1 of the twenty-fourth session), us,
+  // 4 tokens a block / the tiles / torch.compile / copy, one bf16 head B = 1: 1 MB 5.50 /
+  // 7.14 / 5.95 / 4.96, 4 MB 8.74 / 12.06 / 10.48 / 7.01, 32 MB 36.98 / 53.95 / 49.86 /
+  // 27.17 (nothing shares a pair's sin/cos there: a bf16 thread computes one for every 8
+  // bytes it moves); two heads B = 1 4 MB (2 tokens) 8.54 / 9.82 / 9.31; one fp32 head 4 MB
+  // (2 tokens) 7.39 / 9.54 / 10.82. Not for 16-bit calls past 32 MB whose batch shares its
+  // positions (B > 1): the tiles share each pair's sin/cos over the batch there, and
+  // unfolded lean lost, the seed form bf16 [128, 8192, 1, 128] 256 MB 256.6 against the
+  // tiles' 200.1 (fp32 gained: 512 MB 359.3 against 387.4, copy 444).
   int tpb = g_lean_tokens_per_block.load(std::memory_order_relaxed);
   if (tpb == 1 || tpb == 2 || tpb == 4 || tpb == 8) {
     while (tpb > 1 && (p.S % tpb || threads * tpb > cuda::kLeanMaxThreads)) tpb /= 2;
+  } else if (sizeof(T) == 2 && bytes > kLeanSmallBytes && batch_shares_positions(p)) {
+    tpb = 1;
   } else {
     tpb = 1;
-    while (tpb < 8 && threads * tpb < min_threads && p.S % (2 * tpb) == 0 &&
-           row_blocks * (p.S / (2 * tpb)) * p.B >= sms)
-      tpb *= 2;
+    const auto can_double = [&] {
+      return tpb < 8 && threads * 2 * tpb <= cuda::kLeanMaxThreads && p.S % (2 * tpb) == 0;
+    };
+    while (can_double() && threads * tpb < min_threads && row_blocks * (p.S / (2 * tpb)) * p.B >= sms) tpb *= 2;
+    while (tpb > 1 && can_double() && p.S / tpb > 65535) tpb *= 2;  // (to fit the grid)
   }
   if (p.S / tpb > 65535) return false;
   // A block's rows x threads a row at one row a thread (its bytes in flight): a token's
