@@ -569,36 +569,42 @@ def test_lean_small_block_limit(dtype, heads):
             assert torch.equal(out, want), f"limit {(threads, from_bytes)}: vs the tiles"
             assert_close_f64(out, truth, x.abs().max().item(), f"limit {(threads, from_bytes)}")
         # The defaults (-1: 64 threads past 256 KB) on a call past 256 KB; the width by
-        # lean's rule (16 bytes for fp32 past 4 MB). 1100 tokens: a block takes 64 // a
-        # token's threads of them (2 at 32 threads), so every head count runs on lean; 1101
-        # (odd): one token a block, so a token under 64 threads takes the tiles.
+        # lean's rule (16 bytes for fp32 past 4 MB). A token under 64 threads: a thread
+        # takes all its rows and a block 64 threads' worth of tokens (1100 divides by 4), so
+        # every head count runs on lean; 1101 (odd): one token a block, so such a token
+        # takes the tiles.
         C.set_lean_min_threads(-1, -1)
         for S in (1100, 1101):
             big = randn((2, S, heads, 128), dtype, dev)
             out = rope_ext.apply_rope(big)
             gx, gy, _, U, _, tpb = C.last_lean_launch()
-            block = row_threads(big) * rows
-            want_tpb = max(1, 64 // block) if S % 2 == 0 else 1
-            lean = block * want_tpb >= 64
+            few = row_threads(big) * rows < 64
+            want_tpb = (64 // row_threads(big) if S % 2 == 0 else 1) if few else 1
+            lean = not few or row_threads(big) * want_tpb >= 64
             what = f"defaults, S {S}, {heads} heads {dtype}"
             assert (gx > 0) == lean, f"{what}: lean {gx > 0}"
-            if lean:  # rows a thread stop where a block would fall under 64 threads
+            if lean:
                 assert tpb == want_tpb and gy * tpb == S, f"{what}: {tpb} tokens a block, grid y {gy}"
-                assert -(-rows // U) * row_threads(big) * tpb >= 64, f"{what}: {U} rows a thread"
+                if few:  # a thread takes the token's rows (16-bit types at least 2)
+                    assert U >= rows and (U >= 2 or dtype == torch.float32), f"{what}: {U} rows a thread"
+                else:  # rows a thread stop where a block would fall under 64 threads
+                    assert -(-rows // U) * row_threads(big) >= 64, f"{what}: {U} rows a thread"
             assert torch.equal(out, rope_ext.apply_rope(big, impl="fp32x4_tile")), f"{what}: vs the tiles"
     finally:
         C.set_lean_min_threads(-1, -1)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("heads,table", [(1, False), (2, True), (32, True)])
+@pytest.mark.parametrize("heads", [1, 2, 32])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_lean_table_only_when_shared(dtype, heads, table):
+def test_lean_table_only_when_shared(dtype, heads):
     """Lean's block computes its token's sin/cos into a shared table (kSource 1, the
     instance's fifth template argument) only where the block has more than one row slot;
-    a block of one row (one head, B = 1: no fold) computes them per lane (kSource 0).
+    a block of one row (one head, B = 1: no fold), or a token under 64 threads (whose
+    thread takes all its rows: two bf16 heads), computes them per lane (kSource 0).
     Either way bit-equal to the tiles and within the float64 truth's bounds."""
     import re
+    table = heads > 1 and heads * (16 if dtype == torch.bfloat16 else 32) >= 64  # a row's threads at 8 bytes
     x = randn((1, 64, heads, 128), dtype, "cuda")
     pos = torch.randint(0, 1 << 20, (64,), device="cuda")
     for p in (None, pos):
@@ -680,8 +686,8 @@ def test_lean_one_head_fold(layout, shape, dtype, positions):
                 rows = B * len(xs)
                 # rows a thread stop where the block would fall under 64 threads (16-thread blocks lost)
                 assert -(-rows // U) * row_threads >= min(64, rows * row_threads), f"{U} rows a thread {what}"
-            elif lean:  # a block of 64 threads' tokens (every S here divides by them)
-                want = 64 // (row_threads * len(xs))
+            elif lean:  # a thread takes the token's rows, a block 64 threads' tokens (every S here divides)
+                want = 64 // row_threads
                 assert (gy * tpb, gz, tpb) == (S, B, want), f"fold {on} {what}: grid {(gx, gy, gz)}, {tpb} tokens"
             ins = [x.clone() for x in xs]
             (rope_ext.apply_rope_qk if qk else rope_ext.apply_rope)(*ins, pos, inplace=True, **kw)

@@ -400,7 +400,23 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // / 93.6), 4 rows 0.5-0.6 us slower.
   const int min_threads = g_lean_min_threads.load(std::memory_order_relaxed);
   int U = g_lean_rows_per_thread.load(std::memory_order_relaxed);
-  if (U != 1 && U != 2 && U != 4 && U != 8) {
+  // A token under min_threads at one row a thread (one to three bf16 heads; one fp32 head):
+  // its blocks take several tokens (below), and a thread all of the token's rows, so that
+  // each pair's sin/cos is computed once for them. 16-bit types take at least U = 2 even
+  // for one row: that instance loads x before the frequencies (kFreqFirst is U = 1's).
+  // H100, in turns (bench/lean_shapes.py, run 2 of the twenty-fourth session), us, U
+  // covering the rows / one row a thread (both at 64-thread blocks of several tokens):
+  // two bf16 heads B = 1 4 MB 7.65 / 8.80, B = 2 4 MB 7.58 / 8.74, B = 16 32 MB 27.65 / 36.83
+  // (the tiles 31.07, torch.compile 27.90), B = 64 128 MB 94.16 / (the tiles) 102.85; one
+  // bf16 head B = 1 (U = 2 / 1) 4 MB 8.35 / 8.80, 32 MB 34.21 / 37.30, 122 MB 116.6 / 126.5,
+  // but 1 MB 5.79 / 5.63 (run 1: U = 8 5.38 against U = 1's 5.50); one fp32 head 4 MB U = 1
+  // 7.58 against U = 2's 7.78 (run 1: U = 8 7.87-8.06 against 7.39), so fp32 keeps U = 1.
+  const bool few_rows = rows * chunks < min_threads, forced_u = U == 1 || U == 2 || U == 4 || U == 8;
+  if (!forced_u && few_rows) {
+    U = sizeof(T) == 2 ? 2 : 1;
+    while (U < 8 && U < rows) U *= 2;
+    if (bytes > kLeanSmallBytes) U = std::min(U, 2);
+  } else if (!forced_u) {
     U = 1;
     while (U < 8 && tokens * ceil_div(rows, int64_t(U)) * chunks > int64_t(sms) * 512) U *= 2;
     if (bytes > kLeanSmallBytes) U = std::min(U, 2);
@@ -436,14 +452,16 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // 7.14 / 5.95 / 4.96, 4 MB 8.74 / 12.06 / 10.48 / 7.01, 32 MB 36.98 / 53.95 / 49.86 /
   // 27.17 (nothing shares a pair's sin/cos there: a bf16 thread computes one for every 8
   // bytes it moves); two heads B = 1 4 MB (2 tokens) 8.54 / 9.82 / 9.31; one fp32 head 4 MB
-  // (2 tokens) 7.39 / 9.54 / 10.82. Not for 16-bit calls past 32 MB whose batch shares its
-  // positions (B > 1): the tiles share each pair's sin/cos over the batch there, and
-  // unfolded lean lost, the seed form bf16 [128, 8192, 1, 128] 256 MB 256.6 against the
-  // tiles' 200.1 (fp32 gained: 512 MB 359.3 against 387.4, copy 444).
+  // (2 tokens) 7.39 / 9.54 / 10.82 (these at one row a thread, U = 1; U above). Not for
+  // one-row 16-bit calls past 32 MB whose batch shares its positions (B > 1; the one-head
+  // fold's cap): the tiles share each pair's sin/cos over the batch there, and unfolded
+  // lean lost, the seed form bf16 [128, 8192, 1, 128] 256 MB 256.6 against the tiles' 200.1
+  // (fp32 gained: 512 MB 359.3 against 387.4, copy 444; two bf16 heads share theirs in a
+  // thread, U = 2: B = 64 128 MB 94.2 against the tiles' 102.3).
   int tpb = g_lean_tokens_per_block.load(std::memory_order_relaxed);
   if (tpb == 1 || tpb == 2 || tpb == 4 || tpb == 8) {
     while (tpb > 1 && (p.S % tpb || threads * tpb > cuda::kLeanMaxThreads)) tpb /= 2;
-  } else if (sizeof(T) == 2 && bytes > kLeanSmallBytes && batch_shares_positions(p)) {
+  } else if (sizeof(T) == 2 && bytes > kLeanSmallBytes && rows == 1 && batch_shares_positions(p)) {
     tpb = 1;
   } else {
     tpb = 1;
