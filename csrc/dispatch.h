@@ -39,9 +39,10 @@ void set_lean_rows_per_thread(int n);
 // Tests/bench: the fewest threads a lean block keeps when its rows are halved to cover the SMs (0 = 128,
 // the default; 1 = down to one row per block).
 void set_lean_min_block(int n);
-// Tests/bench: past from_bytes of x, lean declines a call whose token's rows x threads a row are fewer
-// than `threads`, and its rows a thread stop where a block would fall under `threads` (0: neither; -1: the
-// defaults, 64 threads past 256 KB).
+// Tests/bench: past from_bytes of x, lean declines a call whose block's rows x threads a row (a token's, times
+// its tokens a block) are fewer than `threads`; a token under `threads` takes its rows in one thread and
+// blocks of several tokens, other tokens' rows a thread stop where a block would fall under `threads` (0:
+// none of these; -1: the defaults, 64 threads past 256 KB).
 void set_lean_min_threads(int threads, int64_t from_bytes);
 // Tests/bench: whether lean runs a one-head call whose positions the batch shares as one token of B rows
 // (default on).

@@ -113,9 +113,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "tests/bench: the fewest threads a block of variant 6 keeps when its rows are halved to cover the SMs "
         "(0 = the default, 128; 1 = down to one row per block)");
   m.def("set_lean_min_threads", &rope_ext::set_lean_min_threads, pybind11::arg("threads"), pybind11::arg("from_bytes"),
-        "tests/bench: past from_bytes of x, auto declines variant 6 (lean) for a call whose token's rows x threads "
-        "a row are fewer than `threads` (few rows a token), and runs the tiles; lean's rows a thread stop where its "
-        "block would fall under `threads` (0 threads: neither; -1: the defaults, 64 threads past 256 KB)");
+        "tests/bench: past from_bytes of x, auto declines variant 6 (lean) for a call whose block's rows x threads "
+        "a row (a token's, times its tokens a block) are fewer than `threads`, and runs the tiles; a token under "
+        "`threads` takes its rows in one thread and blocks of several tokens, and other tokens' rows a thread stop "
+        "where a block would fall under `threads` (0 threads: none of these; -1: the defaults, 64 threads past "
+        "256 KB)");
   m.def("set_lean_fold_one_head", &rope_ext::set_lean_fold_one_head,
         "tests/bench: whether variant 6 (lean) runs a call whose tensors have one head each, and whose positions "
         "the batch shares, as one token of B rows (default on)");

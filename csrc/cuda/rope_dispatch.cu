@@ -173,9 +173,12 @@ std::atomic<int> g_lean_tokens_per_block{0};  // 1, 2, 4, 8: forced (at most 128
 // 4.2, 1 MB 8.5 / 7.1 / 4.9, 4 MB 15.9 / 8.9 / 7.1, 32 MB 84.9 / 30.1 / 27.5, 128 MB 321 /
 // 100 / 93; two heads 4 MB 11.8 / 9.1, 128 MB 179 / 102; four heads 128 MB 94.1 / 101.6
 // (lean ahead from a token's 64 threads); one fp32 head 4 MB 10.5 / 8.1. So past
-// g_lean_small_block_bytes (256 KB) of x a call whose token's rows x threads a row are
+// g_lean_small_block_bytes (256 KB) of x a call whose block's rows x threads a row are
 // fewer than g_lean_min_threads (64) takes the tiles, and rows a thread stop where a block
-// would fall under that many (launch_lean; 0 threads: neither).
+// would fall under that many (launch_lean; 0 threads: neither). Since the twenty-fourth
+// session a token under that many takes its rows in one thread and blocks of several
+// tokens (launch_lean), so only calls whose S does not divide evenly (or one-row 16-bit
+// calls past 32 MB whose batch shares positions) still meet the limit.
 // ROPE_EXT_LEAN_MIN_THREADS="threads[,from_bytes]" at import, set_lean_min_threads.
 constexpr int kLeanMinThreads = 64;
 constexpr int64_t kLeanSmallBlockBytes = int64_t(256) << 10;

@@ -112,6 +112,12 @@
 //              against 30.4). The shared sin/cos table is shared only with several row
 //              slots: with one it cost 0.8 us at 0.125 MB (one bf16 head 5.6 -> 4.6-4.8
 //              per lane) to 5.4 at 32 MB (four heads, U = 4); with several it ran level.
+//              Then (twenty-fourth session, same bench): a token under 64 threads with
+//              nothing to fold (one bf16 head at B = 1, two heads) takes its rows in one
+//              thread and blocks of several consecutive tokens (blockDim.y), per-lane
+//              sin/cos: one bf16 head B = 1 1 MB 5.7 us (the tiles 7.0, torch.compile 6.3),
+//              32 MB 34.1 (54.2, 50.2; the copy 27.3: a pair's sin/cos serves 8 bytes
+//              there); two heads B = 16 32 MB 27.7 (31.1, 27.9).
 //
 // What was learned on the H100 (bench/NOTES.md has the numbers and the method):
 //   - Variant 3's x loads must be uint4: a struct copy of Vec<bf16, 8> compiled to
