@@ -17,8 +17,10 @@ twenty-fourth a block of a token under 64 threads takes consecutive tokens up to
 forced (no size limit, no small-block limit, and with it one token a block); auto without
 the one-head fold (set_lean_fold_one_head(False)); auto at one token a block (the rule
 before the twenty-fourth session: a token under 64 threads past 256 KB takes the tiles);
-lean forced at 4 / 8 tokens a block (fewer where 128 threads or S do not allow it); auto at
-2 / 8 rows a thread (set_lean_rows_per_thread);
+lean forced at 4 / 8 tokens a block (fewer where 128 threads or S do not allow it; with the
+limits off these take the rows-a-thread rule of tokens of 64 threads or more: U = 1 for
+small grids, up to 8 for large ones, 2 past 32 MB); auto at 2 / 8 rows a thread
+(set_lean_rows_per_thread);
 torch.compile of the cached formula (its own output); the same-size copy. Per row: the
 launches (last_lean_launch: grid, rows a thread, width, tokens a block; zeros: the tiles
 ran) and the lean outputs against the tiles'.

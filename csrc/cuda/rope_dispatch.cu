@@ -131,8 +131,9 @@ void launch_flat(const RopeParams& p, int device, cudaStream_t stream) {
 
 // Variant 6 (lean): auto's kernel where the case is one it covers (rope_variants.cuh and
 // launch_lean below): every size (16-bit types since the twenty-first session, fp32 since
-// the twenty-second), in the memory orders measured past 32 MB (kLeanSmallBytes), but not
-// calls with few rows a token (the small-block limit below). Which access width,
+// the twenty-second), in the memory orders measured past 32 MB (kLeanSmallBytes), and calls
+// with few rows a token in blocks of several tokens (launch_lean; the small-block limit
+// below where that is not possible). Which access width,
 // from the H100 latency suite (bench/NOTES.md issue 19: run 9 for the sizes, run 1 of
 // 2026-11-24 for the widths; us, lean at 16 / 8 / 4 bytes, the tiles):
 //   bf16 [1,S,32,128]: 0.12 MB 5.4 / 4.8 / 4.8, tiles 5.6; 2 MB 7.5 / 6.7 / 6.7, 7.3;
@@ -177,8 +178,10 @@ std::atomic<int> g_lean_tokens_per_block{0};  // 1, 2, 4, 8: forced (at most 128
 // fewer than g_lean_min_threads (64) takes the tiles, and rows a thread stop where a block
 // would fall under that many (launch_lean; 0 threads: neither). Since the twenty-fourth
 // session a token under that many takes its rows in one thread and blocks of several
-// tokens (launch_lean), so only calls whose S does not divide evenly (or one-row 16-bit
-// calls past 32 MB whose batch shares positions) still meet the limit.
+// tokens (launch_lean), so the limit meets only calls whose blocks stay under it: S without
+// the factor of 2-8 tokens that 64 threads need (one bf16 head: S a multiple of 4), grids
+// too small to double, rotary dims whose rows are few threads, and one-row 16-bit calls
+// past 32 MB whose batch shares positions.
 // ROPE_EXT_LEAN_MIN_THREADS="threads[,from_bytes]" at import, set_lean_min_threads.
 constexpr int kLeanMinThreads = 64;
 constexpr int64_t kLeanSmallBlockBytes = int64_t(256) << 10;
@@ -222,6 +225,7 @@ bool lean_share() { return g_lean_share.load(std::memory_order_relaxed); }
 // kLeanSmallBytes (the old 16-bit limit) launch_lean takes only the memory orders measured
 // there and caps rows a thread at 2.
 constexpr int64_t kLeanSmallBytes = int64_t(32) << 20;
+constexpr int64_t kLeanXFirstBytes = int64_t(2) << 20;  // (launch_lean's rows a thread for few-row tokens)
 int64_t lean_max_bytes() {
   const int64_t v = g_lean_max_bytes.load(std::memory_order_relaxed);
   return v >= 0 ? v : INT64_MAX;
@@ -245,8 +249,9 @@ int lean_bytes(int64_t elem_size, int64_t bytes) {
 // call whose every tensor has one head (k alone under MQA, the seed form [B, S, 1, D])
 // and whose positions the batch shares also runs as one token of B rows, the batch
 // stride standing in for the head stride, in any layout (bshd too). Unfolded, such a
-// call is under the small-block limit (a token: 16 bf16 threads) and takes the tiles past
-// 256 KB. Folded, a block shares its token's sin/cos over B rows; in bshd those rows lie
+// call's token is 16 bf16 threads (the tiles took it past 256 KB until the twenty-fourth
+// session; now blocks of several tokens, but not past the cap below, launch_lean). Folded,
+// a block shares its token's sin/cos over B rows; in bshd those rows lie
 // S x D elements apart, which did not cost. H100, in turns (bench/lean_shapes.py, run 2 of
 // the twenty-third session, rows a thread held to 64-thread blocks), us, fold / the tiles /
 // torch.compile / copy, one bf16 head: 4 MB 7.65 / 8.93 / 7.86 / 7.14, 8 MB 10.88 / 11.17 /
@@ -403,20 +408,22 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // / 93.6), 4 rows 0.5-0.6 us slower.
   const int min_threads = g_lean_min_threads.load(std::memory_order_relaxed);
   int U = g_lean_rows_per_thread.load(std::memory_order_relaxed);
-  // A token under min_threads at one row a thread (one to three bf16 heads; one fp32 head):
-  // its blocks take several tokens (below), and a thread all of the token's rows, so that
-  // each pair's sin/cos is computed once for them. 16-bit types take at least U = 2 even
-  // for one row: that instance loads x before the frequencies (kFreqFirst is U = 1's).
-  // H100, in turns (bench/lean_shapes.py, run 2 of the twenty-fourth session), us, U
-  // covering the rows / one row a thread (both at 64-thread blocks of several tokens):
-  // two bf16 heads B = 1 4 MB 7.65 / 8.80, B = 2 4 MB 7.58 / 8.74, B = 16 32 MB 27.65 / 36.83
-  // (the tiles 31.07, torch.compile 27.90), B = 64 128 MB 94.16 / (the tiles) 102.85; one
-  // bf16 head B = 1 (U = 2 / 1) 4 MB 8.35 / 8.80, 32 MB 34.21 / 37.30, 122 MB 116.6 / 126.5,
-  // but 1 MB 5.79 / 5.63 (run 1: U = 8 5.38 against U = 1's 5.50); one fp32 head 4 MB U = 1
-  // 7.58 against U = 2's 7.78 (run 1: U = 8 7.87-8.06 against 7.39), so fp32 keeps U = 1.
+  // A token under min_threads at one row a thread (one to three bf16 heads; one fp32 head;
+  // more at small rotary dims): its blocks take several tokens (below), and a thread all of
+  // the token's rows, so that each pair's sin/cos is computed once for them. A one-row
+  // 16-bit token past kLeanXFirstBytes takes U = 2 all the same: that instance loads x
+  // before the frequencies (kFreqFirst is U = 1's). H100, in turns (bench/lean_shapes.py,
+  // run 2 of the twenty-fourth session), us, U covering the rows / one row a thread (both at
+  // 64-thread blocks of several tokens): two bf16 heads B = 1 4 MB 7.65 / 8.80, B = 2 4 MB
+  // 7.58 / 8.74, B = 16 32 MB 27.65 / 36.83 (the tiles 31.07, torch.compile 27.90), B = 64
+  // 128 MB 94.16 (the tiles 102.30); one bf16 head B = 1 (U = 2 / 1) 4 MB 8.35 / 8.80, 32 MB
+  // 34.21 / 37.30, 122 MB 116.6 / 126.5, but 1 MB 5.79 / 5.63 (so U = 1 up to 2 MB); one
+  // fp32 head 4 MB 7.78 / 7.58 (run 1: U = 8 7.87-8.06 against 7.39), so fp32 keeps U = 1.
+  // Untimed: three heads, two or three fp32 heads past 4 MB, other head dims, and these
+  // tokens where a block keeps one (calls up to 256 KB; past it the limit below).
   const bool few_rows = rows * chunks < min_threads, forced_u = U == 1 || U == 2 || U == 4 || U == 8;
   if (!forced_u && few_rows) {
-    U = sizeof(T) == 2 ? 2 : 1;
+    U = sizeof(T) == 2 && bytes > kLeanXFirstBytes ? 2 : 1;
     while (U < 8 && U < rows) U *= 2;
     if (bytes > kLeanSmallBytes) U = std::min(U, 2);
   } else if (!forced_u) {
@@ -444,8 +451,8 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   lp.rows_per_block = static_cast<uint8_t>(RB);
   const int threads = RB * chunks;
   const int64_t row_blocks = ceil_div(rows_u, int64_t(RB));
-  // Tokens a block (blockDim.y): a token of few rows (one or two heads unfolded: B = 1,
-  // per-batch positions) is a block of 16-32 bf16 threads, too few bytes in flight a SM
+  // Tokens a block (blockDim.y): a token of few rows (one to three heads unfolded: B = 1,
+  // per-batch positions; its rows in one thread, above) is a block of 16 bf16 threads, too few bytes in flight a SM
   // at 32 blocks (the small-block limit's measurements above). Consecutive tokens then
   // share a block, up to g_lean_min_threads (64; 128 where S / 64 threads' tokens is past
   // the grid's 65535), while the grid keeps a block per SM and S divides evenly (the

@@ -34,7 +34,8 @@
 //   6. lean    (auto's choice where it applies, never named) variant 5's thread shape
 //              with almost nothing before the first load: its own small params
 //              (LeanParams, filled by rope_dispatch.cu from RopeParams), the token from
-//              the grid (blockIdx.z = b, blockIdx.y = s; sbhd calls whose positions the
+//              the grid (blockIdx.z = b, s from blockIdx.y and, with several tokens a
+//              block, threadIdx.y; sbhd calls whose positions the
 //              batch shares, and one-head calls whose positions the batch shares, come
 //              with the batch folded into the token's rows and B = 1, rope_dispatch.cu's
 //              lean_fold_batch), the row and chunk from
