@@ -19,8 +19,9 @@ the one-head fold (set_lean_fold_one_head(False)); auto at one token a block (th
 before the twenty-fourth session: a token under 64 threads past 256 KB takes the tiles);
 lean forced at 4 / 8 tokens a block (fewer where 128 threads or S do not allow it; with the
 limits off these take the rows-a-thread rule of tokens of 64 threads or more: U = 1 for
-small grids, up to 8 for large ones, 2 past 32 MB); auto at 2 / 8 rows a thread
-(set_lean_rows_per_thread);
+small grids, up to 8 for large ones, 2 past 32 MB; since run 6 of the twenty-fourth session
+a block's row slots make room for the tokens); auto at 2 / 8 rows a thread
+(set_lean_rows_per_thread); 4 tokens a block at 8 rows a thread;
 torch.compile of the cached formula (its own output); the same-size copy. Per row: the
 launches (last_lean_launch: grid, rows a thread, width, tokens a block; zeros: the tiles
 ran) and the lean outputs against the tiles'.
@@ -100,6 +101,11 @@ def columns(name, min_threads):
            # instance that loads x before its frequencies, a two-row one shares its sin/cos)
            **{f"U={n}": switched_many(((C.set_lean_rows_per_thread, n, 0),), lambda: rope_ext.apply_rope(x))
               for n in (2, 8)},
+           # 4 tokens a block at 8 rows a thread, no limits (the block's row slots give way to the tokens)
+           "tpb 4 U=8": switched_many(((C.set_lean_max_bytes, 1 << 40, -1),
+                                       (lambda v: C.set_lean_min_threads(*v), (0, 0), min_threads),
+                                       (C.set_lean_tokens_per_block, 4, 0), (C.set_lean_rows_per_thread, 8, 0)),
+                                      lambda: rope_ext.apply_rope(x)),
            "compile": lambda: comp(x, c4, s4),
            "copy": same_size_copy(x.numel(), dtype)}
     rope_ext.apply_rope(x)

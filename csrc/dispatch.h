@@ -53,8 +53,8 @@ void set_lean_share(bool on);
 // Tests/bench: whether variant 6 runs calls without position tensors in its instance without the position code
 // (default on).
 void set_lean_plain(bool on);
-// Tests/bench: variant 6's tokens a block (1, 2, 4 or 8, fewer where S or 128 threads do not allow it; else 0:
-// launch_lean's rule, more than one only for blocks under 64 threads).
+// Tests/bench: variant 6's tokens a block (1, 2, 4 or 8, fewer where S or 128 threads do not allow it; the row
+// slots a block make room first; else 0: launch_lean's rule, more than one only for blocks under 64 threads).
 void set_lean_tokens_per_block(int n);
 // Tests: variant 6's launch by this thread's last CUDA rope call: its grid (x, y, z), rows per thread and access
 // width in bytes, tokens a block (all 0 when that call did not launch it).

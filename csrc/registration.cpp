@@ -131,8 +131,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "tests: the variant 6 (lean) launch of this thread's last CUDA rope call: (grid x, grid y, grid z, rows per "
         "thread, access bytes, tokens a block); zeros when that call did not launch lean");
   m.def("set_lean_tokens_per_block", &rope_ext::set_lean_tokens_per_block,
-        "tests/bench: variant 6's (lean) tokens a block, 1, 2, 4 or 8 (fewer where S or 128 threads a block do "
-        "not allow it); any other value: the rule (more than one only for blocks under 64 threads)");
+        "tests/bench: variant 6's (lean) tokens a block, 1, 2, 4 or 8 (the block's row slots make room first; "
+        "fewer where S or 128 threads a block do not allow it); any other value: the rule (more than one only for "
+        "blocks under 64 threads)");
   m.def("set_lean_plain", &rope_ext::set_lean_plain,
         "tests/bench: whether variant 6 runs calls without position tensors in its instance without the "
         "position code (default on; off: the general instance)");

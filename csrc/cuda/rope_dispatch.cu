@@ -448,6 +448,11 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   const int min_block_knob = g_lean_min_block.load(std::memory_order_relaxed);
   const int min_block = min_block_knob > 0 ? min_block_knob : cuda::kLeanMaxThreads;
   while (RB > 1 && (RB / 2) * chunks >= min_block && tokens * ceil_div(rows_u, int64_t(RB)) < sms) RB /= 2;
+  // Tokens a block forced (the knob, below): it takes the block's room from the row slots
+  // (a bench A/B of blocks of few row slots and several tokens at many rows a token).
+  const int forced_tpb = g_lean_tokens_per_block.load(std::memory_order_relaxed);
+  if (forced_tpb == 2 || forced_tpb == 4 || forced_tpb == 8)
+    while (RB > 1 && p.S % forced_tpb == 0 && RB * chunks * forced_tpb > cuda::kLeanMaxThreads) RB /= 2;
   lp.rows_per_block = static_cast<uint8_t>(RB);
   const int threads = RB * chunks;
   const int64_t row_blocks = ceil_div(rows_u, int64_t(RB));
@@ -468,7 +473,7 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // lean lost, the seed form bf16 [128, 8192, 1, 128] 256 MB 256.6 against the tiles' 200.1
   // (fp32 gained: 512 MB 359.3 against 387.4, copy 444; two bf16 heads share theirs in a
   // thread, U = 2: B = 64 128 MB 94.2 against the tiles' 102.3).
-  int tpb = g_lean_tokens_per_block.load(std::memory_order_relaxed);
+  int tpb = forced_tpb;
   if (tpb == 1 || tpb == 2 || tpb == 4 || tpb == 8) {
     while (tpb > 1 && (p.S % tpb || threads * tpb > cuda::kLeanMaxThreads)) tpb /= 2;
   } else if (sizeof(T) == 2 && bytes > kLeanSmallBytes && rows == 1 && batch_shares_positions(p)) {
