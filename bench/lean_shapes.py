@@ -50,6 +50,13 @@ ROWS = {
     "h2b1_bf16_4MB": (torch.bfloat16, (1, 8192, 2, 128)),
     "h1b1_fp32_4MB": (torch.float32, (1, 8192, 1, 128)),
     "h1b1_fp32_0.5MB": (torch.float32, (1, 1024, 1, 128)),
+    # shapes the twenty-fourth session's few-row rule reaches (a thread takes the token's rows)
+    "h3_bf16_3MB": (torch.bfloat16, (1, 4096, 3, 128)),
+    "h3_bf16_48MB": (torch.bfloat16, (16, 4096, 3, 128)),
+    "h2b1_fp32_8MB": (torch.float32, (1, 8192, 2, 128)),
+    "h2_fp32_32MB": (torch.float32, (4, 8192, 2, 128)),
+    "h4_d64_bf16_4MB": (torch.bfloat16, (1, 8192, 4, 64)),
+    "h2_d64_bf16_32MB": (torch.bfloat16, (16, 8192, 2, 64)),
     "h1_bf16_4MB": (torch.bfloat16, (4, 4096, 1, 128)),
     "h1_bf16_8MB": (torch.bfloat16, (8, 4096, 1, 128)),
     "h1_bf16_32MB": (torch.bfloat16, (32, 4096, 1, 128)),
