@@ -472,16 +472,17 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // fold's cap): the tiles share each pair's sin/cos over the batch there, and unfolded
   // lean lost, the seed form bf16 [128, 8192, 1, 128] 256 MB 256.6 against the tiles' 200.1
   // (fp32 gained: 512 MB 359.3 against 387.4, copy 444; two bf16 heads share theirs in a
-  // thread, U = 2: B = 64 128 MB 94.2 against the tiles' 102.3). Nor where a thread does not
-  // cover a few-row token (past 32 MB U stops at 2): three bf16 heads [16, 4096, 3, 128] 48 MB
-  // ran 42.8 us at 2 row slots x 2 tokens against the tiles' 41.6-42.0 (run 8; 8 rows a thread
-  // at 4 tokens, covering the 3, ran 38.7-39.1, torch.compile 39.0: not taken, untested at
-  // that size as auto's launch).
+  // thread, U = 2: B = 64 128 MB 94.2 against the tiles' 102.3). Nor where the rule's rows a
+  // thread do not cover a few-row token (past 32 MB U stops at 2; more than 8 rows): three
+  // bf16 heads [16, 4096, 3, 128] 48 MB ran 42.8 us at 2 row slots x 2 tokens against the
+  // tiles' 41.6-42.0 (run 8), so such calls keep the tiles (as before the session). Not
+  // settled why: 8 rows a thread at 4 tokens (covering the 3) ran 38.7-39.1, but so did 2
+  // rows a thread in one row slot x 8 tokens (39.0; torch.compile 39.0), untimed as auto's.
   int tpb = forced_tpb;
   if (tpb == 1 || tpb == 2 || tpb == 4 || tpb == 8) {
     while (tpb > 1 && (p.S % tpb || threads * tpb > cuda::kLeanMaxThreads)) tpb /= 2;
   } else if ((sizeof(T) == 2 && bytes > kLeanSmallBytes && rows == 1 && batch_shares_positions(p)) ||
-             (few_rows && rows_u > 1)) {
+             (few_rows && rows_u > 1 && !forced_u)) {
     tpb = 1;
   } else {
     tpb = 1;
