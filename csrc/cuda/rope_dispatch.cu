@@ -264,11 +264,11 @@ int lean_bytes(int64_t elem_size, int64_t bytes) {
 std::atomic<bool> g_lean_fold_one_head{true};
 constexpr int64_t kLeanFoldOneHeadBytes = int64_t(128) << 20;
 enum class LeanFold { kNone, kBatch, kOneHead };
-// bytes: x's (q + k's) bytes, for the one-head fold's size limit.
 // B > 1 rows whose positions the batch shares (their sin/cos computed once would serve B).
 bool batch_shares_positions(const RopeParams& p) {
   return p.B > 1 && p.pos_shared_b && !p.offsets.ptr && !(p.positions.ptr && p.pos_stride_b != 0);
 }
+// bytes: x's (q + k's) bytes, for the one-head fold's size limit.
 LeanFold lean_fold_batch(const RopeParams& p, int64_t bytes) {
   if (!batch_shares_positions(p)) return LeanFold::kNone;
   if (p.B * heads_total(p) > INT16_MAX) return LeanFold::kNone;
@@ -421,7 +421,7 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // fp32 head 4 MB 7.78 / 7.58 (run 1: U = 8 7.87-8.06 against 7.39), so fp32 keeps U = 1.
   // Untimed: three heads, two or three fp32 heads past 4 MB, other head dims, and these
   // tokens where a block keeps one (calls up to 256 KB; past it the limit below).
-  const bool few_rows = rows * chunks < min_threads, forced_u = U == 1 || U == 2 || U == 4 || U == 8;
+  const bool few_rows = rows * chunks < min_threads, forced_u = U > 0;  // (the knob keeps U in {0, 1, 2, 4, 8})
   if (!forced_u && few_rows) {
     U = sizeof(T) == 2 && bytes > kLeanXFirstBytes ? 2 : 1;
     while (U < 8 && U < rows) U *= 2;
@@ -450,8 +450,8 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   while (RB > 1 && (RB / 2) * chunks >= min_block && tokens * ceil_div(rows_u, int64_t(RB)) < sms) RB /= 2;
   // Tokens a block forced (the knob, below): it takes the block's room from the row slots
   // (a bench A/B of blocks of few row slots and several tokens at many rows a token).
-  const int forced_tpb = g_lean_tokens_per_block.load(std::memory_order_relaxed);
-  if (forced_tpb == 2 || forced_tpb == 4 || forced_tpb == 8)
+  const int forced_tpb = g_lean_tokens_per_block.load(std::memory_order_relaxed);  // (0, 1, 2, 4 or 8)
+  if (forced_tpb > 1)
     while (RB > 1 && p.S % forced_tpb == 0 && RB * chunks * forced_tpb > cuda::kLeanMaxThreads) RB /= 2;
   lp.rows_per_block = static_cast<uint8_t>(RB);
   const int threads = RB * chunks;
@@ -478,14 +478,12 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // tiles' 41.6-42.0 (run 8), so such calls keep the tiles (as before the session). Not
   // settled why: 8 rows a thread at 4 tokens (covering the 3) ran 38.7-39.1, but so did 2
   // rows a thread in one row slot x 8 tokens (39.0; torch.compile 39.0), untimed as auto's.
-  int tpb = forced_tpb;
-  if (tpb == 1 || tpb == 2 || tpb == 4 || tpb == 8) {
+  const bool one_token = (sizeof(T) == 2 && bytes > kLeanSmallBytes && rows == 1 && batch_shares_positions(p)) ||
+                         (few_rows && rows_u > 1 && !forced_u);  // (the two exclusions above)
+  int tpb = forced_tpb > 0 ? forced_tpb : 1;
+  if (forced_tpb > 0) {
     while (tpb > 1 && (p.S % tpb || threads * tpb > cuda::kLeanMaxThreads)) tpb /= 2;
-  } else if ((sizeof(T) == 2 && bytes > kLeanSmallBytes && rows == 1 && batch_shares_positions(p)) ||
-             (few_rows && rows_u > 1 && !forced_u)) {
-    tpb = 1;
-  } else {
-    tpb = 1;
+  } else if (!one_token) {
     const auto can_double = [&] {
       return tpb < 8 && threads * 2 * tpb <= cuda::kLeanMaxThreads && p.S % (2 * tpb) == 0;
     };
