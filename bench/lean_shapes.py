@@ -57,6 +57,9 @@ ROWS = {
     "h2_fp32_32MB": (torch.float32, (4, 8192, 2, 128)),
     "h4_d64_bf16_4MB": (torch.bfloat16, (1, 8192, 4, 64)),
     "h2_d64_bf16_32MB": (torch.bfloat16, (16, 8192, 2, 64)),
+    # past 32 MB a thread on all of a few-row token's rows (twenty-fifth session)
+    "h3_fp32_48MB": (torch.float32, (4, 8192, 3, 128)),
+    "h6_d64_bf16_48MB": (torch.bfloat16, (8, 8192, 6, 64)),
     "h1_bf16_4MB": (torch.bfloat16, (4, 4096, 1, 128)),
     "h1_bf16_8MB": (torch.bfloat16, (8, 4096, 1, 128)),
     "h1_bf16_32MB": (torch.bfloat16, (32, 4096, 1, 128)),

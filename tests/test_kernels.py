@@ -737,24 +737,24 @@ def test_lean_one_head_fold_size_limit(S, folded):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_lean_few_rows_past_32mb_uncovered():
-    """Three bf16 heads a token (48 threads at one row a thread: few rows) past 32 MB, where
-    rows a thread stop at 2 and so do not cover the token: one token a block, under 64
-    threads, so the tiles run it (several tokens a block ran 2-3% over them there); at 3 MB
-    a thread takes the 3 rows (U = 4) at 4 tokens a block. Bit-equal to the tiles, a corner
-    against the float64 truth."""
+def test_lean_few_rows_past_32mb():
+    """Few rows a token (under 64 threads at one row a thread) in blocks of several tokens,
+    a thread on all the token's rows, past 32 MB too: three bf16 heads (U = 4, 4 tokens a
+    block) at 3 and 48 MB. Where U cannot cover the rows (12 heads of rotary dim 32: 2
+    threads a row, more than 8 rows) the block keeps one token, under 64 threads, so past
+    256 KB the tiles run it. Bit-equal to the tiles, a corner against the float64 truth."""
     dev, C = "cuda", rope_ext._C
-    for B, lean in ((1, True), (16, False)):
-        x = randn((B, 4096, 3, 128), torch.bfloat16, dev)
+    for shape, lean in (((1, 4096, 3, 128), True), ((16, 4096, 3, 128), True), ((1, 4096, 12, 32), False)):
+        x = randn(shape, torch.bfloat16, dev)
         out = rope_ext.apply_rope(x)
         gx, gy, gz, U, _, tpb = C.last_lean_launch()
-        assert (gx > 0) == lean, f"B {B}: launch {(gx, gy, gz)}, U {U}, {tpb} tokens a block"
+        assert (gx > 0) == lean, f"{shape}: launch {(gx, gy, gz)}, U {U}, {tpb} tokens a block"
         if lean:
-            assert (U, tpb, gy) == (4, 4, 1024), f"B {B}: U {U}, {tpb} tokens a block, grid y {gy}"
-        assert torch.equal(out, rope_ext.apply_rope(x, impl="fp32x4_tile")), f"B {B}: vs the tiles"
-        part = x[:1, -64:]
+            assert (U, tpb, gy, gz) == (4, 4, 1024, shape[0]), f"{shape}: U {U}, {tpb} tokens a block, grid {(gx, gy, gz)}"
+        assert torch.equal(out, rope_ext.apply_rope(x, impl="fp32x4_tile")), f"{shape}: vs the tiles"
+        part = x[-1:, -64:]
         pos = torch.arange(4096 - 64, 4096, device=dev)
-        assert_close_f64(out[:1, -64:], ref.rope_float64(part, pos), part.abs().max().item(), f"B {B}")
+        assert_close_f64(out[-1:, -64:], ref.rope_float64(part, pos), part.abs().max().item(), f"{shape}")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

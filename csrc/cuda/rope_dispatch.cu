@@ -419,13 +419,15 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // 128 MB 94.16 (the tiles 102.30); one bf16 head B = 1 (U = 2 / 1) 4 MB 8.35 / 8.80, 32 MB
   // 34.21 / 37.30, 122 MB 116.6 / 126.5, but 1 MB 5.79 / 5.63 (so U = 1 up to 2 MB); one
   // fp32 head 4 MB 7.78 / 7.58 (run 1: U = 8 7.87-8.06 against 7.39), so fp32 keeps U = 1.
-  // Untimed: three heads, two or three fp32 heads past 4 MB, other head dims, and these
-  // tokens where a block keeps one (calls up to 256 KB; past it the limit below).
+  // Past 32 MB too (unlike many-row tokens' U, capped at 2 there, below): three bf16 heads
+  // [16, 4096, 3, 128] 48 MB ran 38.7-39.1 us with a thread on the 3 rows (U = 8, 4 tokens
+  // a block) against 42.8 at U = 2 (2 row slots x 2 tokens) and the tiles' 41.6-42.0 (run 8
+  // of the twenty-fourth session; torch.compile 39.0, copy 38.1). Untimed: these tokens
+  // where a block keeps one (calls up to 256 KB; past it the limit below).
   const bool few_rows = rows * chunks < min_threads, forced_u = U > 0;  // (the knob keeps U in {0, 1, 2, 4, 8})
   if (!forced_u && few_rows) {
     U = sizeof(T) == 2 && bytes > kLeanXFirstBytes ? 2 : 1;
     while (U < 8 && U < rows) U *= 2;
-    if (bytes > kLeanSmallBytes) U = std::min(U, 2);
   } else if (!forced_u) {
     U = 1;
     while (U < 8 && tokens * ceil_div(rows, int64_t(U)) * chunks > int64_t(sms) * 512) U *= 2;
@@ -472,12 +474,11 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // fold's cap): the tiles share each pair's sin/cos over the batch there, and unfolded
   // lean lost, the seed form bf16 [128, 8192, 1, 128] 256 MB 256.6 against the tiles' 200.1
   // (fp32 gained: 512 MB 359.3 against 387.4, copy 444; two bf16 heads share theirs in a
-  // thread, U = 2: B = 64 128 MB 94.2 against the tiles' 102.3). Nor where the rule's rows a
-  // thread do not cover a few-row token (past 32 MB U stops at 2; more than 8 rows): three
-  // bf16 heads [16, 4096, 3, 128] 48 MB ran 42.8 us at 2 row slots x 2 tokens against the
-  // tiles' 41.6-42.0 (run 8), so such calls keep the tiles (as before the session). Not
-  // settled why: 8 rows a thread at 4 tokens (covering the 3) ran 38.7-39.1, but so did 2
-  // rows a thread in one row slot x 8 tokens (39.0; torch.compile 39.0), untimed as auto's.
+  // thread, U = 2: B = 64 128 MB 94.2 against the tiles' 102.3). Nor where U rows a thread
+  // do not cover a few-row token (more than 8 rows, at small rotary dims): its rows would
+  // take several row slots at several tokens a block, the launch three bf16 heads lost with
+  // (above; why that block shape lost is not settled: 2 rows a thread in one row slot x 8
+  // tokens ran 39.0 there too), so such calls keep the tiles past 256 KB.
   const bool one_token = (sizeof(T) == 2 && bytes > kLeanSmallBytes && rows == 1 && batch_shares_positions(p)) ||
                          (few_rows && rows_u > 1 && !forced_u);  // (the two exclusions above)
   int tpb = forced_tpb > 0 ? forced_tpb : 1;
