@@ -22,8 +22,9 @@ inline const std::vector<std::string>& norm_rope_impl_names() {
 }
 
 // The ops' eager entry points without the dispatcher (pybind11: rope_ext._C).
+// norm_rope_direct: xs in layout `layout` (an index of kLayouts), the outputs in it too.
 std::vector<at::Tensor> norm_rope_direct(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& weights,
-                                         double eps, double weight_offset ROPE_PARAM_TYPES);
+                                         double eps, double weight_offset, int64_t layout ROPE_PARAM_TYPES);
 std::vector<at::Tensor> norm_rope_backward_direct(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& xs,
                                                   const std::vector<at::Tensor>& weights, double eps,
                                                   double weight_offset ROPE_PARAM_TYPES);

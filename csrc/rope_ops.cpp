@@ -282,13 +282,38 @@ void rope_qk_(const at::Tensor& q, const at::Tensor& k ROPE_PARAMS) {
   run({q, k}, {q, k}, ROPE_OPTIONS, true);
 }
 
-at::Tensor layout_view(const at::Tensor& x, int64_t layout, bool to_bshd) {
-  if (layout == kLayoutTHD) return to_bshd ? x.unsqueeze(0) : x.squeeze(0);
-  const LayoutInfo& l = kLayouts[layout];
-  return l.permuted ? x.permute(l.perm) : x;  // (each permutation is its own inverse)
-}
-
 }  // namespace
+
+// x's [B, S, H, D] form (to_bshd) or, from that form, the caller's layout: the sizes and
+// strides unsqueeze(0) / squeeze(0) / permute give, on a new tensor of x's storage made
+// without the dispatcher (a view op through it cost ~1-2 us of host each: rope_direct
+// out of place on thd took ~8 us more than in place, its two views a tensor, run 1 of the
+// twenty-fifth session, bench/overhead.py). Autograd does not see it as a view of x: only
+// for the eager entries' own forms of their inputs and for their fresh outputs
+// (rope_direct, norm_rope_direct).
+at::Tensor layout_alias(const at::Tensor& x, int64_t layout, bool to_bshd) {
+  const LayoutInfo& l = kLayouts[layout];
+  const bool thd = layout == kLayoutTHD;
+  if (!thd && !l.permuted) return x;
+  const int64_t rank = thd ? (to_bshd ? 3 : 4) : 4;
+  TORCH_CHECK_VALUE(x.dim() == rank && x.layout() == at::kStrided,
+                    msg("rope_ext: layout '", l.name, "' needs a ", rank, "-D strided tensor, got shape ", shape_str(x)));
+  int64_t size[4], stride[4];
+  if (thd && to_bshd) {  // unsqueeze(0): the new dim's stride is size(0) * stride(0)
+    size[0] = 1;
+    stride[0] = x.size(0) * x.stride(0);
+    for (int d = 0; d < 3; ++d) size[d + 1] = x.size(d), stride[d + 1] = x.stride(d);
+  } else if (thd) {  // squeeze(0) of the size-1 batch
+    for (int d = 0; d < 3; ++d) size[d] = x.size(d + 1), stride[d] = x.stride(d + 1);
+  } else {  // permute (each permutation is its own inverse)
+    for (int d = 0; d < 4; ++d) size[d] = x.size(l.perm[d]), stride[d] = x.stride(l.perm[d]);
+  }
+  const int64_t n = thd && !to_bshd ? 3 : 4;
+  at::Tensor a = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(x.storage()), x.key_set(), x.dtype());
+  a.unsafeGetTensorImpl()->set_sizes_and_strides(c10::IntArrayRef(size, n), c10::IntArrayRef(stride, n),
+                                                  x.storage_offset());
+  return a;
+}
 
 // The eager fast path (rope_ext/api.py calls it when nothing needs the dispatcher: no
 // autograd, no torch.compile, no tensor subclass or mode): the same run() as the ops,
@@ -312,17 +337,19 @@ std::vector<at::Tensor> rope_direct(const std::vector<at::Tensor>& xs, int64_t l
                               l.dims, "), got q ", shape_str(xs[0]), " and k ", shape_str(xs[1])));
   }
   std::vector<at::Tensor> x4;
-  for (const auto& t : xs) x4.push_back(layout_view(t, layout, true));
+  for (const auto& t : xs) x4.push_back(layout_alias(t, layout, true));
   if (inplace) {
     run(x4, x4, ROPE_OPTIONS, true);
     for (const auto& t : xs)
       if (!t.is_inference()) torch::autograd::impl::bump_version(t);
     return {};
   }
+  // The outputs as the op path makes them (empty_like of the [B, S, H, D] form), returned
+  // in the caller's layout.
   std::vector<at::Tensor> outs;
   for (const auto& t : x4) outs.push_back(at::empty_like(t));
   run(x4, outs, ROPE_OPTIONS, false);
-  for (auto& t : outs) t = layout_view(t, layout, false);
+  for (auto& t : outs) t = layout_alias(t, layout, false);
   return outs;
 }
 

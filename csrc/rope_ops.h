@@ -75,6 +75,10 @@ void fill_offsets(RopeParams& p, bool has_positions, const std::optional<at::Ten
 void check_position_values(const RopeParams& p, const std::optional<at::Tensor>& positions,
                            const std::optional<at::Tensor>& offsets, int64_t offset, const at::Tensor& last_index);
 
+// x's [B, S, H, D] form (to_bshd) or, from it, layout `layout`'s, without the dispatcher
+// (rope_ops.cpp: the eager entries' internal forms and fresh outputs only).
+at::Tensor layout_alias(const at::Tensor& x, int64_t layout, bool to_bshd);
+
 // rope_ext._C.rope_direct: the eager fast path of the rope ops (rope_ops.cpp).
 std::vector<at::Tensor> rope_direct(const std::vector<at::Tensor>& xs, int64_t layout, bool inplace ROPE_PARAM_TYPES);
 

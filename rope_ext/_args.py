@@ -23,7 +23,8 @@ _LAYOUT_CODE = {name: i for i, name in enumerate(LAYOUTS)}  # rope_direct's layo
 DEFAULT_BASE = 10000.0
 
 
-def _to_bshd(x, layout, name):
+def _check_layout_rank(x, layout, name):
+    """x is a tensor of `layout`'s rank (the checks of _to_bshd, without its view)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"rope_ext: {name} must be a torch.Tensor, got {type(x).__name__}")
     if layout not in LAYOUTS:
@@ -33,6 +34,10 @@ def _to_bshd(x, layout, name):
         raise ValueError(
             f"rope_ext: layout={layout!r} needs {name} of rank {want} {_DIMS[layout]}, got shape {tuple(x.shape)}"
         )
+
+
+def _to_bshd(x, layout, name):
+    _check_layout_rank(x, layout, name)
     if layout == "thd":
         return x.unsqueeze(0)
     perm = _PERM[layout]

@@ -13,8 +13,8 @@ import torch
 
 from . import _C
 from ._ops import norm_rope_grads, ops, tensor_opts
-from ._args import (DEFAULT_BASE, _check_qk_shapes, _dispatch_modes, _from_bshd, _function_mode_on, _functorch_on,
-                    _op_options, _to_bshd)
+from ._args import (DEFAULT_BASE, _LAYOUT_CODE, _check_layout_rank, _check_qk_shapes, _dispatch_modes, _from_bshd,
+                    _function_mode_on, _functorch_on, _op_options, _to_bshd)
 
 #: Variants of the fused norm + rope kernel; "auto" (the default) picks among them.
 NORM_ROPE_IMPLS = tuple(_C.norm_rope_impl_names())
@@ -37,16 +37,19 @@ def _run(xs, names, weights, wnames, positions, eps, weight_offset, layout, offs
          sections_interleaved):
     if len(xs) == 2:
         _check_qk_shapes(xs[0], xs[1], layout)
-    x4 = [_to_bshd(x, layout, n) for x, n in zip(xs, names)]
+    for x, n in zip(xs, names):
+        _check_layout_rank(x, layout, n)
     ws = [_weight(w, n) for w, n in zip(weights, wnames)]
     opts = _op_options(layout, positions, offsets, base, impl, cu_seqlens, rotary_dim, interleaved, inv_freq,
                        cos_sin_cache, attention_factor, cp_size, cp_rank, cp_group, sections, sections_interleaved)
     eps, weight_offset = _num(eps, "eps"), _num(weight_offset, "weight_offset")
-    if _eager_ok(x4 + ws, opts):
-        if torch.is_grad_enabled() and any(t.requires_grad for t in x4 + ws):
-            out = _NormRopeFn.apply(len(x4), eps, weight_offset, opts, *x4, *ws)
-        else:
-            out = _C.norm_rope_direct(x4, ws, eps, weight_offset, *opts)
+    eager = _eager_ok(xs + ws, opts)
+    if eager and not (torch.is_grad_enabled() and any(t.requires_grad for t in xs + ws)):
+        # (the [B, S, H, D] forms made in C++, without view ops: bench/overhead.py)
+        return list(_C.norm_rope_direct(xs, ws, eps, weight_offset, _LAYOUT_CODE[layout], *opts))
+    x4 = [_to_bshd(x, layout, n) for x, n in zip(xs, names)]
+    if eager:
+        out = _NormRopeFn.apply(len(x4), eps, weight_offset, opts, *x4, *ws)
     else:
         out = ops.norm_rope(x4, ws, eps, weight_offset, *opts)
     return [_from_bshd(o, layout) for o in out]
@@ -70,7 +73,7 @@ class _NormRopeFn(torch.autograd.Function):
         xs, ws = list(tensors[:n]), list(tensors[n:])
         ctx.save_for_backward(*tensors)
         ctx.n, ctx.eps, ctx.weight_offset, ctx.opts = n, eps, weight_offset, opts
-        return tuple(_C.norm_rope_direct(xs, ws, eps, weight_offset, *opts))
+        return tuple(_C.norm_rope_direct(xs, ws, eps, weight_offset, _LAYOUT_CODE["bshd"], *opts))
 
     @staticmethod
     def backward(ctx, *grads):

@@ -116,21 +116,35 @@ class _PassThroughMode(torch.overrides.TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("layout", ["bshd", "sbhd", "thd"])
-def test_eager_fast_path_matches_op_path(device, layout):
+@pytest.mark.parametrize("dense", [True, False])
+@pytest.mark.parametrize("layout", ["bshd", "sbhd", "bhsd", "thd"])
+def test_eager_fast_path_matches_op_path(device, layout, dense):
     """Eager calls without autograd skip the dispatcher (rope_ext._C.rope_direct); they
-    must give the op path's bits, layouts and version bumps, and fall back to it
-    whenever a mode or a gradient needs the op."""
-    shape = {"bshd": (2, 8, 3, 64), "sbhd": (8, 2, 3, 64), "thd": (16, 3, 64)}[layout]
-    q = randn(shape, torch.bfloat16, device)
-    k = randn(shape[:-2] + (1, 64), torch.bfloat16, device)
+    must give the op path's bits, layouts (strides too: rope_direct builds its [B, S, H, D]
+    forms and its outputs' caller-layout forms without view ops) and version bumps, and
+    fall back to it whenever a mode or a gradient needs the op. dense=False: q and k are
+    slices of wider tensors (the outputs then take a fresh [B, S, H, D] layout)."""
+    shape = {"bshd": (2, 8, 3, 64), "sbhd": (8, 2, 3, 64), "bhsd": (2, 3, 8, 64), "thd": (16, 3, 64)}[layout]
+    hd = {"bhsd": 1, "thd": 1}.get(layout, 2)  # the heads' dimension
+    wide = list(shape)
+    wide[-1] = 64 if dense else 80
+    q = randn(tuple(wide), torch.bfloat16, device)[..., :64]
+    wide[hd] = 1
+    k = randn(tuple(wide), torch.bfloat16, device)[..., :64]
     pos = torch.randint(0, 1 << 20, shape[:1] if layout == "thd" else (8,), device=device)
     kw = dict(layout=layout, interleaved=True)
     direct = rope_ext.apply_rope_qk(q, k, pos, **kw)
     with _PassThroughMode():
         via_op = rope_ext.apply_rope_qk(q, k, pos, **kw)
-    for a, b in zip(direct, via_op):
+    for a, b, x in zip(direct, via_op, (q, k)):
         assert a.shape == b.shape and a.stride() == b.stride() and torch.equal(a, b)
+        # A fresh tensor of its own, not a view of x or of anything autograd tracks.
+        assert not a._is_view() and a._base is None and a.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+        assert a.untyped_storage().nbytes() == b.untyped_storage().nbytes()
+    with torch.inference_mode():
+        inf = rope_ext.apply_rope_qk(q, k, pos, **kw)
+    assert inf[0].is_inference() and inf[1].is_inference() and not direct[0].is_inference()
+    assert all(torch.equal(a, b) and a.stride() == b.stride() for a, b in zip(inf, direct))
     truth = ref.rope_float64(q, pos, layout=layout, interleaved=True)
     assert_close_f64(direct[0], truth, q.abs().max().item(), "fast path vs float64")
 
@@ -148,6 +162,43 @@ def test_eager_fast_path_matches_op_path(device, layout):
     assert out.grad_fn is not None
     assert_close_f64(out, ref.rope_float64(qg.detach(), pos, layout=layout, interleaved=True), q.abs().max().item(),
                      "op path with autograd")
+    k_before = k.clone()
+    direct[1].add_(1.0)  # the outputs own their memory: k stays as it was
+    assert torch.equal(k, k_before)
+
+
+@pytest.mark.parametrize("dense", [True, False])
+@pytest.mark.parametrize("layout", ["bshd", "sbhd", "bhsd", "thd"])
+def test_norm_rope_eager_matches_op_path(device, layout, dense):
+    """rms_norm_rope_qk's eager call without autograd (rope_ext._C.norm_rope_direct, which
+    makes its [B, S, H, D] forms without view ops) gives the op path's bits and strides,
+    fresh outputs, and inference tensors under inference mode; with a gradient to record
+    it takes the autograd Function and still agrees."""
+    shape = {"bshd": (2, 8, 3, 64), "sbhd": (8, 2, 3, 64), "bhsd": (2, 3, 8, 64), "thd": (16, 3, 64)}[layout]
+    hd = {"bhsd": 1, "thd": 1}.get(layout, 2)
+    wide = list(shape)
+    wide[-1] = 64 if dense else 80
+    q = randn(tuple(wide), torch.float32, device)[..., :64]
+    wide[hd] = 1
+    k = randn(tuple(wide), torch.float32, device)[..., :64]
+    wq, wk = randn((64,), torch.float32, device), randn((64,), torch.float32, device)
+    pos = torch.randint(0, 1 << 20, shape[:1] if layout == "thd" else (8,), device=device)
+    direct = rope_ext.rms_norm_rope_qk(q, k, wq, wk, pos, layout=layout)
+    with _PassThroughMode():
+        via_op = rope_ext.rms_norm_rope_qk(q, k, wq, wk, pos, layout=layout)
+    for a, b, x in zip(direct, via_op, (q, k)):
+        assert a.shape == x.shape and a.shape == b.shape and a.stride() == b.stride() and torch.equal(a, b)
+        assert not a._is_view() and a.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    with torch.inference_mode():
+        inf = rope_ext.rms_norm_rope_qk(q, k, wq, wk, pos, layout=layout)
+    assert all(a.is_inference() and torch.equal(a, b) for a, b in zip(inf, direct))
+    qg = q.clone().requires_grad_()
+    out = rope_ext.rms_norm_rope_qk(qg, k, wq, wk, pos, layout=layout)
+    assert out[0].grad_fn is not None and torch.equal(out[0], direct[0]) and torch.equal(out[1], direct[1])
+    # the float64 truth of q's output: RMSNorm over the head dim, then the rotation
+    q64 = q.double()
+    normed = q64 / torch.sqrt(q64.pow(2).mean(-1, keepdim=True) + 1e-6) * wq.double()
+    assert_close_f64(direct[0], ref.rope_float64(normed, pos, layout=layout), normed.abs().max().item(), "norm + rope")
 
 
 def test_vmap_takes_the_op_path(device):
