@@ -86,6 +86,22 @@ def main():
     print(f"eager host cost per call, W5 shapes, {name}")
     for label, fn in rows:
         print(f"  {label:<48}{per_call_us(fn):8.2f} us")
+    # The attention family's eager calls (a decode step of one sequence: Hq 32, Hk 8, D 128,
+    # bf16, a contiguous cache of 4096 slots holding 1000 tokens); they go through the
+    # dispatcher (torch.ops with keyword options), no direct entry.
+    B, Hk, D, cap = 1, 8, 128, 4096
+    kn = torch.randn(B, 1, Hk, D, device=DEV, dtype=torch.bfloat16)
+    vn = torch.randn_like(kn)
+    qn = torch.randn(B, 1, 32, D, device=DEV, dtype=torch.bfloat16)
+    kc = torch.randn(B, cap, Hk, D, device=DEV, dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    lens = torch.full((B,), 1000, dtype=torch.int32, device=DEV)
+    for label, fn in (("append_kv (B 1, T 1)", lambda: rope_ext.append_kv(kn, vn, kc, vc, lens)),
+                      ("append_kv with q", lambda: rope_ext.append_kv(kn, vn, kc, vc, lens, q=qn)),
+                      ("  append_kv, empty k / v / cache", lambda: rope_ext.append_kv(kn[:0], vn[:0], kc[:0], vc[:0],
+                                                                                        lens[:0])),
+                      ("attention_decode (1000 keys)", lambda: rope_ext.attention_decode(qn, kc, vc, lens))):
+        print(f"  {label:<48}{per_call_us(fn):8.2f} us")
     if "--profile" in sys.argv:  # where the out-of-place call's extra host time goes, by aten op
         for label, fn in (("in place", lambda: _C.rope_direct([q, k], 3, True, *opts)),
                           ("out of place", lambda: _C.rope_direct([q, k], 3, False, *opts))):
