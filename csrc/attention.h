@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_options.h"
 #include "attention_params.h"
 
 namespace rope_ext {
@@ -30,6 +31,20 @@ struct DecodePlan {
   int split_chunk = 0;  // DecodeParams::split_chunk
 };
 DecodePlan& last_decode_plan();
+
+// The eager entries without the dispatcher (attention_ops.cpp; pybind11: rope_ext._C),
+// the ops' parameters in their schemas' order.
+void append_kv_direct(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                      const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& cu_seqlens ATTN_INDEX_PARAMS,
+                      const std::optional<at::Tensor>& q ATTN_ROTARY_PARAMS, bool rotate_k ATTN_SCALE_PARAMS);
+std::tuple<at::Tensor, at::Tensor> attention_decode_direct(const at::Tensor& q, const at::Tensor& k_cache,
+                                                           const at::Tensor& v_cache, const at::Tensor& cache_seqlens
+                                                               ATTN_INDEX_PARAMS ATTN_ROTARY_PARAMS ATTN_DECODE_PARAMS
+                                                                   ATTN_SCALE_PARAMS);
+std::tuple<at::Tensor, at::Tensor> attention_decode_append_direct(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
+    const at::Tensor& v_cache, const at::Tensor& cache_seqlens ATTN_INDEX_PARAMS ATTN_ROTARY_PARAMS
+        ATTN_DECODE_PARAMS ATTN_SCALE_PARAMS);
 
 void append_kv_cpu(const AppendParams& p, at::ScalarType dtype);
 void attention_decode_cpu(const DecodeParams& p, at::ScalarType dtype, bool full_fusion);

@@ -594,6 +594,40 @@ void bump_written_optional(const c10::OperatorHandle& op, c10::DispatchKeySet ks
 }
 
 }  // namespace
+
+// The eager entries without the dispatcher (rope_ext/attention.py takes them for plain
+// tensors that need no grad, outside torch.compile, modes and functorch): the same
+// functions; the written tensors' versions bumped as bump_written_optional does. The
+// torch.ops call with keyword options cost ~5 us of host more (bench/overhead.py,
+// twenty-fifth session).
+void append_kv_direct(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                      const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& cu_seqlens ATTN_INDEX_PARAMS,
+                      const std::optional<at::Tensor>& q ATTN_ROTARY_PARAMS, bool rotate_k ATTN_SCALE_PARAMS) {
+  append_kv(k, v, k_cache, v_cache, cache_seqlens, cu_seqlens ATTN_INDEX_FORWARD, q ATTN_ROTARY_FORWARD,
+            rotate_k ATTN_SCALE_FORWARD);
+  for (const at::Tensor* t : {&k_cache, &v_cache, q ? &*q : nullptr})
+    if (t && !t->is_inference()) torch::autograd::impl::bump_version(*t);
+}
+
+std::tuple<at::Tensor, at::Tensor> attention_decode_direct(const at::Tensor& q, const at::Tensor& k_cache,
+                                                           const at::Tensor& v_cache, const at::Tensor& cache_seqlens
+                                                               ATTN_INDEX_PARAMS ATTN_ROTARY_PARAMS ATTN_DECODE_PARAMS
+                                                                   ATTN_SCALE_PARAMS) {
+  return attention_decode(q, k_cache, v_cache, cache_seqlens ATTN_INDEX_FORWARD ATTN_ROTARY_FORWARD
+                          ATTN_DECODE_FORWARD ATTN_SCALE_FORWARD);
+}
+
+std::tuple<at::Tensor, at::Tensor> attention_decode_append_direct(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
+    const at::Tensor& v_cache, const at::Tensor& cache_seqlens ATTN_INDEX_PARAMS ATTN_ROTARY_PARAMS
+        ATTN_DECODE_PARAMS ATTN_SCALE_PARAMS) {
+  auto out = attention_decode_append(q, k, v, k_cache, v_cache, cache_seqlens ATTN_INDEX_FORWARD ATTN_ROTARY_FORWARD
+                                     ATTN_DECODE_FORWARD ATTN_SCALE_FORWARD);
+  for (const at::Tensor* t : {&k_cache, &v_cache})
+    if (!t->is_inference()) torch::autograd::impl::bump_version(*t);
+  return out;
+}
+
 }  // namespace rope_ext
 
 TORCH_LIBRARY_IMPL(rope_ext, CPU, m) {

@@ -57,6 +57,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("norm_rope_backward_direct", &rope_ext::norm_rope_backward_direct,
         "eager fast path of norm_rope_backward (no dispatcher)");
   m.def("norm_rope_impl_names", &rope_ext::norm_rope_impl_names, "fused norm + rope variant names, in order");
+  m.def("append_kv_direct", &rope_ext::append_kv_direct, "eager fast path of append_kv (no dispatcher)");
+  m.def("attention_decode_direct", &rope_ext::attention_decode_direct,
+        "eager fast path of attention_decode (no dispatcher)");
+  m.def("attention_decode_append_direct", &rope_ext::attention_decode_append_direct,
+        "eager fast path of attention_decode_append (no dispatcher)");
   m.def("rope_direct", &rope_ext::rope_direct,
         "eager fast path of the ops (no dispatcher): xs, layout code, inplace, then the op options");
   m.def("default_inv_freq", [](double base, int64_t R) {

@@ -27,8 +27,10 @@ what they mean for rope_ext.apply_rope: same kernels' sin/cos, same HF float32 t
 """
 import torch
 
+from . import _C
 from ._ops import ops
-from ._args import DEFAULT_BASE, _factor_arg, _freq_args, _offsets_arg
+from ._args import (DEFAULT_BASE, _dispatch_modes, _factor_arg, _freq_args, _function_mode_on, _functorch_on,
+                    _is_compiling, _offsets_arg)
 from .api import apply_rope, apply_rope_qk
 
 #: attention_decode variants: "hybrid" = variant 5 (tensor cores, csrc/cuda/decode_mma.cuh),
@@ -44,6 +46,28 @@ FUSED_MAX_Q = 0
 PREFILL_MEASURED = ("H100, CUDA graph, cold L2, Hq 32, Hk 8, D 128, bf16 (issue 18 run 4): fused / separate "
                     "0.27x (B 1, S 1), 0.58x (S 4), 0.60x (S 16), 0.35x (S 64); B 8: 0.30x, 0.77x, 0.47x, 0.10x. "
                     "The separate path (rope + SDPA) wins at every S, so auto never fuses.")
+
+
+# The ops' argument names in their schemas' order: the positional order of the eager
+# entries without the dispatcher (rope_ext._C.<op>_direct, csrc/attention_ops.cpp).
+_ARG_NAMES = {name: tuple(a.name for a in getattr(ops, name).default._schema.arguments)
+              for name in ("append_kv", "attention_decode", "attention_decode_append")}
+
+
+def _call(name, args, opts):
+    """ops.<name>(*args, **opts); for a plain eager call (tensors of type torch.Tensor that
+    need no grad; nobody tracing or intercepting ops) the same C++ function without the
+    dispatcher, ~5 us of host less a call (bench/overhead.py, twenty-fifth session)."""
+    direct = not (_is_compiling() or _function_mode_on() or _dispatch_modes() or _functorch_on())
+    if direct:
+        T = torch.Tensor
+        for t in (*args, *opts.values()):
+            if isinstance(t, T) and (type(t) is not T or t.requires_grad):
+                direct = False
+                break
+    if not direct:
+        return getattr(ops, name)(*args, **opts)
+    return getattr(_C, name + "_direct")(*args, *(opts[n] for n in _ARG_NAMES[name][len(args):]))
 
 
 def _tensor_or_none(t, name):
@@ -113,11 +137,11 @@ def append_kv(k, v, k_cache, v_cache, cache_seqlens, *, positions=None, block_ta
     offsets_t, offset, base, rotary_dim = _rotary_args(offsets, base, inv_freq, cos_sin_cache, rotary_dim)
     k_scale, v_scale = _scales(k_scale, v_scale)
     # The options by name: the schemas' order is csrc/attention_options.h's alone.
-    ops.append_kv(k, v, k_cache, v_cache, cache_seqlens, cu_seqlens=cu_seqlens, q=q, positions=positions,
-                  block_table=block_table, offsets=offsets_t, offset=offset, inv_freq=inv_freq,
-                  cos_sin_cache=cos_sin_cache, base=base, rotary_dim=rotary_dim, interleaved=bool(interleaved),
-                  rotate_k=bool(rotate_k), k_scale=k_scale, v_scale=v_scale,
-                  attention_factor=_factor_arg(attention_factor))
+    _call("append_kv", (k, v, k_cache, v_cache, cache_seqlens),
+          dict(cu_seqlens=cu_seqlens, q=q, positions=positions, block_table=block_table, offsets=offsets_t,
+               offset=offset, inv_freq=inv_freq, cos_sin_cache=cos_sin_cache, base=base, rotary_dim=rotary_dim,
+               interleaved=bool(interleaved), rotate_k=bool(rotate_k), k_scale=k_scale, v_scale=v_scale,
+               attention_factor=_factor_arg(attention_factor)))
 
 
 def append_mla(kv_c, k_pe, cache, cache_seqlens, *, positions=None, block_table=None, q_pe=None, cu_seqlens=None,
@@ -243,10 +267,10 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, positions=None, bloc
                 num_splits=_int_or_none(num_splits, "num_splits"), impl=impl, k_scale=k_scale, v_scale=v_scale,
                 attention_factor=_factor_arg(attention_factor))
     if k is None:
-        o, lse = ops.attention_decode(q, k_cache, v_cache, cache_seqlens, **opts)
+        o, lse = _call("attention_decode", (q, k_cache, v_cache, cache_seqlens), opts)
     else:
         _check_tensors(k=k, v=v)
-        o, lse = ops.attention_decode_append(q, k, v, k_cache, v_cache, cache_seqlens, **opts)
+        o, lse = _call("attention_decode_append", (q, k, v, k_cache, v_cache, cache_seqlens), opts)
     return (o, lse) if return_lse else o
 
 

@@ -201,6 +201,49 @@ def test_norm_rope_eager_matches_op_path(device, layout, dense):
     assert_close_f64(direct[0], ref.rope_float64(normed, pos, layout=layout), normed.abs().max().item(), "norm + rope")
 
 
+@pytest.mark.parametrize("paged", [False, True])
+def test_attention_eager_matches_op_path(device, paged, monkeypatch):
+    """append_kv, attention_decode and the decode step take rope_ext._C.<op>_direct for a
+    plain eager call (no dispatcher; arguments in the schemas' order): the same caches,
+    q, outputs and version bumps as the op path (any mode sends the call there)."""
+    calls = []
+    for name in ("append_kv", "attention_decode", "attention_decode_append"):
+        fn = getattr(rope_ext._C, name + "_direct")
+        monkeypatch.setattr(rope_ext._C, name + "_direct",
+                            lambda *a, fn=fn, name=name: calls.append(name) or fn(*a))
+    B, T, Hq, Hk, D, cap = 2, 3, 4, 2, 64, 48
+    dt = torch.bfloat16
+    k, v = randn((B, T, Hk, D), dt, device), randn((B, T, Hk, D), dt, device)
+    q = randn((B, T, Hq, D), dt, device)
+    lens = torch.tensor([5, 17], dtype=torch.int32, device=device)
+    if paged:  # blocks of 16 slots, shuffled
+        bs, nb = 16, B * cap // 16
+        kc, vc = randn((nb, bs, Hk, D), dt, device), randn((nb, bs, Hk, D), dt, device)
+        table = torch.randperm(nb, device=device).to(torch.int32).view(B, cap // bs)
+    else:
+        kc, vc, table = randn((B, cap, Hk, D), dt, device), randn((B, cap, Hk, D), dt, device), None
+    results = []
+    for mode in (None, _PassThroughMode()):
+        kc2, vc2, q2 = kc.clone(), vc.clone(), q.clone()
+        versions = (kc2._version, vc2._version, q2._version)
+        with mode if mode is not None else torch.no_grad():
+            rope_ext.append_kv(k, v, kc2, vc2, lens, q=q2, block_table=table)
+            bumped = (kc2._version > versions[0], vc2._version > versions[1], q2._version > versions[2])
+            o, lse = rope_ext.attention_decode(q2[:, -1:], kc2, vc2, lens + T, block_table=table, return_lse=True)
+            v0 = kc2._version
+            step = rope_ext.attention_decode(q2[:, :1], kc2, vc2, lens + T, k=k[:, :1], v=v[:, :1],
+                                             block_table=table)
+            bumped += (kc2._version > v0,)
+        results.append((kc2, vc2, q2, o, lse, step, bumped))
+        assert calls == ([] if mode else ["append_kv", "attention_decode", "attention_decode_append"]), calls
+        calls.clear()
+    direct, via_op = results
+    for a, b in zip(direct[:6], via_op[:6]):
+        assert a.shape == b.shape and torch.equal(a, b)
+    assert direct[6] == via_op[6] == (True, True, True, True)
+    assert not torch.equal(direct[2], q) and torch.isfinite(direct[3].float()).all()
+
+
 def test_vmap_takes_the_op_path(device):
     """Under torch.vmap the tensors are functorch wrappers that rope_ext._C.rope_direct
     cannot read: the call takes the op (PyTorch's batching fallback), equal to a loop."""
