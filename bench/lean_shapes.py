@@ -12,7 +12,8 @@ has no size limit on lean; since the twenty-third a one-head call whose position
 batch shares runs as one token of B rows (the one-head fold), rows a thread stop at
 64-thread blocks, and a block of one row slot computes sin/cos per lane; since the
 twenty-fourth a block of a token under 64 threads takes consecutive tokens up to 64
-(set_lean_tokens_per_block). Columns, in order, timed in turns
+(set_lean_tokens_per_block); since the twenty-fifth such a token's thread covers its rows
+past 32 MB too. Columns, in order, timed in turns
 (timing.graph_us_interleaved, one x for all): auto; the tiles (impl="fp32x4_tile"); lean
 forced (no size limit, no small-block limit, and with it one token a block); auto without
 the one-head fold (set_lean_fold_one_head(False)); auto at one token a block (the rule
