@@ -61,6 +61,9 @@ ROWS = {
     # past 32 MB a thread on all of a few-row token's rows (twenty-fifth session)
     "h3_fp32_48MB": (torch.float32, (4, 8192, 3, 128)),
     "h6_d64_bf16_48MB": (torch.bfloat16, (8, 8192, 6, 64)),
+    # the one-head fold past 32 MB with a few batch rows (review of the twenty-fifth session)
+    "h1b3_bf16_48MB": (torch.bfloat16, (3, 65536, 1, 128)),
+    "h1b6_d64_bf16_48MB": (torch.bfloat16, (6, 65536, 1, 64)),
     "h1_bf16_4MB": (torch.bfloat16, (4, 4096, 1, 128)),
     "h1_bf16_8MB": (torch.bfloat16, (8, 4096, 1, 128)),
     "h1_bf16_32MB": (torch.bfloat16, (32, 4096, 1, 128)),

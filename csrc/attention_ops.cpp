@@ -603,10 +603,13 @@ void bump_written_optional(const c10::OperatorHandle& op, c10::DispatchKeySet ks
 void append_kv_direct(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache, const at::Tensor& v_cache,
                       const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& cu_seqlens ATTN_INDEX_PARAMS,
                       const std::optional<at::Tensor>& q ATTN_ROTARY_PARAMS, bool rotate_k ATTN_SCALE_PARAMS) {
+  check_writable(k_cache, "k_cache");
+  check_writable(v_cache, "v_cache");
+  if (q) check_writable(*q, "q");
   append_kv(k, v, k_cache, v_cache, cache_seqlens, cu_seqlens ATTN_INDEX_FORWARD, q ATTN_ROTARY_FORWARD,
             rotate_k ATTN_SCALE_FORWARD);
   for (const at::Tensor* t : {&k_cache, &v_cache, q ? &*q : nullptr})
-    if (t && !t->is_inference()) torch::autograd::impl::bump_version(*t);
+    if (t) torch::autograd::impl::bump_version(*t);
 }
 
 std::tuple<at::Tensor, at::Tensor> attention_decode_direct(const at::Tensor& q, const at::Tensor& k_cache,
@@ -621,10 +624,11 @@ std::tuple<at::Tensor, at::Tensor> attention_decode_append_direct(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
     const at::Tensor& v_cache, const at::Tensor& cache_seqlens ATTN_INDEX_PARAMS ATTN_ROTARY_PARAMS
         ATTN_DECODE_PARAMS ATTN_SCALE_PARAMS) {
+  check_writable(k_cache, "k_cache");
+  check_writable(v_cache, "v_cache");
   auto out = attention_decode_append(q, k, v, k_cache, v_cache, cache_seqlens ATTN_INDEX_FORWARD ATTN_ROTARY_FORWARD
                                      ATTN_DECODE_FORWARD ATTN_SCALE_FORWARD);
-  for (const at::Tensor* t : {&k_cache, &v_cache})
-    if (!t->is_inference()) torch::autograd::impl::bump_version(*t);
+  for (const at::Tensor* t : {&k_cache, &v_cache}) torch::autograd::impl::bump_version(*t);
   return out;
 }
 

@@ -2,6 +2,7 @@
 // error messages, argument checks, the test hooks (poison, value checks).
 #pragma once
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 
 #include <algorithm>
 #include <atomic>
@@ -97,6 +98,14 @@ inline at::Tensor host_long(const at::Tensor& t) { return t.to(at::kCPU, at::kLo
 // Test hook: fill every fresh output with NaN before the kernel runs, so that an
 // element a kernel fails to write cannot pass a comparison (rope_ext._C.set_poison).
 std::atomic<bool>& poison_outputs();
+// An eager entry writes t in place: refused before any kernel where the op path's version
+// bump would refuse it after (an inference tensor outside inference mode).
+inline void check_writable(const at::Tensor& t, const char* name) {
+  TORCH_CHECK_VALUE(!t.is_inference() || c10::InferenceMode::is_enabled(),
+                    "rope_ext: ", name, " is an inference tensor: writing it in place outside torch.inference_mode() "
+                    "is not allowed (clone it first)");
+}
+
 inline void maybe_poison(const at::Tensor& t) {
   if (poison_outputs().load(std::memory_order_relaxed) && t.numel()) t.fill_(std::numeric_limits<double>::quiet_NaN());
 }

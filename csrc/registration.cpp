@@ -53,16 +53,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                              l.head_dim);
           return out;
         }, "the rope layouts (rope_ops.h kLayouts), in code order");
-  m.def("norm_rope_direct", &rope_ext::norm_rope_direct, "eager fast path of norm_rope (no dispatcher)");
-  m.def("norm_rope_backward_direct", &rope_ext::norm_rope_backward_direct,
+  // The eager entries (no dispatcher) release the GIL while they run, as torch.ops calls do.
+  m.def("norm_rope_direct", &rope_ext::norm_rope_direct, py::call_guard<py::gil_scoped_release>(),
+        "eager fast path of norm_rope (no dispatcher)");
+  m.def("norm_rope_backward_direct", &rope_ext::norm_rope_backward_direct, py::call_guard<py::gil_scoped_release>(),
         "eager fast path of norm_rope_backward (no dispatcher)");
   m.def("norm_rope_impl_names", &rope_ext::norm_rope_impl_names, "fused norm + rope variant names, in order");
-  m.def("append_kv_direct", &rope_ext::append_kv_direct, "eager fast path of append_kv (no dispatcher)");
-  m.def("attention_decode_direct", &rope_ext::attention_decode_direct,
+  m.def("append_kv_direct", &rope_ext::append_kv_direct, py::call_guard<py::gil_scoped_release>(),
+        "eager fast path of append_kv (no dispatcher)");
+  m.def("attention_decode_direct", &rope_ext::attention_decode_direct, py::call_guard<py::gil_scoped_release>(),
         "eager fast path of attention_decode (no dispatcher)");
   m.def("attention_decode_append_direct", &rope_ext::attention_decode_append_direct,
-        "eager fast path of attention_decode_append (no dispatcher)");
-  m.def("rope_direct", &rope_ext::rope_direct,
+        py::call_guard<py::gil_scoped_release>(), "eager fast path of attention_decode_append (no dispatcher)");
+  m.def("rope_direct", &rope_ext::rope_direct, py::call_guard<py::gil_scoped_release>(),
         "eager fast path of the ops (no dispatcher): xs, layout code, inplace, then the op options");
   m.def("default_inv_freq", [](double base, int64_t R) {
           const auto& f = rope_ext::hf_default_freqs(base, R);

@@ -298,6 +298,13 @@ at::Tensor layout_alias(const at::Tensor& x, int64_t layout, bool to_bshd) {
   const int64_t rank = thd ? (to_bshd ? 3 : 4) : 4;
   TORCH_CHECK_VALUE(x.dim() == rank && x.layout() == at::kStrided,
                     msg("rope_ext: layout '", l.name, "' needs a ", rank, "-D strided tensor, got shape ", shape_str(x)));
+  // The alias keeps x's dispatch keys: a quantized tensor's would send empty_like to the
+  // quantized kernels with a plain TensorImpl (a crash); negated / conjugated views carry a
+  // bit the raw memory does not (the Python side takes the ops for these).
+  TORCH_CHECK_TYPE(!x.is_quantized() && !x.is_neg() && !x.is_conj() && !x._is_zerotensor(),
+                   "rope_ext: the eager entry takes plain float tensors (not quantized, negated, conjugated or "
+                   "zero views); call .clone() or .resolve_neg() first");
+  TORCH_CHECK(!thd || to_bshd || x.size(0) == 1, "rope_ext: internal error: thd output form of batch ", x.size(0));
   int64_t size[4], stride[4];
   if (thd && to_bshd) {  // unsqueeze(0): the new dim's stride is size(0) * stride(0)
     size[0] = 1;
@@ -339,9 +346,9 @@ std::vector<at::Tensor> rope_direct(const std::vector<at::Tensor>& xs, int64_t l
   std::vector<at::Tensor> x4;
   for (const auto& t : xs) x4.push_back(layout_alias(t, layout, true));
   if (inplace) {
+    for (size_t i = 0; i < xs.size(); ++i) check_writable(xs[i], xs.size() == 1 ? "x" : i == 0 ? "q" : "k");
     run(x4, x4, ROPE_OPTIONS, true);
-    for (const auto& t : xs)
-      if (!t.is_inference()) torch::autograd::impl::bump_version(t);
+    for (const auto& t : xs) torch::autograd::impl::bump_version(t);  // (inference tensors: no-op in inference mode)
     return {};
   }
   // The outputs as the op path makes them (empty_like of the [B, S, H, D] form), returned

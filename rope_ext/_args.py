@@ -218,3 +218,19 @@ _function_mode_on = torch._C._is_torch_function_mode_enabled
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _is_compiling = torch.compiler.is_compiling
 _functorch_on = torch._C._are_functorch_transforms_active  # vmap/grad wrap tensors that rope_direct cannot read
+_is_tracing = torch._C._is_tracing  # torch.jit.trace records only what goes through the dispatcher
+
+
+def _ops_intercepted():
+    """Whether something must see the ops (torch.compile, a TorchFunction / TorchDispatch
+    mode, a functorch transform, torch.jit.trace): then the eager entries without the
+    dispatcher (rope_ext._C.*_direct) are not taken."""
+    return _is_compiling() or _function_mode_on() or _dispatch_modes() or _functorch_on() or _is_tracing()
+
+
+def _raw(t):
+    """t's memory is what it holds: a plain tensor without the negative bit (a lazily
+    negated view, e.g. z.conj().imag). The eager entries read raw memory; such views take
+    the ops, whose fallback resolves the bit. (Quantized tensors reach the entries and get
+    their dtype's TypeError there.)"""
+    return type(t) is torch.Tensor and not t.is_neg()

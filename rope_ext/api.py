@@ -10,7 +10,7 @@ from . import _C
 from ._ops import ops, rope_grads, tensor_opts
 from ._args import (  # the argument helpers, shared with norm_rope.py and attention.py
     IMPLS, LAYOUTS, DEFAULT_BASE, _to_bshd, _check_qk_shapes, _from_bshd, _op_options, _check_inplace, _LAYOUT_CODE,
-    _function_mode_on, _dispatch_modes, _is_compiling, _functorch_on)
+    _is_compiling, _ops_intercepted, _raw)
 
 
 class _InplaceRope(torch.autograd.Function):
@@ -35,15 +35,14 @@ def _direct_ok(xs, rank, opts, allow_grad=False):
     tensors of the layout's rank (that do not require grad, unless allow_grad), and
     nobody tracing or intercepting ops (torch.compile, a TorchFunction/TorchDispatch
     mode, a subclass, a torch.func transform)."""
-    if _is_compiling() or _function_mode_on() or _dispatch_modes() or _functorch_on():
+    if _ops_intercepted():
         return False
-    T = torch.Tensor
     for x in xs:
-        if type(x) is not T or x.dim() != rank or (x.requires_grad and not allow_grad):
+        if not _raw(x) or x.dim() != rank or (x.requires_grad and not allow_grad):
             return False
     # The index and frequency tensors: None or plain tensors (this runs on every eager call).
     for t in tensor_opts(opts):
-        if t is not None and type(t) is not T:
+        if t is not None and not _raw(t):
             return False
     return True
 

@@ -29,8 +29,7 @@ import torch
 
 from . import _C
 from ._ops import ops
-from ._args import (DEFAULT_BASE, _dispatch_modes, _factor_arg, _freq_args, _function_mode_on, _functorch_on,
-                    _is_compiling, _offsets_arg)
+from ._args import DEFAULT_BASE, _factor_arg, _freq_args, _offsets_arg, _ops_intercepted, _raw
 from .api import apply_rope, apply_rope_qk
 
 #: attention_decode variants: "hybrid" = variant 5 (tensor cores, csrc/cuda/decode_mma.cuh),
@@ -55,14 +54,14 @@ _ARG_NAMES = {name: tuple(a.name for a in getattr(ops, name).default._schema.arg
 
 
 def _call(name, args, opts):
-    """ops.<name>(*args, **opts); for a plain eager call (tensors of type torch.Tensor that
-    need no grad; nobody tracing or intercepting ops) the same C++ function without the
-    dispatcher, ~5 us of host less a call (bench/overhead.py, twenty-fifth session)."""
-    direct = not (_is_compiling() or _function_mode_on() or _dispatch_modes() or _functorch_on())
+    """ops.<name>(*args, **opts); for a plain eager call (tensors whose memory is what they
+    hold, _raw, none needing grad; nobody tracing or intercepting ops) the same C++
+    function without the dispatcher, ~2-2.5 us of host less a call (bench/overhead.py,
+    run 5 of the twenty-fifth session)."""
+    direct = not _ops_intercepted()
     if direct:
-        T = torch.Tensor
         for t in (*args, *opts.values()):
-            if isinstance(t, T) and (type(t) is not T or t.requires_grad):
+            if isinstance(t, torch.Tensor) and (not _raw(t) or t.requires_grad):
                 direct = False
                 break
     if not direct:

@@ -13,8 +13,8 @@ import torch
 
 from . import _C
 from ._ops import norm_rope_grads, ops, tensor_opts
-from ._args import (DEFAULT_BASE, _LAYOUT_CODE, _check_layout_rank, _check_qk_shapes, _dispatch_modes, _from_bshd,
-                    _function_mode_on, _functorch_on, _op_options, _to_bshd)
+from ._args import (DEFAULT_BASE, _LAYOUT_CODE, _check_layout_rank, _check_qk_shapes, _from_bshd, _op_options,
+                    _ops_intercepted, _raw, _to_bshd)
 
 #: Variants of the fused norm + rope kernel; "auto" (the default) picks among them.
 NORM_ROPE_IMPLS = tuple(_C.norm_rope_impl_names())
@@ -61,10 +61,9 @@ def _eager_ok(tensors, opts):
     the registered ops (their register_autograd). The same functions either way: the
     direct path only skips the dispatcher and torch.library's Python autograd wrapper
     (bench/NOTES.md: fwd+bwd host time 880 -> ... us per call on the CPU box)."""
-    if torch.compiler.is_compiling() or _function_mode_on() or _dispatch_modes() or _functorch_on():
+    if _ops_intercepted():
         return False
-    return all(type(t) is torch.Tensor for t in tensors) and \
-        all(t is None or type(t) is torch.Tensor for t in tensor_opts(opts))
+    return all(_raw(t) for t in tensors) and all(t is None or _raw(t) for t in tensor_opts(opts))
 
 
 class _NormRopeFn(torch.autograd.Function):

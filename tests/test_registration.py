@@ -109,6 +109,15 @@ def test_compile_backward(device):
     assert_close_f64(xl.grad, ref.rope_float64(g, pos, inverse=True), g.abs().max().item(), "compiled backward")
 
 
+def _spy(monkeypatch, *names):
+    """Counts the calls of rope_ext._C's eager entries `names` (which path a call took)."""
+    calls = []
+    for name in names:
+        fn = getattr(rope_ext._C, name)
+        monkeypatch.setattr(rope_ext._C, name, lambda *a, fn=fn, name=name: calls.append(name) or fn(*a))
+    return calls
+
+
 class _PassThroughMode(torch.overrides.TorchFunctionMode):
     """Any active mode sends rope_ext calls through the dispatcher (the op path)."""
 
@@ -118,7 +127,7 @@ class _PassThroughMode(torch.overrides.TorchFunctionMode):
 
 @pytest.mark.parametrize("dense", [True, False])
 @pytest.mark.parametrize("layout", ["bshd", "sbhd", "bhsd", "thd"])
-def test_eager_fast_path_matches_op_path(device, layout, dense):
+def test_eager_fast_path_matches_op_path(device, layout, dense, monkeypatch):
     """Eager calls without autograd skip the dispatcher (rope_ext._C.rope_direct); they
     must give the op path's bits, layouts (strides too: rope_direct builds its [B, S, H, D]
     forms and its outputs' caller-layout forms without view ops) and version bumps, and
@@ -128,14 +137,18 @@ def test_eager_fast_path_matches_op_path(device, layout, dense):
     hd = {"bhsd": 1, "thd": 1}.get(layout, 2)  # the heads' dimension
     wide = list(shape)
     wide[-1] = 64 if dense else 80
-    q = randn(tuple(wide), torch.bfloat16, device)[..., :64]
+    cut = slice(0, 64) if dense else slice(8, 72)  # (sliced: a storage offset too)
+    q = randn(tuple(wide), torch.bfloat16, device)[..., cut]
     wide[hd] = 1
-    k = randn(tuple(wide), torch.bfloat16, device)[..., :64]
+    k = randn(tuple(wide), torch.bfloat16, device)[..., cut]
     pos = torch.randint(0, 1 << 20, shape[:1] if layout == "thd" else (8,), device=device)
     kw = dict(layout=layout, interleaved=True)
+    calls = _spy(monkeypatch, "rope_direct")
     direct = rope_ext.apply_rope_qk(q, k, pos, **kw)
+    assert calls == ["rope_direct"], calls
     with _PassThroughMode():
         via_op = rope_ext.apply_rope_qk(q, k, pos, **kw)
+    assert calls == ["rope_direct"], calls
     for a, b, x in zip(direct, via_op, (q, k)):
         assert a.shape == b.shape and a.stride() == b.stride() and torch.equal(a, b)
         # A fresh tensor of its own, not a view of x or of anything autograd tracks.
@@ -156,7 +169,7 @@ def test_eager_fast_path_matches_op_path(device, layout, dense):
         c = q.clone()
         rope_ext.apply_rope(c, pos, inplace=True, **kw)
     assert torch.equal(c, direct[0])
-    # A gradient to record takes the op path (autograd), and still agrees.
+    # A gradient to record: the autograd Function over the same entry (api._DirectRope).
     qg = q.float().requires_grad_()
     out = rope_ext.apply_rope(qg, pos, **kw)
     assert out.grad_fn is not None
@@ -169,7 +182,7 @@ def test_eager_fast_path_matches_op_path(device, layout, dense):
 
 @pytest.mark.parametrize("dense", [True, False])
 @pytest.mark.parametrize("layout", ["bshd", "sbhd", "bhsd", "thd"])
-def test_norm_rope_eager_matches_op_path(device, layout, dense):
+def test_norm_rope_eager_matches_op_path(device, layout, dense, monkeypatch):
     """rms_norm_rope_qk's eager call without autograd (rope_ext._C.norm_rope_direct, which
     makes its [B, S, H, D] forms without view ops) gives the op path's bits and strides,
     fresh outputs, and inference tensors under inference mode; with a gradient to record
@@ -178,14 +191,18 @@ def test_norm_rope_eager_matches_op_path(device, layout, dense):
     hd = {"bhsd": 1, "thd": 1}.get(layout, 2)
     wide = list(shape)
     wide[-1] = 64 if dense else 80
-    q = randn(tuple(wide), torch.float32, device)[..., :64]
+    cut = slice(0, 64) if dense else slice(8, 72)
+    q = randn(tuple(wide), torch.float32, device)[..., cut]
     wide[hd] = 1
-    k = randn(tuple(wide), torch.float32, device)[..., :64]
+    k = randn(tuple(wide), torch.float32, device)[..., cut]
     wq, wk = randn((64,), torch.float32, device), randn((64,), torch.float32, device)
     pos = torch.randint(0, 1 << 20, shape[:1] if layout == "thd" else (8,), device=device)
+    calls = _spy(monkeypatch, "norm_rope_direct")
     direct = rope_ext.rms_norm_rope_qk(q, k, wq, wk, pos, layout=layout)
+    assert calls == ["norm_rope_direct"], calls
     with _PassThroughMode():
         via_op = rope_ext.rms_norm_rope_qk(q, k, wq, wk, pos, layout=layout)
+    assert calls == ["norm_rope_direct"], calls
     for a, b, x in zip(direct, via_op, (q, k)):
         assert a.shape == x.shape and a.shape == b.shape and a.stride() == b.stride() and torch.equal(a, b)
         assert not a._is_view() and a.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
@@ -206,11 +223,7 @@ def test_attention_eager_matches_op_path(device, paged, monkeypatch):
     """append_kv, attention_decode and the decode step take rope_ext._C.<op>_direct for a
     plain eager call (no dispatcher; arguments in the schemas' order): the same caches,
     q, outputs and version bumps as the op path (any mode sends the call there)."""
-    calls = []
-    for name in ("append_kv", "attention_decode", "attention_decode_append"):
-        fn = getattr(rope_ext._C, name + "_direct")
-        monkeypatch.setattr(rope_ext._C, name + "_direct",
-                            lambda *a, fn=fn, name=name: calls.append(name) or fn(*a))
+    calls = _spy(monkeypatch, "append_kv_direct", "attention_decode_direct", "attention_decode_append_direct")
     B, T, Hq, Hk, D, cap = 2, 3, 4, 2, 64, 48
     dt = torch.bfloat16
     k, v = randn((B, T, Hk, D), dt, device), randn((B, T, Hk, D), dt, device)
@@ -226,22 +239,66 @@ def test_attention_eager_matches_op_path(device, paged, monkeypatch):
     for mode in (None, _PassThroughMode()):
         kc2, vc2, q2 = kc.clone(), vc.clone(), q.clone()
         versions = (kc2._version, vc2._version, q2._version)
+        # options off their defaults, so that two swapped arguments of one type would show
+        rot = dict(offsets=torch.tensor([3, 100], device=device), rotary_dim=32, interleaved=True,
+                   attention_factor=1.5, block_table=table)
         with mode if mode is not None else torch.no_grad():
-            rope_ext.append_kv(k, v, kc2, vc2, lens, q=q2, block_table=table)
+            rope_ext.append_kv(k, v, kc2, vc2, lens, q=q2, **rot)
             bumped = (kc2._version > versions[0], vc2._version > versions[1], q2._version > versions[2])
-            o, lse = rope_ext.attention_decode(q2[:, -1:], kc2, vc2, lens + T, block_table=table, return_lse=True)
+            o, lse = rope_ext.attention_decode(q2[:, -1:], kc2, vc2, lens + T, return_lse=True, softmax_scale=0.3,
+                                               causal=False, max_seqlen=40, **rot)
             v0 = kc2._version
-            step = rope_ext.attention_decode(q2[:, :1], kc2, vc2, lens + T, k=k[:, :1], v=v[:, :1],
-                                             block_table=table)
+            step = rope_ext.attention_decode(q2[:, :1], kc2, vc2, lens + T, k=k[:, :1], v=v[:, :1], softmax_scale=0.2,
+                                             **rot)
             bumped += (kc2._version > v0,)
         results.append((kc2, vc2, q2, o, lse, step, bumped))
-        assert calls == ([] if mode else ["append_kv", "attention_decode", "attention_decode_append"]), calls
+        assert calls == ([] if mode else ["append_kv_direct", "attention_decode_direct",
+                                          "attention_decode_append_direct"]), calls
         calls.clear()
     direct, via_op = results
     for a, b in zip(direct[:6], via_op[:6]):
         assert a.shape == b.shape and torch.equal(a, b)
     assert direct[6] == via_op[6] == (True, True, True, True)
     assert not torch.equal(direct[2], q) and torch.isfinite(direct[3].float()).all()
+
+
+def test_eager_entries_refuse_what_raw_memory_misreads(device, monkeypatch):
+    """The eager entries read raw memory: a negated view (the negative bit, e.g.
+    z.conj().imag) takes the ops, which resolve it, and gives the right answer; a quantized
+    tensor gets a TypeError (no crash); torch.jit.trace sees the op; an inference tensor
+    written in place outside inference mode is refused before any kernel, unmodified."""
+    x = randn((2, 8, 3, 64), torch.float32, device)
+    neg = torch.complex(torch.zeros_like(x), x).conj().imag  # -x, lazily
+    assert neg.is_neg()
+    calls = _spy(monkeypatch, "rope_direct", "norm_rope_direct", "append_kv_direct", "attention_decode_direct")
+    pos = torch.arange(8, device=device)
+    for layout in ("sbhd", "bshd"):
+        assert torch.equal(rope_ext.apply_rope(neg, layout=layout), rope_ext.apply_rope(-x, layout=layout))
+    w = randn((64,), torch.float32, device)
+    assert torch.equal(rope_ext.rms_norm_rope(neg, w, layout="sbhd"), rope_ext.rms_norm_rope(-x, w, layout="sbhd"))
+    kc, vc = randn((2, 16, 3, 64), torch.float32, device), randn((2, 16, 3, 64), torch.float32, device)
+    lens = torch.tensor([1, 4], dtype=torch.int32, device=device)
+    kc2 = kc.clone()
+    rope_ext.append_kv(neg[:, :1], x[:, :1], kc2, vc.clone(), lens)
+    kc3 = kc.clone()
+    rope_ext.append_kv(-x[:, :1], x[:, :1], kc3, vc.clone(), lens)
+    assert torch.equal(kc2, kc3)
+    assert calls.count("rope_direct") == 2 and "norm_rope_direct" in calls and calls.count("append_kv_direct") == 1, calls
+    if device == "cpu":  # (quantized tensors are CPU tensors)
+        qx = torch.quantize_per_tensor(torch.randn(2, 8, 3, 64), 0.1, 0, torch.quint8)
+        for layout, t, p in (("sbhd", qx, None), ("thd", qx[0], pos), ("bshd", qx, None)):
+            with pytest.raises(TypeError, match="float"):
+                rope_ext.apply_rope(t, p, layout=layout)
+    traced = torch.jit.trace(lambda a, p: rope_ext.apply_rope(a, p, layout="thd"), (x[0], pos))
+    assert "rope_ext::" in str(traced.graph)
+    y = randn((8, 3, 64), torch.float32, device)
+    assert torch.equal(traced(y, pos), rope_ext.apply_rope(y, pos, layout="thd"))
+    with torch.inference_mode():
+        inf = x.clone()
+    before = inf.clone()
+    with pytest.raises((ValueError, RuntimeError), match="inference"):
+        rope_ext.apply_rope(inf, pos, inplace=True)
+    assert torch.equal(inf, before)
 
 
 def test_vmap_takes_the_op_path(device):

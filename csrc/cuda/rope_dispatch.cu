@@ -408,8 +408,8 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // / 93.6), 4 rows 0.5-0.6 us slower.
   const int min_threads = g_lean_min_threads.load(std::memory_order_relaxed);
   int U = g_lean_rows_per_thread.load(std::memory_order_relaxed);
-  // A token under min_threads at one row a thread (one to three bf16 heads; one fp32 head;
-  // more at small rotary dims): its blocks take several tokens (below), and a thread all of
+  // A token under min_threads at one row a thread (one to three bf16 or fp32 heads at D 128
+  // past 4 MB, one fp32 head below; more at small rotary dims): its blocks take several tokens (below), and a thread all of
   // the token's rows, so that each pair's sin/cos is computed once for them. A one-row
   // 16-bit token past kLeanXFirstBytes takes U = 2 all the same: that instance loads x
   // before the frequencies (kFreqFirst is U = 1's). H100, in turns (bench/lean_shapes.py,
@@ -420,10 +420,12 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // 34.21 / 37.30, 122 MB 116.6 / 126.5, but 1 MB 5.79 / 5.63 (so U = 1 up to 2 MB); one
   // fp32 head 4 MB 7.78 / 7.58 (run 1: U = 8 7.87-8.06 against 7.39), so fp32 keeps U = 1.
   // Past 32 MB too (unlike many-row tokens' U, capped at 2 there, below): three bf16 heads
-  // [16, 4096, 3, 128] 48 MB ran 38.7-39.1 us with a thread on the 3 rows (U = 8, 4 tokens
-  // a block) against 42.8 at U = 2 (2 row slots x 2 tokens) and the tiles' 41.6-42.0 (run 8
-  // of the twenty-fourth session; torch.compile 39.0, copy 38.1). Untimed: these tokens
-  // where a block keeps one (calls up to 256 KB; past it the limit below).
+  // [16, 4096, 3, 128] 48 MB 38.88 us at U = 4, 4 tokens a block, against the tiles' 42.21
+  // (torch.compile 39.36, copy 38.21; run 1 of the twenty-fifth session; run 8 of the
+  // twenty-fourth had 42.8 at U = 2, 2 row slots x 2 tokens); three fp32 heads 48 MB 38.37
+  // against 40.34; six bf16 heads at D 64 48 MB 38.88 against 41.41 (U = 8, 8 tokens).
+  // Untimed: these tokens where a block keeps one (calls up to 256 KB; past it the limit
+  // below).
   const bool few_rows = rows * chunks < min_threads, forced_u = U > 0;  // (the knob keeps U in {0, 1, 2, 4, 8})
   if (!forced_u && few_rows) {
     U = sizeof(T) == 2 && bytes > kLeanXFirstBytes ? 2 : 1;
