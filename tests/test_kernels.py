@@ -740,8 +740,8 @@ def test_lean_one_head_fold_size_limit(S, folded):
 def test_lean_few_rows_past_32mb():
     """Few rows a token (under 64 threads at one row a thread) in blocks of several tokens,
     a thread on all the token's rows, past 32 MB too: three bf16 heads (U = 4, 4 tokens a
-    block) at 3 and 48 MB. Where U cannot cover the rows (12 heads of rotary dim 32: 2
-    threads a row, more than 8 rows) the block keeps one token, under 64 threads, so past
+    block) at 3 and 48 MB. Where U cannot cover the rows (12 heads of rotary dim 32: 4
+    threads a row at 8-byte chunks, more than 8 rows) the block keeps one token, under 64 threads, so past
     256 KB the tiles run it. Bit-equal to the tiles, a corner against the float64 truth."""
     dev, C = "cuda", rope_ext._C
     for shape, lean in (((1, 4096, 3, 128), True), ((16, 4096, 3, 128), True), ((1, 4096, 12, 32), False)):
