@@ -207,9 +207,7 @@ std::vector<at::Tensor> norm_rope_backward(at::TensorList grads, at::TensorList 
 // without view ops (layout_alias: ~1-2 us of host each through the dispatcher).
 std::vector<at::Tensor> norm_rope_direct(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& weights,
                                          double eps, double weight_offset, int64_t layout ROPE_PARAMS) {
-  TORCH_CHECK_VALUE(layout >= 0 && layout < kNumLayouts, msg("rope_ext: layout code must be in [0, ", kNumLayouts,
-                    "), got ", layout));
-  std::vector<at::Tensor> x4;
+  std::vector<at::Tensor> x4;  // (layout_alias checks the code)
   for (const auto& t : xs) x4.push_back(layout_alias(t, layout, true));
   std::vector<at::Tensor> outs = norm_rope(x4, weights, eps, weight_offset ROPE_FORWARD);
   for (auto& t : outs) t = layout_alias(t, layout, false);

@@ -282,6 +282,13 @@ void rope_qk_(const at::Tensor& q, const at::Tensor& k ROPE_PARAMS) {
   run({q, k}, {q, k}, ROPE_OPTIONS, true);
 }
 
+// The eager entries' layout code (an index of kLayouts), checked once here.
+const LayoutInfo& layout_info(int64_t layout) {
+  TORCH_CHECK_VALUE(layout >= 0 && layout < kNumLayouts, msg("rope_ext: layout code must be in [0, ", kNumLayouts,
+                    "), got ", layout));
+  return kLayouts[layout];
+}
+
 }  // namespace
 
 // x's [B, S, H, D] form (to_bshd) or, from that form, the caller's layout: the sizes and
@@ -292,7 +299,7 @@ void rope_qk_(const at::Tensor& q, const at::Tensor& k ROPE_PARAMS) {
 // for the eager entries' own forms of their inputs and for their fresh outputs
 // (rope_direct, norm_rope_direct).
 at::Tensor layout_alias(const at::Tensor& x, int64_t layout, bool to_bshd) {
-  const LayoutInfo& l = kLayouts[layout];
+  const LayoutInfo& l = layout_info(layout);
   const bool thd = layout == kLayoutTHD;
   if (!thd && !l.permuted) return x;
   const int64_t rank = thd ? (to_bshd ? 3 : 4) : 4;
@@ -331,9 +338,7 @@ at::Tensor layout_alias(const at::Tensor& x, int64_t layout, bool to_bshd) {
 // version counters as the ADInplaceOrView kernel below does for the ops.
 std::vector<at::Tensor> rope_direct(const std::vector<at::Tensor>& xs, int64_t layout, bool inplace ROPE_PARAMS) {
   TORCH_CHECK_VALUE(xs.size() == 1 || xs.size() == 2, "rope_ext: one or two tensors");
-  TORCH_CHECK_VALUE(layout >= 0 && layout < kNumLayouts, msg("rope_ext: layout code must be in [0, ", kNumLayouts,
-                    "), got ", layout));
-  const LayoutInfo& l = kLayouts[layout];
+  const LayoutInfo& l = layout_info(layout);
   if (xs.size() == 2 && xs[0].dim() == xs[1].dim()) {
     // Reported in the caller's layout (make_params sees the [B, S, H, D] views); the
     // same check and message as rope_ext/_args.py's _check_qk_shapes on the op path.

@@ -38,6 +38,11 @@ def _check_layout_rank(x, layout, name):
 
 def _to_bshd(x, layout, name):
     _check_layout_rank(x, layout, name)
+    return _bshd_view(x, layout)
+
+
+def _bshd_view(x, layout):
+    """x's [B, S, H, D] view (x checked by _check_layout_rank)."""
     if layout == "thd":
         return x.unsqueeze(0)
     perm = _PERM[layout]

@@ -13,8 +13,8 @@ import torch
 
 from . import _C
 from ._ops import norm_rope_grads, ops, tensor_opts
-from ._args import (DEFAULT_BASE, _LAYOUT_CODE, _check_layout_rank, _check_qk_shapes, _from_bshd, _op_options,
-                    _ops_intercepted, _raw, _to_bshd)
+from ._args import (DEFAULT_BASE, _LAYOUT_CODE, _bshd_view, _check_layout_rank, _check_qk_shapes, _from_bshd,
+                    _op_options, _ops_intercepted, _raw)
 
 #: Variants of the fused norm + rope kernel; "auto" (the default) picks among them.
 NORM_ROPE_IMPLS = tuple(_C.norm_rope_impl_names())
@@ -47,7 +47,7 @@ def _run(xs, names, weights, wnames, positions, eps, weight_offset, layout, offs
     if eager and not (torch.is_grad_enabled() and any(t.requires_grad for t in xs + ws)):
         # (the [B, S, H, D] forms made in C++, without view ops: bench/overhead.py)
         return list(_C.norm_rope_direct(xs, ws, eps, weight_offset, _LAYOUT_CODE[layout], *opts))
-    x4 = [_to_bshd(x, layout, n) for x, n in zip(xs, names)]
+    x4 = [_bshd_view(x, layout) for x in xs]
     if eager:
         out = _NormRopeFn.apply(len(x4), eps, weight_offset, opts, *x4, *ws)
     else:

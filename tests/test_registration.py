@@ -289,6 +289,11 @@ def test_eager_entries_refuse_what_raw_memory_misreads(device, monkeypatch):
         for layout, t, p in (("sbhd", qx, None), ("thd", qx[0], pos), ("bshd", qx, None)):
             with pytest.raises(TypeError, match="float"):
                 rope_ext.apply_rope(t, p, layout=layout)
+    for code in (-1, len(rope_ext.LAYOUTS)):  # the entries' layout code, checked once (layout_info)
+        with pytest.raises(ValueError, match="layout code"):
+            rope_ext._C.rope_direct([x], code, False, *op_options())
+        with pytest.raises(ValueError, match="layout code"):
+            rope_ext._C.norm_rope_direct([x], [w], 1e-6, 0.0, code, *op_options())
     traced = torch.jit.trace(lambda a, p: rope_ext.apply_rope(a, p, layout="thd"), (x[0], pos))
     assert "rope_ext::" in str(traced.graph)
     y = randn((8, 3, 64), torch.float32, device)
