@@ -86,6 +86,9 @@ std::atomic<int> g_append_lean_min_block{0};
 // The lean append kernel's chunk bytes (W; 0: launch_append_lean's rule). A/B knob and
 // tests (set_append_lean_bytes).
 std::atomic<int> g_append_lean_bytes{0};
+// The lean append kernel's rehearsal (kRehearse, attention_variants.cuh): 0 off, 1 on.
+// A/B knob and tests (set_append_lean_rehearse).
+std::atomic<int> g_append_lean_rehearse{0};
 
 template <typename T, bool kInterleaved, bool kVec, bool kFp8, int kItems, int kMinBlocks>
 void launch_append_shape(const AppendParams& params, int device, cudaStream_t stream) {
@@ -254,7 +257,10 @@ bool launch_append_lean_w(const AppendParams& p, int device, cudaStream_t stream
   lp.rows_per_block = RB;
   const dim3 grid(static_cast<unsigned>(ceil_div(rows, int64_t(RB))), static_cast<unsigned>(gy),
                   static_cast<unsigned>(gz));
-  cuda::append_kv_lean_kernel<T, kInterleaved, kFp8, W><<<grid, RB * chunks, 0, stream>>>(lp);
+  if (g_append_lean_rehearse.load(std::memory_order_relaxed))
+    cuda::append_kv_lean_kernel<T, kInterleaved, kFp8, W, true><<<grid, RB * chunks, 0, stream>>>(lp);
+  else
+    cuda::append_kv_lean_kernel<T, kInterleaved, kFp8, W, false><<<grid, RB * chunks, 0, stream>>>(lp);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   last_append_lean_bytes() = W;
   return true;
@@ -1016,6 +1022,7 @@ bool set_append_lean_bytes(int w) {
   g_append_lean_bytes.store(w);
   return true;
 }
+void set_append_lean_rehearse(bool on) { g_append_lean_rehearse.store(on ? 1 : 0); }
 int& last_append_lean_bytes() {
   static thread_local int w = 0;
   return w;
