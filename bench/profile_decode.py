@@ -18,8 +18,7 @@ calls), Hq 32, Hk 8, D 128, bf16 q, contiguous cache unless the case says paged.
   append_16b (batched [16, 1], with q), append_16bp (the same over a paged(16) cache),
   append_16f (varlen, with q, into fp8 caches), append_16bn (batched, no q), append_16bf
   (batched, with q, fp8), append_64b / append_256b (batched [T, 1], with q). CASE@4 /
-  CASE@8: an append case with the lean kernel's chunk bytes forced; CASE@r1 / CASE@r0: with
-  the lean kernel's rehearsal pass on / off (set_append_lean_rehearse)."""
+  CASE@8: an append case with the lean kernel's chunk bytes forced."""
 import os
 import sys
 
@@ -124,17 +123,14 @@ names = sys.argv[1 + bool(mode):] or list(CASES)
 
 
 def make(name):
-    """CASE, CASE@W or CASE@rN: the append case with the lean kernel's chunk bytes forced to
-    W (rope_ext._C.set_append_lean_bytes), or its rehearsal pass on (r1) or off (r0,
-    set_append_lean_rehearse); a knob is read when the call launches: a graph keeps it."""
+    """CASE, or CASE@W: the append case with the lean kernel's chunk bytes forced to W
+    (rope_ext._C.set_append_lean_bytes, read when the call launches: a graph keeps it)."""
     case, _, w = name.partition("@")
     fn = CASES[case]()
     if not w:
         return fn
-    if w in ("r0", "r1"):
-        return switched(rope_ext._C.set_append_lean_rehearse, w == "r1", False, fn)
     if not w.isdigit():
-        sys.exit(f"profile_decode.py: {name}: {w!r} is not a chunk width (4 or 8) or r0 / r1")
+        sys.exit(f"profile_decode.py: {name}: {w!r} is not a chunk width (4 or 8)")
     return switched(rope_ext._C.set_append_lean_bytes, int(w), 0, fn)
 
 

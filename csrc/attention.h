@@ -101,8 +101,6 @@ void set_append_lean_min_block(int n);
 // bench/tests: the lean append kernel's chunk bytes, 4 or 8 (0: the rule); false (nothing
 // set) for another value.
 bool set_append_lean_bytes(int w);
-// The lean append kernel's rehearsal pass (attention_variants.cuh, kernel 1c): an A/B knob.
-void set_append_lean_rehearse(bool on);
 // tests: the kernel of this thread's last CUDA append_kv launch: 1 the register kernel,
 // 2 the bulk kernel (1b), 3 the lean kernel (1c); 0 none yet.
 int& last_append_kernel();

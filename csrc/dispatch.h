@@ -39,8 +39,6 @@ void set_lean_rows_per_thread(int n);
 // Tests/bench: the fewest threads a lean block keeps when its rows are halved to cover the SMs (0 = 128,
 // the default; 1 = down to one row per block).
 void set_lean_min_block(int n);
-// bench/tests: the lean kernel's rehearsal pass at one row a thread (rope_variants.cuh, kRehearse).
-void set_lean_rehearse(bool on);
 // Tests/bench: past from_bytes of x, lean declines a call whose block's rows x threads a row (a token's, times
 // its tokens a block) are fewer than `threads`; a token under `threads` takes its rows in one thread and
 // blocks of several tokens, other tokens' rows a thread stop where a block would fall under `threads` (0:

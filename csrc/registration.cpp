@@ -117,10 +117,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "tests/bench: variant 6's access width in bytes (16, 8 or 4; anything else = the defaults)");
   m.def("set_lean_rows_per_thread", &rope_ext::set_lean_rows_per_thread,
         "tests/bench: variant 6's rows per thread (1, 2, 4 or 8; anything else = its rule)");
-  m.def("set_lean_rehearse", &rope_ext::set_lean_rehearse,
-        "tests/bench: the lean rope kernel at one row a thread (sin/cos computed) runs its work after the loads "
-        "twice, first on stand-ins while the loads are in flight (its code fetched during the DRAM round trip), "
-        "True, or once, False");
   m.def("set_lean_min_block", &rope_ext::set_lean_min_block,
         "tests/bench: the fewest threads a block of variant 6 keeps when its rows are halved to cover the SMs "
         "(0 = the default, 128; 1 = down to one row per block)");
@@ -197,9 +193,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       "tests/bench: the chunk bytes of append_kv's lean kernel, 4 or 8 (0 = the rule; 4 falls back to 8 for fp32 "
       "GPT-J, whose 4-byte chunk holds no whole pair, and for rows of more than 128 chunks at 4 bytes)");
-  m.def("set_append_lean_rehearse", &rope_ext::set_append_lean_rehearse,
-        "tests/bench: append_kv's lean kernel runs its work after the loads twice, first on stand-ins while the "
-        "loads are in flight (its code fetched during the DRAM round trip), True, or once, False");
   m.def("set_append_shape", &rope_ext::set_append_shape,
         "tests/bench: append_kv's kernel and shape: the register kernel with 0 (4 items per thread, 3 blocks per "
         "SM), 1 (2, 4) or 2 (1, 6); the bulk kernel (where it applies) with ~8 KB (3) or ~16 KB (4) of rows per "

@@ -441,14 +441,12 @@ LEAN_CASES = {  # append_kv cases the lean kernel (1c) covers, each against kern
 
 
 @cuda
-@pytest.mark.parametrize("rehearse", [False, True], ids=["once", "rehearsed"])
 @pytest.mark.parametrize("lean_bytes", [8, 4])
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
 @pytest.mark.parametrize("case", list(LEAN_CASES))
-def test_append_lean_kernel_cuda(case, paged, lean_bytes, rehearse):
+def test_append_lean_kernel_cuda(case, paged, lean_bytes):
     """The lean kernel (1c, auto's below 2 tokens per SM), with 8- and 4-byte chunks
-    (set_append_lean_bytes; fp32 GPT-J keeps 8), with and without its rehearsal pass
-    (set_append_lean_rehearse: nothing it does on stand-ins may reach memory), writes the caches and q bit-equal
+    (set_append_lean_bytes; fp32 GPT-J keeps 8), writes the caches and q bit-equal
     to kernel 1 (shape 1) over NaN-filled caches, and did run (last_append_kernel): GQA,
     no q, one kv head, GPT-J, fp32, fp8 with per-head scales, explicit positions, per-
     sequence offsets, a scalar offset with inv_freq and attention_factor, packed sequences
@@ -517,14 +515,12 @@ def test_append_lean_kernel_cuda(case, paged, lean_bytes, rehearse):
         try:
             rope_ext._C.set_append_shape(sh)
             rope_ext._C.set_append_lean_bytes(lean_bytes)
-            rope_ext._C.set_append_lean_rehearse(rehearse)
             rope_ext.append_kv(k, v, kc, vc, spread(lens.to(idt).to(dev)), block_table=bt, q=qq, **kw, **scales)
             torch.cuda.synchronize()
             ran = rope_ext._C.last_append_kernel()
         finally:
             rope_ext._C.set_append_shape(-1)
             rope_ext._C.set_append_lean_bytes(0)
-            rope_ext._C.set_append_lean_rehearse(False)
         assert ran == (3 if sh == 5 else 1), f"{case}: shape {sh} ran kernel {ran}"
         if sh == 5:  # the width it ran at: 4 where asked and a 4-byte chunk holds a pair in <= 128 chunks a row
             w4_ok = not (dt == torch.float32 and kw["interleaved"]) and (D if kw["interleaved"] else D // 2) // (4 // dt.itemsize) <= 128

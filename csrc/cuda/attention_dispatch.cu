@@ -86,9 +86,6 @@ std::atomic<int> g_append_lean_min_block{0};
 // The lean append kernel's chunk bytes (W; 0: launch_append_lean's rule). A/B knob and
 // tests (set_append_lean_bytes).
 std::atomic<int> g_append_lean_bytes{0};
-// The lean append kernel's rehearsal (kRehearse, attention_variants.cuh): 0 off, 1 on.
-// A/B knob and tests (set_append_lean_rehearse).
-std::atomic<int> g_append_lean_rehearse{0};
 
 template <typename T, bool kInterleaved, bool kVec, bool kFp8, int kItems, int kMinBlocks>
 void launch_append_shape(const AppendParams& params, int device, cudaStream_t stream) {
@@ -257,10 +254,7 @@ bool launch_append_lean_w(const AppendParams& p, int device, cudaStream_t stream
   lp.rows_per_block = RB;
   const dim3 grid(static_cast<unsigned>(ceil_div(rows, int64_t(RB))), static_cast<unsigned>(gy),
                   static_cast<unsigned>(gz));
-  if (g_append_lean_rehearse.load(std::memory_order_relaxed))
-    cuda::append_kv_lean_kernel<T, kInterleaved, kFp8, W, true><<<grid, RB * chunks, 0, stream>>>(lp);
-  else
-    cuda::append_kv_lean_kernel<T, kInterleaved, kFp8, W, false><<<grid, RB * chunks, 0, stream>>>(lp);
+  cuda::append_kv_lean_kernel<T, kInterleaved, kFp8, W><<<grid, RB * chunks, 0, stream>>>(lp);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   last_append_lean_bytes() = W;
   return true;
@@ -298,6 +292,13 @@ bool launch_append_lean_w(const AppendParams& p, int device, cudaStream_t stream
 // -> 4.77, batched 4.80 -> 4.80, paged(16) 5.25 -> 5.47; the copy of the bytes with q
 // 4.64. One cold constant line less on the chain, as the SASS counts it, bought nothing:
 // not kept.)
+// (Tried, twenty-sixth session of 2026-11-27, run 2: the kernel's work after its loads run
+// twice, first on stand-ins with the stores off while the loads were in flight, so that
+// its code was fetched during the round trip (a pass-count loop; SASS: no read of a
+// load's destination inside it). Bit-equal (every lean case), but in turns on the H100,
+// us, without / with: T = 16 varlen 4.93, 4.83 / 4.96, 5.06; batched 4.74, 4.61 / 4.74,
+// 4.64; paged with q 5.18, 5.25 / 5.38, 5.25: level or slower. The code after the loads
+// is not where this kernel's time over the minimal one goes. Not kept.)
 constexpr int64_t kAppendLeanNarrowThreads = 32 * 1024;
 template <typename T, bool kInterleaved, bool kFp8>
 bool launch_append_lean(const AppendParams& p, int device, cudaStream_t stream) {
@@ -1022,7 +1023,6 @@ bool set_append_lean_bytes(int w) {
   g_append_lean_bytes.store(w);
   return true;
 }
-void set_append_lean_rehearse(bool on) { g_append_lean_rehearse.store(on ? 1 : 0); }
 int& last_append_lean_bytes() {
   static thread_local int w = 0;
   return w;

@@ -665,7 +665,7 @@ static_assert(offsetof(AppendLeanParams, in_s) == 48 && offsetof(AppendLeanParam
 
 // W: the chunk's bytes (8, or 4: half the pairs a thread, so half the sin/cos on its
 // chain; launch_append_lean's note has the measurements).
-template <typename T, bool kInterleaved, bool kFp8, int W, bool kRehearse>
+template <typename T, bool kInterleaved, bool kFp8, int W>
 __global__ void __launch_bounds__(128) append_kv_lean_kernel(const __grid_constant__ AppendLeanParams p) {
   constexpr int V = W / static_cast<int>(sizeof(T));  // elements per chunk
   constexpr int P = kInterleaved ? V / 2 : V;          // pairs per chunk
@@ -698,8 +698,6 @@ __global__ void __launch_bounds__(128) append_kv_lean_kernel(const __grid_consta
   }
   const bool rot = live && kind != 1;
   float f[P];
-#pragma unroll
-  for (int e = 0; e < P; ++e) f[e] = 0.f;  // (V rows: the rehearsal's copies read them)
   if (rot) {
 #pragma unroll
     for (int e = 0; e < P; ++e) f[e] = p.inv_freq[(c * P + e) * static_cast<int64_t>(p.inv_freq_stride)];
@@ -722,116 +720,68 @@ __global__ void __launch_bounds__(128) append_kv_lean_kernel(const __grid_consta
   if constexpr (kFp8) {
     if (live && kind != 2) scale = kind == 0 ? p.scale[0][h * p.scale_stride[0]] : p.scale[1][h * p.scale_stride[1]];
   }
-  // 2-3 run on the loaded values. kRehearse: they run twice, first on stand-ins (zeros,
-  // a unit scale) that wait for nothing, with every store and the block-table load off,
-  // then on the loaded values. The first pass is issued while the loads are in flight,
-  // so the code of steps 2-3 (and the parameter lines they read) is fetched during the
-  // DRAM round trip instead of after it (ncu had the 0.67 us over a minimal Triton kernel
-  // on instruction fetch; launch_append_lean's note has the A/B). The stand-ins are
-  // replaced at the loop's end only (their copies are the one wait on the loads), and
-  // the pass count is opaque to the compiler, which would otherwise peel the first pass
-  // and drop its dead code.
-  Word ca{}, cb{};
-  float cf[P];
-  RawIndex cpos, clen, ccu, coff;
-  float cscale = 1.0f;
-#pragma unroll
-  for (int e = 0; e < P; ++e) cf[e] = 0.f;
-  if constexpr (!kRehearse) {
-    ca = xa;
-    cb = xb;
-#pragma unroll
-    for (int e = 0; e < P; ++e) cf[e] = f[e];
-    cpos = pos_r, clen = len_r, ccu = cu_r, coff = off_r;
-    cscale = scale;
+  int64_t b = row_b, j = row_t, len = raw_index(len_r, fl & kALLen64), off = raw_index(off_r, fl & kALOff64);
+  if (p.nseq) {  // the token's sequence by ballot (seq_of_token's rule: the last n < nseq with cu[n] <= t, 0 if none)
+    const unsigned mask = blockDim.x >= 32 ? 0xffffffffu : (1u << blockDim.x) - 1u;
+    const int64_t cu_l = raw_index(cu_r, fl & kALCu64);
+    const unsigned ball = __ballot_sync(mask, lane < p.nseq && cu_l <= row_t);
+    const int n = ball ? 31 - __clz(ball) : 0;
+    b = n;
+    j = row_t - __shfl_sync(mask, cu_l, n);
+    len = __shfl_sync(mask, len, n);
+    off = __shfl_sync(mask, off, n);
   }
-  int pass = kRehearse ? 0 : 1;
-  if constexpr (kRehearse) asm volatile("" : "+r"(pass));
-#pragma unroll 1
-  for (;; ++pass) {
-    const bool real = pass > 0;
-    int64_t b = row_b, j = row_t, len = raw_index(clen, fl & kALLen64), off = raw_index(coff, fl & kALOff64);
-    if (p.nseq) {  // the token's sequence by ballot (seq_of_token's rule: the last n < nseq with cu[n] <= t, 0 if none)
-      const unsigned mask = blockDim.x >= 32 ? 0xffffffffu : (1u << blockDim.x) - 1u;
-      const int64_t cu_l = raw_index(ccu, fl & kALCu64);
-      const unsigned ball = __ballot_sync(mask, lane < p.nseq && cu_l <= row_t);
-      const int n = ball ? 31 - __clz(ball) : 0;
-      b = n;
-      j = row_t - __shfl_sync(mask, cu_l, n);
-      len = __shfl_sync(mask, len, n);
-      off = __shfl_sync(mask, off, n);
-    }
-    if (live) {
-      const int64_t idx = len + j;  // the token's cache index
-      // attn_position's rule: positions, else the cache index + the offset
-      const int64_t pos = has_pos ? raw_index(cpos, fl & kALPos64) : idx + (has_off ? off : p.offset);
+  if (!live) return;
+  const int64_t idx = len + j;  // the token's cache index
+  // attn_position's rule: positions, else the cache index + the offset
+  const int64_t pos = has_pos ? raw_index(pos_r, fl & kALPos64) : idx + (has_off ? off : p.offset);
 
-      // 2. sin/cos of the chunk's pairs, the rotation (K, Q).
-      VecT va, vb;
-      *reinterpret_cast<Word*>(&va) = ca;
-      *reinterpret_cast<Word*>(&vb) = cb;
-      float sn[P], cs[P];
-      if (rot) {
-        angle_sincos_chunk<P>(pos, cf, sn, cs);
+  // 2. sin/cos of the chunk's pairs, the rotation (K, Q).
+  VecT va, vb;
+  *reinterpret_cast<Word*>(&va) = xa;
+  *reinterpret_cast<Word*>(&vb) = xb;
+  float sn[P], cs[P];
+  if (rot) {
+    angle_sincos_chunk<P>(pos, f, sn, cs);
 #pragma unroll
-        for (int e = 0; e < P; ++e) {
-          sn[e] *= p.sin_scale;
-          cs[e] *= p.cos_scale;
-        }
-        if (!kFp8 || kind == 2) rotate_chunk<T, kInterleaved>(va, vb, sn, cs);
-      }
-      // 3. Where to: Q in place; K / V the token's slot (cache_slot's rule: a slot that
-      //    does not exist is dropped). One store site for the three rows (with Q's apart,
-      //    the compiler moved Q's store past the loop, out of the rehearsal).
-      bool slot = kind == 2;
-      void* cache = nullptr;
-      int64_t at = 0;  // (elements of the cache: bytes for fp8)
-      if (kind != 2 && idx >= 0 && idx < p.capacity) {
-        int64_t d0c = b, d1c = idx;
-        slot = true;
-        if (fl & kALPaged) {
-          const int64_t n = div_small(idx, p.block_size);
-          RawIndex bt;
-          if (real) bt = load_raw_index(p.block_table, b * p.bt_stride_b + n * p.bt_stride, fl & kALBt64);
-          d0c = raw_index(bt, fl & kALBt64);
-          slot = d0c >= 0 && d0c < p.num_blocks;
-          d1c = idx - n * p.block_size;
-        }
-        const bool is_k = kind == 0;
-        at = d0c * (is_k ? p.cache_s[0][0] : p.cache_s[1][0]) + d1c * (is_k ? p.cache_s[0][1] : p.cache_s[1][1]) +
-             int64_t(h) * (is_k ? p.cache_s[0][2] : p.cache_s[1][2]);
-        cache = is_k ? p.cache[0] : p.cache[1];
-      }
-      if (real && slot) {
-        bool done = false;
-        if constexpr (kFp8) {
-          if (kind != 2) {
-            uint8_t* row = static_cast<uint8_t*>(cache) + at;
-            if (kind == 0) {
-              store_fp8_item<kInterleaved, V, P>(row + d0, p.half, va, vb, true, sn, cs, cscale, true);
-            } else {
-              store_fp8_item<kInterleaved, V, P>(row + d0, p.half, va, vb, false, nullptr, nullptr, cscale, true);
-              if (!kInterleaved)
-                store_fp8_item<kInterleaved, V, P>(row + d1, p.half, vb, va, false, nullptr, nullptr, cscale, true);
-            }
-            done = true;
-          }
-        }
-        if (!done) {
-          T* row = kind == 2 ? const_cast<T*>(src) : static_cast<T*>(cache) + at;
-          *reinterpret_cast<Word*>(row + d0) = *reinterpret_cast<const Word*>(&va);
-          if (!kInterleaved) *reinterpret_cast<Word*>(row + d1) = *reinterpret_cast<const Word*>(&vb);
-        }
-      }
+    for (int e = 0; e < P; ++e) {
+      sn[e] *= p.sin_scale;
+      cs[e] *= p.cos_scale;
     }
-    if (real) break;
-    // The end of the rehearsal: the loaded values (the first wait on the loads).
-    ca = xa;
-    cb = xb;
-#pragma unroll
-    for (int e = 0; e < P; ++e) cf[e] = f[e];
-    cpos = pos_r, clen = len_r, ccu = cu_r, coff = off_r;
-    cscale = scale;
+    if (!kFp8 || kind == 2) rotate_chunk<T, kInterleaved>(va, vb, sn, cs);
+  }
+  if (kind == 2) {  // Q: in place
+    T* dst = const_cast<T*>(src);
+    *reinterpret_cast<Word*>(dst + d0) = *reinterpret_cast<const Word*>(&va);
+    if (!kInterleaved) *reinterpret_cast<Word*>(dst + d1) = *reinterpret_cast<const Word*>(&vb);
+    return;
+  }
+
+  // 3. K / V into the token's slot (cache_slot's rule: a slot that does not exist is dropped).
+  if (idx < 0 || idx >= p.capacity) return;
+  int64_t d0c = b, d1c = idx;
+  if (fl & kALPaged) {
+    const int64_t n = div_small(idx, p.block_size);
+    d0c = raw_index(load_raw_index(p.block_table, b * p.bt_stride_b + n * p.bt_stride, fl & kALBt64), fl & kALBt64);
+    if (d0c < 0 || d0c >= p.num_blocks) return;
+    d1c = idx - n * p.block_size;
+  }
+  const bool is_k = kind == 0;
+  const int64_t at = d0c * (is_k ? p.cache_s[0][0] : p.cache_s[1][0]) + d1c * (is_k ? p.cache_s[0][1] : p.cache_s[1][1]) +
+                     int64_t(h) * (is_k ? p.cache_s[0][2] : p.cache_s[1][2]);
+  void* cache = is_k ? p.cache[0] : p.cache[1];
+  if constexpr (kFp8) {
+    uint8_t* row = static_cast<uint8_t*>(cache) + at;
+    if (kind == 0) {
+      store_fp8_item<kInterleaved, V, P>(row + d0, p.half, va, vb, true, sn, cs, scale, true);
+    } else {
+      store_fp8_item<kInterleaved, V, P>(row + d0, p.half, va, vb, false, nullptr, nullptr, scale, true);
+      if (!kInterleaved) store_fp8_item<kInterleaved, V, P>(row + d1, p.half, vb, va, false, nullptr, nullptr, scale, true);
+    }
+  } else {
+    T* row = static_cast<T*>(cache) + at;
+    *reinterpret_cast<Word*>(row + d0) = *reinterpret_cast<const Word*>(&va);
+    if (!kInterleaved) *reinterpret_cast<Word*>(row + d1) = *reinterpret_cast<const Word*>(&vb);
   }
 }
 

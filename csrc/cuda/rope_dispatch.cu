@@ -164,7 +164,6 @@ std::atomic<int> g_lean_bytes{[] {
   return (w == 4 || w == 8 || w == 16) ? w : -1;
 }()};
 std::atomic<int> g_lean_rows_per_thread{0};  // 0: launch_lean's rule
-std::atomic<int> g_lean_rehearse{0};          // the lean kernel's rehearsal pass at U = 1 (0 off, 1 on)
 std::atomic<int> g_lean_min_block{0};         // fewest threads a block keeps when rows are halved (0: 128)
 std::atomic<bool> g_lean_plain{true};  // calls without position tensors take the kPlain instance
 std::atomic<int> g_lean_tokens_per_block{0};  // 1, 2, 4, 8: forced (at most 128 threads a block); 0: the rule
@@ -518,8 +517,6 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // code (kPlain).
   const bool plain = !cache && !(flags & (cuda::kLeanPos | cuda::kLeanOff | cuda::kLeanSeq)) &&
                      g_lean_plain.load(std::memory_order_relaxed);
-  // The rehearsal pass (kRehearse, rope_variants.cuh): an A/B knob, at one row a thread.
-  const bool rehearse = g_lean_rehearse.load(std::memory_order_relaxed) != 0;
   if constexpr (sizeof(T) <= 4) {  // (no fp64 instances: it returned above)
     // Access width W (16, 8 or 4 bytes), pairing, rows per thread U (1, 2, 4, 8). An fp32
     // 4-byte word holds one element: neox only (GPT-J took W = 8 above).
@@ -533,14 +530,6 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
             const size_t smem = 2 * sizeof(float) * (p.R / 2);  // the table: sin, then cos, of R / 2 pairs
             if (cache)
               cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 2><<<grid, block, 0, stream>>>(lp);
-            else if (kU == 1 && rehearse && table && plain)
-              cuda::rope_lean_kernel<T, kInterleaved, 1, kW, 1, true, true><<<grid, block, smem, stream>>>(lp);
-            else if (kU == 1 && rehearse && table)
-              cuda::rope_lean_kernel<T, kInterleaved, 1, kW, 1, false, true><<<grid, block, smem, stream>>>(lp);
-            else if (kU == 1 && rehearse && plain)
-              cuda::rope_lean_kernel<T, kInterleaved, 1, kW, 0, true, true><<<grid, block, 0, stream>>>(lp);
-            else if (kU == 1 && rehearse)
-              cuda::rope_lean_kernel<T, kInterleaved, 1, kW, 0, false, true><<<grid, block, 0, stream>>>(lp);
             else if (table && plain)
               cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 1, true><<<grid, block, smem, stream>>>(lp);
             else if (table)
@@ -619,7 +608,6 @@ void set_lean_min_threads(int threads, int64_t from_bytes) {  // -1: the default
   g_lean_small_block_bytes.store(from_bytes < 0 ? kLeanSmallBlockBytes : from_bytes);
 }
 void set_lean_fold_one_head(bool on) { g_lean_fold_one_head.store(on); }
-void set_lean_rehearse(bool on) { g_lean_rehearse.store(on ? 1 : 0); }
 void set_lean_min_block(int n) { g_lean_min_block.store(n < 0 ? 0 : n); }  // 1: the old rule (down to RB = 1)
 void set_lean_rows_per_thread(int n) { g_lean_rows_per_thread.store((n == 1 || n == 2 || n == 4 || n == 8) ? n : 0); }
 void set_tile_rows_per_thread(int n) { g_tile_rows_per_thread.store(n < 0 ? 0 : n); }

@@ -119,6 +119,12 @@
 //              sin/cos: one bf16 head B = 1 1 MB 5.7 us (the tiles 7.0, torch.compile 6.3),
 //              32 MB 34.1 (54.2, 50.2; the copy 27.3: a pair's sin/cos serves 8 bytes
 //              there); two heads B = 16 32 MB 27.7 (31.1, 27.9).
+//              Tried (twenty-sixth session, H100, in turns): at one row a thread, the
+//              work after the loads (sin/cos, the table and its barrier, rotation, store
+//              addresses) run first on stand-ins with the stores off while x was in
+//              flight, so that its code was fetched during the round trip: bit-equal,
+//              and level or 0.1-0.2 us slower (0.12 MB out of place 4.61 -> 4.80-4.83,
+//              0.5 MB 5.12 -> 5.12, fp32 0.25 MB 4.77 -> 4.99). Not kept (bench/NOTES.md).
 //
 // What was learned on the H100 (bench/NOTES.md has the numbers and the method):
 //   - Variant 3's x loads must be uint4: a struct copy of Vec<bf16, 8> compiled to
@@ -691,17 +697,10 @@ static __device__ __noinline__ void lean_table_rest(float* table, int half, int6
 // position s + offset: the position code (~850 bytes of SASS between the loads and the
 // sin/cos, jumped over by such calls but streamed with the code around it) is not in
 // the instance.
-// kRehearse (U = 1, sin/cos computed: kSource 0 or 1): steps 3-4 run twice, first on
-// stand-ins (zero x, frequencies and index words) with the stores off, while x and the
-// frequencies are in flight, then on the loaded values: the code after the loads (the
-// sin/cos, the table and its barrier, the rotation, the stores' addresses) is fetched
-// from L2 / DRAM during the round trip instead of after it (append_kv's lean kernel, 1c,
-// has the same pass and its note).
-template <typename T, bool kInterleaved, int U, int W, int kSource, bool kPlain = false, bool kRehearse = false>
+template <typename T, bool kInterleaved, int U, int W, int kSource, bool kPlain = false>
 __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid_constant__ LeanParams p) {
   constexpr bool kTable = kSource == 1, kCache = kSource == 2;
   static_assert(!(kPlain && kCache), "a cos_sin_cache call reads its rows by position: no plain instance");
-  static_assert(!kRehearse || (U == 1 && !kCache), "the rehearsal: one row a thread, sin/cos computed");
   constexpr int V = W / sizeof(T);
   constexpr int P = kInterleaved ? V / 2 : V;
   static_assert(P >= 1, "a chunk holds at least one pair");
@@ -795,160 +794,117 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
     ra = load_raw_index(a_ptr, a_at, a64);
     if (two) rb = load_raw_index(p.seq_start, z, b64);
   }
-  // The loaded values, or (kRehearse, first pass) their stand-ins (kRehearse's note above:
-  // replaced at the loop's end only, where their copies are the first wait on the loads;
-  // the pass count opaque, so the compiler cannot peel the first pass and drop its work).
-  Word cxa[U], cxb[U];
-  float cf[kTable ? 1 : P];
-  RawIndex cra, crb;
   const auto loaded = [&] {
-    const int64_t va = raw_index(cra, a64), vb = raw_index(crb, b64);  // 0 where not loaded
+    const int64_t va = raw_index(ra, a64), vb = raw_index(rb, b64);  // 0 where not loaded
     return has_pos ? va : has_off ? s + va - vb : s + p.offset - va;
   };
-#pragma unroll
-  for (int u = 0; u < U; ++u) cxa[u] = cxb[u] = Word{};
-#pragma unroll
-  for (int j = 0; j < (kTable ? 1 : P); ++j) cf[j] = 0.f;
-  if constexpr (!kRehearse) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      cxa[u] = xa[u];
-      if constexpr (!kInterleaved) cxb[u] = xb[u];
-    }
-    if constexpr (!kCache) {
-#pragma unroll
-      for (int j = 0; j < (kTable ? 1 : P); ++j) cf[j] = f[j];
-    }
-    cra = ra, crb = rb;
-  }
-  int pass = kRehearse ? 0 : 1;
-  if constexpr (kRehearse) asm volatile("" : "+r"(pass));
-#pragma unroll 1
-  for (;; ++pass) {
-    const bool real = pass > 0;
-    float sn[P], cs[P];
-    if constexpr (!kCache) {
-      // Without a positions or offsets tensor, sin/cos start from the guess s + offset
-      // while cu_seqlens[0] is in flight (it is 0 in every valid call) and are computed
-      // again where the loaded position differs: one loop body (a second copy would be
-      // more cold code to fetch). With a tensor the position is waited for. With the
-      // table every lane of a block has the same token, so the trip count is the block's
-      // (the table's barrier below sees every thread); blocks of several tokens compute
-      // per lane and have no barrier.
-      const bool guessed = !has_pos && !has_off;
-      int64_t at = s + p.offset;
-      if (!guessed) at = loaded();
-      extern __shared__ __align__(16) float lean_table[];  // kTable: sin * sin_scale [half], then cos * cos_scale [half]
-      for (;;) {
-        float last;
-        if constexpr (kTable) {
-          const auto put = [&](int i, float fi) {  // pair i's sin and cos, scaled, into the table
-            float si, ci;
-            angle_sincos_chunk<1>(at, &fi, &si, &ci);
-            lean_table[i] = si * p.sin_scale;
-            lean_table[half + i] = ci * p.cos_scale;
-            return ci;
-          };
-          last = threadIdx.x < half ? put(threadIdx.x, cf[0]) : 0.f;
-          if (real && threadIdx.x + blockDim.x < half)  // (its own loads: not on stand-ins)
-            lean_table_rest(lean_table, half, at, p.inv_freq, p.sin_scale, p.cos_scale);
-        } else {
-          angle_sincos_chunk<P>(at, cf, sn, cs);
-          last = cs[0];
-        }
-        // (An empty asm that rewrites the raw words after the sin/cos: the compiler can
-        // neither hoist loaded() out of the loop nor place it before them.)
-        asm volatile("" : "+r"(cra.lo), "+r"(cra.hi), "+r"(crb.lo), "+r"(crb.hi) : "f"(last));
-        const int64_t want = loaded();
-        if (at == want) break;
-        at = want;
-      }
+  float sn[P], cs[P];
+  if constexpr (!kCache) {
+    // Without a positions or offsets tensor, sin/cos start from the guess s + offset
+    // while cu_seqlens[0] is in flight (it is 0 in every valid call) and are computed
+    // again where the loaded position differs: one loop body (a second copy would be
+    // more cold code to fetch). With a tensor the position is waited for. With the
+    // table every lane of a block has the same token, so the trip count is the block's
+    // (the table's barrier below sees every thread); blocks of several tokens compute
+    // per lane and have no barrier.
+    const bool guessed = !has_pos && !has_off;
+    int64_t at = s + p.offset;
+    if (!guessed) at = loaded();
+    extern __shared__ __align__(16) float lean_table[];  // kTable: sin * sin_scale [half], then cos * cos_scale [half]
+    for (;;) {
+      float last;
       if constexpr (kTable) {
-        __syncthreads();
-        load_row_chunk<float, P>(lean_table + c * P, sn);  // aligned: half is a multiple of P
-        load_row_chunk<float, P>(lean_table + half + c * P, cs);
+        const auto put = [&](int i, float fi) {  // pair i's sin and cos, scaled, into the table
+          float si, ci;
+          angle_sincos_chunk<1>(at, &fi, &si, &ci);
+          lean_table[i] = si * p.sin_scale;
+          lean_table[half + i] = ci * p.cos_scale;
+          return ci;
+        };
+        last = threadIdx.x < half ? put(threadIdx.x, f[0]) : 0.f;
+        if (threadIdx.x + blockDim.x < half) lean_table_rest(lean_table, half, at, p.inv_freq, p.sin_scale, p.cos_scale);
       } else {
-#pragma unroll
-        for (int j = 0; j < P; ++j) {
-          sn[j] *= p.sin_scale;
-          cs[j] *= p.cos_scale;
-        }
+        angle_sincos_chunk<P>(at, f, sn, cs);
+        last = cs[0];
       }
-    } else {  // pair_sincos's rule: a position outside [0, cache_rows) gives NaN (row 0 is read
-              // and discarded: the host refuses an empty table)
-      const int64_t pos = loaded();
-      const bool in_range = pos >= 0 && pos < p.cache_rows;
-      const int64_t row = (in_range ? pos : 0) * p.cache_stride_row;
-      // (Tried and reverted, run 1 of the night of 2026-11-25: at U = 1 the position and
-      // these loads before x's, so that the table was not the chain's last load: 0.12 MB
-      // 4.8 -> 5.2 us, 0.5 MB 5.0 -> 5.6; x's loads issued after the position and table
-      // code cost more than the table's late issue.)
-      if (fl & kLeanCacheVec) {  // scalar loads through load_float's dtype switch cost ~1 us here (run 7)
-        const int64_t at = row + c * P;
-        if (p.cache_dtype == DType::kFloat32) {
-          load_row_chunk<float, P>(static_cast<const float*>(p.cache) + at, cs);
-          load_row_chunk<float, P>(static_cast<const float*>(p.cache) + at + half, sn);
-        } else {
-          load_row_chunk<T, P>(static_cast<const T*>(p.cache) + at, cs);
-          load_row_chunk<T, P>(static_cast<const T*>(p.cache) + at + half, sn);
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < P; ++j) {
-          const int64_t col = static_cast<int64_t>(c * P + j) * p.cache_stride_col;
-          cs[j] = load_float(p.cache, p.cache_dtype, row + col);
-          sn[j] = load_float(p.cache, p.cache_dtype, row + col + static_cast<int64_t>(half) * p.cache_stride_col);
-        }
-      }
-      if (!in_range) {
-#pragma unroll
-        for (int j = 0; j < P; ++j) cs[j] = sn[j] = std::numeric_limits<float>::quiet_NaN();
-      }
+      // (An empty asm that rewrites the raw words after the sin/cos: the compiler can
+      // neither hoist loaded() out of the loop nor place it before them.)
+      asm volatile("" : "+r"(ra.lo), "+r"(ra.hi), "+r"(rb.lo), "+r"(rb.hi) : "f"(last));
+      const int64_t want = loaded();
+      if (at == want) break;
+      at = want;
+    }
+    if constexpr (kTable) {
+      __syncthreads();
+      load_row_chunk<float, P>(lean_table + c * P, sn);  // aligned: half is a multiple of P
+      load_row_chunk<float, P>(lean_table + half + c * P, cs);
+    } else {
 #pragma unroll
       for (int j = 0; j < P; ++j) {
         sn[j] *= p.sin_scale;
         cs[j] *= p.cos_scale;
       }
     }
-
-    // 4. Rotate and store. x unpacked only here (pin_word): the compiler had put the
-    //    unpack right behind x's load, where its wait for x held back everything after it
-    //    (in-order issue): the position loads of calls with cu_seqlens / positions /
-    //    offsets went out a DRAM round trip late. 0.12 MB thd with cu_seqlens, the table
-    //    instance, 3.94 -> 3.65 us (ncu, runs 5-6 of the ninth session of 2026-11-26); the
-    //    table instance of calls without position tensors unchanged (3.55 -> 3.58: its
-    //    sin/cos wait for the frequency load, which returns with x's).
+  } else {  // pair_sincos's rule: a position outside [0, cache_rows) gives NaN (row 0 is read
+            // and discarded: the host refuses an empty table)
+    const int64_t pos = loaded();
+    const bool in_range = pos >= 0 && pos < p.cache_rows;
+    const int64_t row = (in_range ? pos : 0) * p.cache_stride_row;
+    // (Tried and reverted, run 1 of the night of 2026-11-25: at U = 1 the position and
+    // these loads before x's, so that the table was not the chain's last load: 0.12 MB
+    // 4.8 -> 5.2 us, 0.5 MB 5.0 -> 5.6; x's loads issued after the position and table
+    // code cost more than the table's late issue.)
+    if (fl & kLeanCacheVec) {  // scalar loads through load_float's dtype switch cost ~1 us here (run 7)
+      const int64_t at = row + c * P;
+      if (p.cache_dtype == DType::kFloat32) {
+        load_row_chunk<float, P>(static_cast<const float*>(p.cache) + at, cs);
+        load_row_chunk<float, P>(static_cast<const float*>(p.cache) + at + half, sn);
+      } else {
+        load_row_chunk<T, P>(static_cast<const T*>(p.cache) + at, cs);
+        load_row_chunk<T, P>(static_cast<const T*>(p.cache) + at + half, sn);
+      }
+    } else {
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int r = r0 + u * p.rows_per_block;
-      if (r >= p.rows) break;
-      pin_word(cxa[u]);
-      if constexpr (!kInterleaved) pin_word(cxb[u]);
-      const bool k = r >= p.H0;
-      const int64_t h = k ? r - p.H0 : r;
-      T* out = static_cast<T*>(k ? p.out[1] : p.out[0]) + b * (k ? p.out_s[1][0] : p.out_s[0][0]) +
-               s * (k ? p.out_s[1][1] : p.out_s[0][1]) + h * (k ? p.out_s[1][2] : p.out_s[0][2]);
-      VecT va, vb;
-      *reinterpret_cast<Word*>(&va) = cxa[u];
-      if (!kInterleaved) *reinterpret_cast<Word*>(&vb) = cxb[u];
-      rotate_chunk<T, kInterleaved>(va, vb, sn, cs);
-      if (real) {
-        *reinterpret_cast<Word*>(out + d0) = *reinterpret_cast<const Word*>(&va);
-        if (!kInterleaved) *reinterpret_cast<Word*>(out + d1) = *reinterpret_cast<const Word*>(&vb);
+      for (int j = 0; j < P; ++j) {
+        const int64_t col = static_cast<int64_t>(c * P + j) * p.cache_stride_col;
+        cs[j] = load_float(p.cache, p.cache_dtype, row + col);
+        sn[j] = load_float(p.cache, p.cache_dtype, row + col + static_cast<int64_t>(half) * p.cache_stride_col);
       }
     }
-    if (real) break;
-    if constexpr (kTable) __syncthreads();  // the first pass's table reads before the second's writes
+    if (!in_range) {
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      cxa[u] = xa[u];
-      if constexpr (!kInterleaved) cxb[u] = xb[u];
+      for (int j = 0; j < P; ++j) cs[j] = sn[j] = std::numeric_limits<float>::quiet_NaN();
     }
-    if constexpr (!kCache) {
 #pragma unroll
-      for (int j = 0; j < (kTable ? 1 : P); ++j) cf[j] = f[j];
+    for (int j = 0; j < P; ++j) {
+      sn[j] *= p.sin_scale;
+      cs[j] *= p.cos_scale;
     }
-    cra = ra, crb = rb;
+  }
+
+  // 4. Rotate and store. x unpacked only here (pin_word): the compiler had put the
+  //    unpack right behind x's load, where its wait for x held back everything after it
+  //    (in-order issue): the position loads of calls with cu_seqlens / positions /
+  //    offsets went out a DRAM round trip late. 0.12 MB thd with cu_seqlens, the table
+  //    instance, 3.94 -> 3.65 us (ncu, runs 5-6 of the ninth session of 2026-11-26); the
+  //    table instance of calls without position tensors unchanged (3.55 -> 3.58: its
+  //    sin/cos wait for the frequency load, which returns with x's).
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int r = r0 + u * p.rows_per_block;
+    if (r >= p.rows) break;
+    pin_word(xa[u]);
+    if constexpr (!kInterleaved) pin_word(xb[u]);
+    const bool k = r >= p.H0;
+    const int64_t h = k ? r - p.H0 : r;
+    T* out = static_cast<T*>(k ? p.out[1] : p.out[0]) + b * (k ? p.out_s[1][0] : p.out_s[0][0]) +
+             s * (k ? p.out_s[1][1] : p.out_s[0][1]) + h * (k ? p.out_s[1][2] : p.out_s[0][2]);
+    VecT va, vb;
+    *reinterpret_cast<Word*>(&va) = xa[u];
+    if (!kInterleaved) *reinterpret_cast<Word*>(&vb) = xb[u];
+    rotate_chunk<T, kInterleaved>(va, vb, sn, cs);
+    *reinterpret_cast<Word*>(out + d0) = *reinterpret_cast<const Word*>(&va);
+    if (!kInterleaved) *reinterpret_cast<Word*>(out + d1) = *reinterpret_cast<const Word*>(&vb);
   }
 }
 
