@@ -3,17 +3,24 @@ same way (timing.graph_us_interleaved: one call in a CUDA graph, L2 flushed befo
 replay, the columns in turns, median): for a run with little device time left, where the
 whole suite (`run.py --suite latency --quick`) does not fit.
 
-    python bench/latency_rows.py [--rows W4,W2a,W2b,128] [--reps 100]
+    python bench/latency_rows.py [--rows W4,W2a,W2b,128] [--reps 100] [--hint] [--passes 1] [--pin]
 
 Rows: W4 (q [8192, 32, 128] + k [8192, 8, 128] thd), W5 (the same at 16 tokens), W2a / W2b
-(sbhd bf16), N (MB of bshd bf16 [1, S, 32, 128])."""
+(sbhd bf16), N (MB of bshd bf16 [1, S, 32, 128]). --hint: each rope_ext auto column again
+with the lean kernel's L2 hint (set_lean_l2_hint; its output checked bit-equal to the
+column's first), "+hint". --pin: after the rows, whether a call leaves the kernels after
+it a smaller L2 (a 30 / 40 MB read after the call on 128 MB, each flush reset first: its
+second read's time; bench/load_hints.py's probe), the hinted call beside the plain one."""
 import argparse
 import os
+import statistics
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import rope_ext  # noqa: E402
 import run  # noqa: E402
 import timing  # noqa: E402
 
@@ -28,21 +35,78 @@ def builder(name, peers):
     return lambda: run.latency_x_workload("bshd", torch.bfloat16, S, peers)
 
 
+def with_hint(fns):
+    """fns plus each rope_ext auto column with the L2 hint on (checked bit-equal first)."""
+    C = rope_ext._C
+    out = dict(fns)
+    for k, f in fns.items():
+        if not k.startswith("rope_ext auto") or "cos_sin_cache" in k:  # (no hint where the table is read)
+            continue
+        hinted = timing.switched(C.set_lean_l2_hint, True, False, f)
+        if "in place" not in k:
+            a, b = f(), hinted()
+            torch.cuda.synchronize()
+            got = C.last_lean_hint() if hasattr(C, "last_lean_hint") else None
+            same = all(torch.equal(x, y) for x, y in zip(a, b)) if isinstance(a, (tuple, list)) else torch.equal(a, b)
+            assert same, f"{k}: the hinted output differs"
+            print(f"    ({k} +hint: bit-equal; the hint ran: {got})")
+        out[k + " +hint"] = hinted
+    return out
+
+
+def pin_probe(reps):
+    x = torch.randn(1, 16384, 32, 128, device="cuda").bfloat16()
+    C = rope_ext._C
+    preps = {"nothing": lambda: None, "rope_ext": lambda: rope_ext.apply_rope(x),
+             "rope_ext +hint": timing.switched(C.set_lean_l2_hint, True, False, lambda: rope_ext.apply_rope(x))}
+    flush = timing._flush_buffer()
+    out = torch.empty((), device="cuda")
+    sizes = (30, 40)
+    zs = {mb: torch.randn(mb * 2**20 // 4, device="cuda") for mb in sizes}
+    print(f"pin probe: us of the second read of z (fp32 sum) after the call on 128 MB, median of {reps}")
+    for name, prep in preps.items():
+        row = []
+        for mb in sizes:
+            ts = []
+            for _ in range(reps):
+                timing.flush_l2(flush, mode="reset")
+                prep()
+                torch.sum(zs[mb], dim=0, out=out)
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                torch.sum(zs[mb], dim=0, out=out)
+                b.record()
+                b.synchronize()
+                ts.append(a.elapsed_time(b) * 1e3)
+            row.append(statistics.median(ts))
+        print(f"  {name:<20}" + "".join(f"  z {mb} MB {t:8.2f}" for mb, t in zip(sizes, row)), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="W4,W2a,128")
     ap.add_argument("--reps", type=int, default=100)
+    ap.add_argument("--hint", action="store_true", help="each rope_ext auto column also with the L2 hint")
+    ap.add_argument("--passes", type=int, default=1)
+    ap.add_argument("--pin", action="store_true", help="the pin probe after the rows")
     args = ap.parse_args()
     peers = run.Peers()
     print(f"device: {torch.cuda.get_device_name()}; flush {timing.FLUSH}; us, median of {args.reps} replays, in turns")
-    for name in args.rows.split(","):
-        title, _, fns = builder(name, peers)()
-        got, errs = timing.graph_us_interleaved(fns, args.reps)
-        print(title, flush=True)
-        for k, v in got.items():
-            print(f"    {k:<34}{v:>9.2f}", flush=True)
-        for k, e in errs.items():
-            print("   ", k, "failed:", str(e)[:80])
+    for ps in range(args.passes):
+        if args.passes > 1:
+            print(f"--- pass {ps + 1}")
+        for name in args.rows.split(","):
+            title, _, fns = builder(name, peers)()
+            print(title, flush=True)
+            if args.hint:
+                fns = with_hint(fns)
+            got, errs = timing.graph_us_interleaved(fns, args.reps)
+            for k, v in got.items():
+                print(f"    {k:<34}{v:>9.2f}", flush=True)
+            for k, e in errs.items():
+                print("   ", k, "failed:", str(e)[:80])
+    if args.pin:
+        pin_probe(args.reps)
     peers.report()
 
 

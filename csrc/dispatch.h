@@ -63,6 +63,11 @@ struct LeanLaunch {
   int rows_per_thread = 0, width = 0, tokens_per_block = 0;
 };
 LeanLaunch& last_lean_launch();
+// Tests: whether this thread's last lean launch loaded x with the L2 hint (kHint).
+bool& last_lean_hint();
+// Bench/tests: x's loads with L2's evict_last hint, each line demoted after use, on lean
+// calls past 32 MB whose lines all start at a chunk (default off; an A/B).
+void set_lean_l2_hint(bool on);
 #endif
 
 }  // namespace rope_ext

@@ -549,6 +549,68 @@ def test_lean_large_and_batch_fold(layout, shape, dtype, positions):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("case", ["bshd", "sbhd_folded", "fp32", "gptj", "qk_thd_positions", "one_head_fold",
+                                  "rotary_64_inplace", "offset_slice", "small"])
+def test_lean_l2_hint(case):
+    """Lean's L2 hint (set_lean_l2_hint: x loaded with evict_last, each line demoted after
+    use) is taken past 32 MB where every line of x starts at a chunk, and its outputs are
+    bit-equal to the plain loads' (out of place and in place; the plain ones within the
+    float64 truth's bounds). Refused (plain loads, last_lean_hint False) where a line would
+    not be demoted: a rotary half of 64 bytes, an input 16 bytes off a line; and at 32 MB
+    and under."""
+    dev, C = "cuda", rope_ext._C
+    bf = torch.bfloat16
+    kw, pos, k = {}, None, None
+    if case == "bshd":
+        x = randn((1, 5120, 32, 128), bf, dev)  # 40 MB
+    elif case == "sbhd_folded":
+        x, kw = randn((640, 8, 32, 128), bf, dev), dict(layout="sbhd")  # 40 MB, the batch folded
+    elif case == "fp32":
+        x = randn((1, 2600, 32, 128), torch.float32, dev)
+    elif case == "gptj":
+        x, kw = randn((1, 5120, 32, 128), bf, dev), dict(interleaved=True)
+    elif case == "qk_thd_positions":
+        x, k = randn((5120, 32, 128), bf, dev), randn((5120, 8, 128), bf, dev)
+        kw, pos = dict(layout="thd"), torch.randint(0, 1 << 20, (5120,), device=dev)
+    elif case == "one_head_fold":
+        x = randn((320, 512, 1, 128), bf, dev)  # 40 MB, one head, B rows folded into the token
+    elif case == "rotary_64_inplace":
+        x, kw = randn((1, 5120, 32, 128), bf, dev), dict(rotary_dim=64)  # halves of 64 bytes
+    elif case == "offset_slice":
+        x = randn((1, 5120, 32, 136), bf, dev)[..., 8:]  # rows 16 bytes off a line
+    else:
+        x = randn((1, 4096, 32, 128), bf, dev)  # 32 MB: not past it
+    want_hint = case not in ("rotary_64_inplace", "offset_slice", "small")
+    inplace_only = case == "rotary_64_inplace"  # (out of place, the tail's copy takes the tiles)
+    call = (lambda t, **o: rope_ext.apply_rope_qk(t, k, pos, **kw, **o)) if k is not None else \
+        (lambda t, **o: rope_ext.apply_rope(t, pos, **kw, **o))
+    try:
+        if not inplace_only:
+            plain = call(x)
+            C.set_lean_l2_hint(True)
+            hinted = call(x)
+            ran = C.last_lean_hint()
+            C.set_lean_l2_hint(False)
+            assert C.last_lean_launch()[0] > 0 and ran == want_hint, f"{case}: hint {ran}, expected {want_hint}"
+            for a, b in zip(plain if k is not None else (plain,), hinted if k is not None else (hinted,)):
+                assert torch.equal(a, b), f"{case}: the hinted output differs"
+            first = plain[0] if k is not None else plain
+            assert_close_f64(first, ref.rope_float64(x, pos, **kw), x.abs().max().item(), f"{case} vs float64")
+        xs = [x.clone()] + ([k.clone()] if k is not None else [])
+        ys = [x.clone()] + ([k.clone()] if k is not None else [])
+        (rope_ext.apply_rope_qk if k is not None else rope_ext.apply_rope)(*xs, pos, inplace=True, **kw)
+        C.set_lean_l2_hint(True)
+        (rope_ext.apply_rope_qk if k is not None else rope_ext.apply_rope)(*ys, pos, inplace=True, **kw)
+        ran = C.last_lean_hint()
+        C.set_lean_l2_hint(False)
+        assert C.last_lean_launch()[0] > 0 and ran == want_hint, f"{case} in place: hint {ran}, expected {want_hint}"
+        for a, b in zip(xs, ys):
+            assert torch.equal(a, b), f"{case}: the hinted in-place output differs"
+    finally:
+        C.set_lean_l2_hint(False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("heads", [1, 2, 8])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_lean_small_block_limit(dtype, heads):

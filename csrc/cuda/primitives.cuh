@@ -42,6 +42,42 @@ template <> struct LeanWord<16> { using type = uint4; };
 template <> struct LeanWord<8> { using type = uint2; };
 template <> struct LeanWord<4> { using type = uint32_t; };
 
+// A lean word loaded with L2's evict_last hint (the fraction-1.0 policy Triton emits for
+// eviction_policy='evict_last'), and the 128-byte line such a load touched given back to
+// the normal priority once its data is used (a thread whose address does not start a
+// line does nothing: applypriority wants the line's address). The pair keeps a streamed
+// input's lines ahead of other lines while they are in use and leaves none of them held
+// in L2's persisting set-aside after the kernel (rope variant 6's kHint; the tiles' A/B
+// of the twentieth session measured what a line left held costs the kernels after).
+template <typename Word>
+__device__ __forceinline__ Word load_word_last(const void* p) {
+  Word w;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (sizeof(Word) == 16) {
+    asm("{\n\t.reg .b64 pol;\n\tcreatepolicy.fractional.L2::evict_last.b64 pol, 1.0;\n\t"
+                 "ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], pol;\n\t}"
+                 : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w) : "l"(p));
+  } else if constexpr (sizeof(Word) == 8) {
+    asm("{\n\t.reg .b64 pol;\n\tcreatepolicy.fractional.L2::evict_last.b64 pol, 1.0;\n\t"
+                 "ld.global.L2::cache_hint.v2.u32 {%0, %1}, [%2], pol;\n\t}"
+                 : "=r"(w.x), "=r"(w.y) : "l"(p));
+  } else {
+    asm("{\n\t.reg .b64 pol;\n\tcreatepolicy.fractional.L2::evict_last.b64 pol, 1.0;\n\t"
+                 "ld.global.L2::cache_hint.u32 %0, [%1], pol;\n\t}"
+                 : "=r"(w) : "l"(p));
+  }
+#else
+  w = *static_cast<const Word*>(p);
+#endif
+  return w;
+}
+__device__ __forceinline__ void l2_demote_line(const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if ((reinterpret_cast<uintptr_t>(p) & 127) == 0)
+    asm volatile("applypriority.global.L2::evict_normal [%0], 128;" ::"l"(p) : "memory");
+#endif
+}
+
 // Keeps a loaded word packed until this point: an empty asm that takes and rewrites it,
 // so the compiler cannot unpack it (PRMT, shifts) right behind its load, where, with
 // in-order issue, the unpack's wait for the load holds back every later instruction

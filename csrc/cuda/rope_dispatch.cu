@@ -164,6 +164,7 @@ std::atomic<int> g_lean_bytes{[] {
   return (w == 4 || w == 8 || w == 16) ? w : -1;
 }()};
 std::atomic<int> g_lean_rows_per_thread{0};  // 0: launch_lean's rule
+std::atomic<int> g_lean_hint{0};              // x's loads with L2's evict_last hint past 32 MB (A/B: 0 off, 1 on)
 std::atomic<int> g_lean_min_block{0};         // fewest threads a block keeps when rows are halved (0: 128)
 std::atomic<bool> g_lean_plain{true};  // calls without position tensors take the kPlain instance
 std::atomic<int> g_lean_tokens_per_block{0};  // 1, 2, 4, 8: forced (at most 128 threads a block); 0: the rule
@@ -517,6 +518,19 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // code (kPlain).
   const bool plain = !cache && !(flags & (cuda::kLeanPos | cuda::kLeanOff | cuda::kLeanSeq)) &&
                      g_lean_plain.load(std::memory_order_relaxed);
+  // x's loads with L2's evict_last hint, each line demoted after use (kHint,
+  // rope_variants.cuh): an A/B knob (set_lean_l2_hint), for calls past 32 MB (U <= 2, W >=
+  // 8 there) whose every line of x some chunk starts: 128-byte aligned inputs, token, head
+  // and batch strides, and halves (neox) or rows (GPT-J); else a line could stay held.
+  bool hint = g_lean_hint.load(std::memory_order_relaxed) && bytes > kLeanSmallBytes && !cache && U <= 2 && W >= 8;
+  if (hint) {
+    const int64_t es = sizeof(T);
+    hint = ((p.interleaved ? p.R : p.R / 2) * es) % 128 == 0;
+    for (int t = 0; t < p.num_tensors; ++t)
+      hint = hint && reinterpret_cast<uintptr_t>(lp.in[t]) % 128 == 0 && (lp.in_ts[t] * es) % 128 == 0 &&
+             (p.t[t].H == 1 || (lp.in_hs[t] * es) % 128 == 0) && (lp.in_bfix[t] * es) % 128 == 0;
+  }
+  last_lean_hint() = hint;
   if constexpr (sizeof(T) <= 4) {  // (no fp64 instances: it returned above)
     // Access width W (16, 8 or 4 bytes), pairing, rows per thread U (1, 2, 4, 8). An fp32
     // 4-byte word holds one element: neox only (GPT-J took W = 8 above).
@@ -528,16 +542,28 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
           // (rope_variants.cuh).
           ROPE_POW2_UPTO8_SWITCH(U, kU, [&] {
             const size_t smem = 2 * sizeof(float) * (p.R / 2);  // the table: sin, then cos, of R / 2 pairs
+            // kHint instances only at U <= 2 and W >= 8 with computed sin/cos (the calls past
+            // 32 MB it is taken for: below).
+            const auto run = [&]<int kS, bool kP>() {
+              const size_t sm = kS == 1 ? smem : 0;
+              if constexpr (kU <= 2 && kW >= 8 && kS != 2) {
+                if (hint) {
+                  cuda::rope_lean_kernel<T, kInterleaved, kU, kW, kS, kP, true><<<grid, block, sm, stream>>>(lp);
+                  return;
+                }
+              }
+              cuda::rope_lean_kernel<T, kInterleaved, kU, kW, kS, kP><<<grid, block, sm, stream>>>(lp);
+            };
             if (cache)
-              cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 2><<<grid, block, 0, stream>>>(lp);
+              run.template operator()<2, false>();
             else if (table && plain)
-              cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 1, true><<<grid, block, smem, stream>>>(lp);
+              run.template operator()<1, true>();
             else if (table)
-              cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 1><<<grid, block, smem, stream>>>(lp);
+              run.template operator()<1, false>();
             else if (plain)
-              cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 0, true><<<grid, block, 0, stream>>>(lp);
+              run.template operator()<0, true>();
             else
-              cuda::rope_lean_kernel<T, kInterleaved, kU, kW, 0><<<grid, block, 0, stream>>>(lp);
+              run.template operator()<0, false>();
           });
         }
       });
@@ -594,6 +620,11 @@ void launch(const RopeParams& p, Impl impl, int device, cudaStream_t stream) {
 
 }  // namespace
 
+bool& last_lean_hint() {
+  thread_local bool h = false;
+  return h;
+}
+void set_lean_l2_hint(bool on) { g_lean_hint.store(on ? 1 : 0); }
 LeanLaunch& last_lean_launch() {
   static thread_local LeanLaunch l;
   return l;
@@ -617,6 +648,7 @@ void run_cuda(const RopeParams& p, Impl impl, at::ScalarType dtype, c10::Device 
   const c10::cuda::CUDAGuard guard(device);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   last_lean_launch() = LeanLaunch{};  // (tests: zeros unless this call launches lean)
+  last_lean_hint() = false;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "rope_ext_cuda", [&] {
     Impl chosen = impl;
     // auto: lean (variant 6) where it applies, else the tiles (flat lost

@@ -697,7 +697,10 @@ static __device__ __noinline__ void lean_table_rest(float* table, int half, int6
 // position s + offset: the position code (~850 bytes of SASS between the loads and the
 // sin/cos, jumped over by such calls but streamed with the code around it) is not in
 // the instance.
-template <typename T, bool kInterleaved, int U, int W, int kSource, bool kPlain = false>
+// kHint: x loaded with L2's evict_last hint and each 128-byte line of it given back the
+// normal priority after its rows are stored (load_word_last, l2_demote_line; launch_lean
+// takes it only where every line of x is started by some chunk, so none stays held).
+template <typename T, bool kInterleaved, int U, int W, int kSource, bool kPlain = false, bool kHint = false>
 __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid_constant__ LeanParams p) {
   constexpr bool kTable = kSource == 1, kCache = kSource == 2;
   static_assert(!(kPlain && kCache), "a cos_sin_cache call reads its rows by position: no plain instance");
@@ -742,6 +745,7 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   //    measurable in turns: 8 MB -0.1 us, 32 MB +0.1, within the noise. Those calls are
   //    DRAM-bound; reverted.)
   Word xa[U], xb[U];
+  const T* src[kHint ? U : 1];  // (kHint: the rows' inputs, whose lines are demoted after the stores)
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const int r = r0 + u * p.rows_per_block;
@@ -752,8 +756,14 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
     int64_t off = tok * (k ? p.in_ts[1] : p.in_ts[0]) + h * (k ? p.in_hs[1] : p.in_hs[0]);
     if (p.cshift & kLeanBatchFix) off += b * (k ? p.in_bfix[1] : p.in_bfix[0]);
     const T* in = static_cast<const T*>(k ? p.in[1] : p.in[0]) + off;
-    xa[u] = *reinterpret_cast<const Word*>(in + d0);
-    if (!kInterleaved) xb[u] = *reinterpret_cast<const Word*>(in + d1);
+    if constexpr (kHint) {
+      src[u] = in;
+      xa[u] = load_word_last<Word>(in + d0);
+      if (!kInterleaved) xb[u] = load_word_last<Word>(in + d1);
+    } else {
+      xa[u] = *reinterpret_cast<const Word*>(in + d0);
+      if (!kInterleaved) xb[u] = *reinterpret_cast<const Word*>(in + d1);
+    }
   }
 
   // 2. The frequencies' loads right behind x's (at U > 1; at U = 1 above): they depend
@@ -905,6 +915,10 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
     rotate_chunk<T, kInterleaved>(va, vb, sn, cs);
     *reinterpret_cast<Word*>(out + d0) = *reinterpret_cast<const Word*>(&va);
     if (!kInterleaved) *reinterpret_cast<Word*>(out + d1) = *reinterpret_cast<const Word*>(&vb);
+    if constexpr (kHint) {
+      l2_demote_line(src[u] + d0);
+      if (!kInterleaved) l2_demote_line(src[u] + d1);
+    }
   }
 }
 
