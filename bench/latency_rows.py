@@ -6,11 +6,12 @@ whole suite (`run.py --suite latency --quick`) does not fit.
     python bench/latency_rows.py [--rows W4,W2a,W2b,128] [--reps 100] [--hint] [--passes 1] [--pin]
 
 Rows: W4 (q [8192, 32, 128] + k [8192, 8, 128] thd), W5 (the same at 16 tokens), W2a / W2b
-(sbhd bf16), N (MB of bshd bf16 [1, S, 32, 128]). --hint: each rope_ext auto column again
-with the lean kernel's L2 hint (set_lean_l2_hint; its output checked bit-equal to the
-column's first), "+hint". --pin: after the rows, whether a call leaves the kernels after
-it a smaller L2 (a 30 / 40 MB read after the call on 128 MB, each flush reset first: its
-second read's time; bench/load_hints.py's probe), the hinted call beside the plain one."""
+(sbhd bf16), N (MB of bshd bf16 [1, S, 32, 128]), fN (the same in fp32). --hint: each
+rope_ext auto column again without the lean kernel's L2 hint (set_lean_l2_hint(False),
+"-hint"; its output checked bit-equal to the column's). --pin: after the rows, whether a
+call leaves the kernels after it a smaller L2 (a 30 / 40 MB read after the call on 128 MB,
+each flush reset first: its second read's time; bench/load_hints.py's probe), the hinted
+call beside the plain one."""
 import argparse
 import os
 import statistics
@@ -31,34 +32,37 @@ def builder(name, peers):
     if name in ("W2a", "W2b"):
         shape = (4096, 1, 128, 128) if name == "W2a" else (512, 32, 24, 128)
         return lambda: run.latency_sbhd_workload(name, shape, peers)
-    S = int(name) * 2**20 // (32 * 128 * 2)
-    return lambda: run.latency_x_workload("bshd", torch.bfloat16, S, peers)
+    dtype = torch.float32 if name.startswith("f") else torch.bfloat16
+    S = int(name.lstrip("f")) * 2**20 // (32 * 128 * dtype.itemsize)
+    return lambda: run.latency_x_workload("bshd", dtype, S, peers)
 
 
-def with_hint(fns):
-    """fns plus each rope_ext auto column with the L2 hint on (checked bit-equal first)."""
+def without_hint(fns):
+    """fns plus each rope_ext auto column with the L2 hint off (checked bit-equal first)."""
     C = rope_ext._C
     out = dict(fns)
     for k, f in fns.items():
         if not k.startswith("rope_ext auto") or "cos_sin_cache" in k:  # (no hint where the table is read)
             continue
-        hinted = timing.switched(C.set_lean_l2_hint, True, False, f)
+        plain = timing.switched(C.set_lean_l2_hint, False, True, f)
         if "in place" not in k:
-            a, b = f(), hinted()
+            a = f()
             torch.cuda.synchronize()
-            got = C.last_lean_hint() if hasattr(C, "last_lean_hint") else None
+            got = C.last_lean_hint()
+            b = plain()
             same = all(torch.equal(x, y) for x, y in zip(a, b)) if isinstance(a, (tuple, list)) else torch.equal(a, b)
-            assert same, f"{k}: the hinted output differs"
-            print(f"    ({k} +hint: bit-equal; the hint ran: {got})")
-        out[k + " +hint"] = hinted
+            assert same, f"{k}: the hinted output differs from plain loads'"
+            print(f"    ({k}: the hint ran: {got}; bit-equal to plain loads)")
+        out[k + " -hint"] = plain
     return out
 
 
 def pin_probe(reps):
     x = torch.randn(1, 16384, 32, 128, device="cuda").bfloat16()
     C = rope_ext._C
-    preps = {"nothing": lambda: None, "rope_ext": lambda: rope_ext.apply_rope(x),
-             "rope_ext +hint": timing.switched(C.set_lean_l2_hint, True, False, lambda: rope_ext.apply_rope(x))}
+    preps = {"nothing": lambda: None,
+             "rope_ext -hint": timing.switched(C.set_lean_l2_hint, False, True, lambda: rope_ext.apply_rope(x)),
+             "rope_ext (hint)": lambda: rope_ext.apply_rope(x)}
     flush = timing._flush_buffer()
     out = torch.empty((), device="cuda")
     sizes = (30, 40)
@@ -86,7 +90,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="W4,W2a,128")
     ap.add_argument("--reps", type=int, default=100)
-    ap.add_argument("--hint", action="store_true", help="each rope_ext auto column also with the L2 hint")
+    ap.add_argument("--hint", action="store_true", help="each rope_ext auto column also without the L2 hint")
     ap.add_argument("--passes", type=int, default=1)
     ap.add_argument("--pin", action="store_true", help="the pin probe after the rows")
     args = ap.parse_args()
@@ -99,7 +103,7 @@ def main():
             title, _, fns = builder(name, peers)()
             print(title, flush=True)
             if args.hint:
-                fns = with_hint(fns)
+                fns = without_hint(fns)
             got, errs = timing.graph_us_interleaved(fns, args.reps)
             for k, v in got.items():
                 print(f"    {k:<34}{v:>9.2f}", flush=True)

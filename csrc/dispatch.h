@@ -66,7 +66,7 @@ LeanLaunch& last_lean_launch();
 // Tests: whether this thread's last lean launch loaded x with the L2 hint (kHint).
 bool& last_lean_hint();
 // Bench/tests: x's loads with L2's evict_last hint, each line demoted after use, on lean
-// calls past 32 MB whose lines all start at a chunk (default off; an A/B).
+// calls past 32 MB whose lines all start at a chunk (default on; off: plain loads).
 void set_lean_l2_hint(bool on);
 #endif
 

@@ -119,7 +119,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "tests/bench: variant 6's rows per thread (1, 2, 4 or 8; anything else = its rule)");
   m.def("set_lean_l2_hint", &rope_ext::set_lean_l2_hint,
         "bench/tests: the lean kernel's x loads with L2's evict_last hint, each 128-byte line demoted to "
-        "evict_normal after use, on calls past 32 MB whose lines all start at a chunk (default off; an A/B)");
+        "evict_normal after use, on calls past 32 MB whose lines all start at a chunk (default on; False: plain "
+        "loads)");
   m.def("last_lean_hint", [] { return rope_ext::last_lean_hint(); },
         "tests: whether this thread's last lean launch loaded x with the L2 hint");
   m.def("set_lean_min_block", &rope_ext::set_lean_min_block,

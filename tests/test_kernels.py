@@ -425,8 +425,10 @@ def test_lean_token_strides(layout, B, S, positions):
         names = cuda_kernels_of(lambda: rope_ext.apply_rope_qk(q, k, pos, **kw))
         if names is not None:
             assert any("rope_lean_kernel" in n for n in names), "auto did not take lean here: the test would not test it"
-            # The instance's last template argument is kPlain: true exactly without positions.
-            assert any(("true>" in n) == (pos is None) for n in names if "rope_lean_kernel" in n), \
+            # The instance's sixth template argument is kPlain: true exactly without positions.
+            def plain_arg(n):
+                return n.split("rope_lean_kernel<", 1)[1].split(">", 1)[0].split(",")[5].strip() == "true"
+            assert any(plain_arg(n) == (pos is None) for n in names if "rope_lean_kernel" in n), \
                 f"plain instance {'not ' if pos is None else ''}taken: {names}"
         pairs = [(q, k)]
         if layout == "bshd":  # k [B, S, 8, D] over [B, 8, S, D] memory
@@ -552,8 +554,8 @@ def test_lean_large_and_batch_fold(layout, shape, dtype, positions):
 @pytest.mark.parametrize("case", ["bshd", "sbhd_folded", "fp32", "gptj", "qk_thd_positions", "one_head_fold",
                                   "rotary_64_inplace", "offset_slice", "small"])
 def test_lean_l2_hint(case):
-    """Lean's L2 hint (set_lean_l2_hint: x loaded with evict_last, each line demoted after
-    use) is taken past 32 MB where every line of x starts at a chunk, and its outputs are
+    """Lean's L2 hint (on by default; set_lean_l2_hint(False): plain loads. x loaded with
+    evict_last, each line demoted after use) is taken past 32 MB where every line of x starts at a chunk, and its outputs are
     bit-equal to the plain loads' (out of place and in place; the plain ones within the
     float64 truth's bounds). Refused (plain loads, last_lean_hint False) where a line would
     not be demoted: a rotary half of 64 bytes, an input 16 bytes off a line; and at 32 MB
@@ -577,7 +579,8 @@ def test_lean_l2_hint(case):
     elif case == "rotary_64_inplace":
         x, kw = randn((1, 5120, 32, 128), bf, dev), dict(rotary_dim=64)  # halves of 64 bytes
     elif case == "offset_slice":
-        x = randn((1, 5120, 32, 136), bf, dev)[..., 8:]  # rows 16 bytes off a line
+        parent = randn((1, 5120, 32, 136), bf, dev)
+        x = parent[..., 8:]  # rows 16 bytes off a line
     else:
         x = randn((1, 4096, 32, 128), bf, dev)  # 32 MB: not past it
     want_hint = case not in ("rotary_64_inplace", "offset_slice", "small")
@@ -586,28 +589,30 @@ def test_lean_l2_hint(case):
         (lambda t, **o: rope_ext.apply_rope(t, pos, **kw, **o))
     try:
         if not inplace_only:
+            C.set_lean_l2_hint(False)
             plain = call(x)
             C.set_lean_l2_hint(True)
             hinted = call(x)
             ran = C.last_lean_hint()
-            C.set_lean_l2_hint(False)
             assert C.last_lean_launch()[0] > 0 and ran == want_hint, f"{case}: hint {ran}, expected {want_hint}"
             for a, b in zip(plain if k is not None else (plain,), hinted if k is not None else (hinted,)):
                 assert torch.equal(a, b), f"{case}: the hinted output differs"
             first = plain[0] if k is not None else plain
             assert_close_f64(first, ref.rope_float64(x, pos, **kw), x.abs().max().item(), f"{case} vs float64")
-        xs = [x.clone()] + ([k.clone()] if k is not None else [])
-        ys = [x.clone()] + ([k.clone()] if k is not None else [])
+        # (in place on the slice itself: a clone of it would be contiguous)
+        fresh = (lambda: parent.clone()[..., 8:]) if case == "offset_slice" else x.clone
+        xs = [fresh()] + ([k.clone()] if k is not None else [])
+        ys = [fresh()] + ([k.clone()] if k is not None else [])
+        C.set_lean_l2_hint(False)
         (rope_ext.apply_rope_qk if k is not None else rope_ext.apply_rope)(*xs, pos, inplace=True, **kw)
         C.set_lean_l2_hint(True)
         (rope_ext.apply_rope_qk if k is not None else rope_ext.apply_rope)(*ys, pos, inplace=True, **kw)
         ran = C.last_lean_hint()
-        C.set_lean_l2_hint(False)
         assert C.last_lean_launch()[0] > 0 and ran == want_hint, f"{case} in place: hint {ran}, expected {want_hint}"
         for a, b in zip(xs, ys):
             assert torch.equal(a, b), f"{case}: the hinted in-place output differs"
     finally:
-        C.set_lean_l2_hint(False)
+        C.set_lean_l2_hint(True)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

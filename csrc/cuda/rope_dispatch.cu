@@ -164,7 +164,7 @@ std::atomic<int> g_lean_bytes{[] {
   return (w == 4 || w == 8 || w == 16) ? w : -1;
 }()};
 std::atomic<int> g_lean_rows_per_thread{0};  // 0: launch_lean's rule
-std::atomic<int> g_lean_hint{0};              // x's loads with L2's evict_last hint past 32 MB (A/B: 0 off, 1 on)
+std::atomic<int> g_lean_hint{1};              // x's loads with L2's evict_last hint past 32 MB (1 on, the default; 0 off)
 std::atomic<int> g_lean_min_block{0};         // fewest threads a block keeps when rows are halved (0: 128)
 std::atomic<bool> g_lean_plain{true};  // calls without position tensors take the kPlain instance
 std::atomic<int> g_lean_tokens_per_block{0};  // 1, 2, 4, 8: forced (at most 128 threads a block); 0: the rule
@@ -519,9 +519,18 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   const bool plain = !cache && !(flags & (cuda::kLeanPos | cuda::kLeanOff | cuda::kLeanSeq)) &&
                      g_lean_plain.load(std::memory_order_relaxed);
   // x's loads with L2's evict_last hint, each line demoted after use (kHint,
-  // rope_variants.cuh): an A/B knob (set_lean_l2_hint), for calls past 32 MB (U <= 2, W >=
+  // rope_variants.cuh; off with set_lean_l2_hint(False)), for calls past 32 MB (U <= 2, W >=
   // 8 there) whose every line of x some chunk starts: 128-byte aligned inputs, token, head
   // and batch strides, and halves (neox) or rows (GPT-J); else a line could stay held.
+  // H100, in turns (bench/latency_rows.py --hint, run 3 of the twenty-sixth session), us,
+  // plain loads -> the hint, two passes, out of place / in place: W2a 93.66, 93.74 ->
+  // 92.61, 92.51 / 93.38, 93.42 -> 92.30, 92.18 (torch.compile 92.83-92.93, the copy
+  // 93.12-93.44); W2b 71.87, 71.82 -> 70.59, 70.58 / 71.36, 71.52 -> 70.38, 70.53
+  // (torch.compile 70.45-70.66); 128 MB bshd 93.84, 93.76 -> 92.51, 92.53 / 93.57, 93.34 ->
+  // 92.19, 92.16; W4 60.61, 60.82 -> 59.86, 59.84 / 60.72, 60.86 -> 59.49, 59.71 (the copy
+  // 60.05-60.45). After a hinted call a 30 MB read stays in L2 (17.4 us; after a plain call
+  // 16.7, after none 18.0): no line is left held. The tiles had the same pair in the
+  // twentieth session (removed: bench/NOTES.md has why; lean has taken these calls since).
   bool hint = g_lean_hint.load(std::memory_order_relaxed) && bytes > kLeanSmallBytes && !cache && U <= 2 && W >= 8;
   if (hint) {
     const int64_t es = sizeof(T);
