@@ -3,7 +3,7 @@ same way (timing.graph_us_interleaved: one call in a CUDA graph, L2 flushed befo
 replay, the columns in turns, median): for a run with little device time left, where the
 whole suite (`run.py --suite latency --quick`) does not fit.
 
-    python bench/latency_rows.py [--rows W4,W2a,W2b,128] [--reps 100] [--hint] [--passes 1] [--pin]
+    python bench/latency_rows.py [--rows W4,W2a,W2b,128] [--reps 100] [--hint] [--widths 16] [--passes 1] [--pin]
 
 Rows: W4 (q [8192, 32, 128] + k [8192, 8, 128] thd), W5 (the same at 16 tokens), W2a / W2b
 (sbhd bf16), N (MB of bshd bf16 [1, S, 32, 128]), fN (the same in fp32). --hint: each
@@ -57,6 +57,24 @@ def without_hint(fns):
     return out
 
 
+def with_widths(fns, widths):
+    """fns plus each rope_ext auto column with the lean kernel's access width forced to each
+    of `widths` bytes (set_lean_bytes; checked bit-equal first), "W16" etc."""
+    C = rope_ext._C
+    out = dict(fns)
+    for k, f in fns.items():
+        if not k.startswith("rope_ext auto") or "cos_sin_cache" in k:
+            continue
+        for w in widths:
+            g = timing.switched(C.set_lean_bytes, w, -1, f)
+            if "in place" not in k:
+                a, b = f(), g()
+                same = all(torch.equal(x, y) for x, y in zip(a, b)) if isinstance(a, (tuple, list)) else torch.equal(a, b)
+                assert same, f"{k} at W {w}: the output differs"
+            out[f"{k} W{w}"] = g
+    return out
+
+
 def pin_probe(reps):
     x = torch.randn(1, 16384, 32, 128, device="cuda").bfloat16()
     C = rope_ext._C
@@ -92,6 +110,7 @@ def main():
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--hint", action="store_true", help="each rope_ext auto column also without the L2 hint")
     ap.add_argument("--passes", type=int, default=1)
+    ap.add_argument("--widths", default="", help="each rope_ext auto column also at these lean access widths (bytes)")
     ap.add_argument("--pin", action="store_true", help="the pin probe after the rows")
     args = ap.parse_args()
     peers = run.Peers()
@@ -104,6 +123,8 @@ def main():
             print(title, flush=True)
             if args.hint:
                 fns = without_hint(fns)
+            if args.widths:
+                fns = with_widths(fns, [int(w) for w in args.widths.split(",")])
             got, errs = timing.graph_us_interleaved(fns, args.reps)
             for k, v in got.items():
                 print(f"    {k:<34}{v:>9.2f}", flush=True)
