@@ -231,6 +231,8 @@ int64_t lean_max_bytes() {
   const int64_t v = g_lean_max_bytes.load(std::memory_order_relaxed);
   return v >= 0 ? v : INT64_MAX;
 }
+// (Past 32 MB, 16-bit tensors at W 16 instead of 8, the hint on: level at W4 and 0.1-0.35
+// us behind at W2a / W2b / 128 MB bshd, H100, in turns, run 6 of the twenty-sixth session.)
 int lean_bytes(int64_t elem_size, int64_t bytes) {
   const int w = g_lean_bytes.load(std::memory_order_relaxed);
   if (w > 0) return w;
