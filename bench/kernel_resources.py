@@ -70,7 +70,9 @@ def short(name):
     kind = m.group(1).replace("rope_", "")
     args = [a.strip() for a in m.group(2).split(",")]
     ty = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32", "double": "fp64"}.get(args[0], args[0])
-    rest = ["gptj" if a == "true" else "neox" if a == "false" else a for a in args[1:]]
+    # (the first bool is the pairing; later ones, e.g. lean's kPlain / kHint, stay true / false)
+    rest = [("gptj" if a == "true" else "neox") if i == 0 and a in ("true", "false") else a
+            for i, a in enumerate(args[1:])]
     return f"{kind}<{','.join([ty] + rest)}>"
 
 

@@ -550,69 +550,98 @@ def test_lean_large_and_batch_fold(layout, shape, dtype, positions):
         assert torch.equal(buf2[:, :, shape[2] + 8:], buf[:, :, shape[2] + 8:]), f"V heads written {what}"
 
 
+def _hint_case(case):
+    """test_lean_l2_hint's inputs: (make, kw, want_hint, inplace_only, rows_per_thread);
+    make() gives fresh (x, k or None, positions or None) of the case's layout and strides."""
+    dev, bf = "cuda", torch.bfloat16
+    T = 5120
+    if case == "bshd":  # 40 MB
+        return (lambda: (randn((1, T, 32, 128), bf, dev), None, None)), {}, True, False, 0
+    if case == "u1":  # the same at one row a thread (set_lean_rows_per_thread)
+        return (lambda: (randn((1, T, 32, 128), bf, dev), None, None)), {}, True, False, 1
+    if case == "sbhd_folded":  # 40 MB, the batch folded into the token
+        return (lambda: (randn((640, 8, 32, 128), bf, dev), None, None)), dict(layout="sbhd"), True, False, 0
+    if case == "fp32":  # W 16
+        return (lambda: (randn((1, 2600, 32, 128), torch.float32, dev), None, None)), {}, True, False, 0
+    if case == "gptj":
+        return (lambda: (randn((1, T, 32, 128), bf, dev), None, None)), dict(interleaved=True), True, False, 0
+    if case == "qk_thd_positions":
+        pos = torch.randint(0, 1 << 20, (T,), device=dev)
+        return (lambda: (randn((T, 32, 128), bf, dev), randn((T, 8, 128), bf, dev), pos)), dict(layout="thd"), \
+            True, False, 0
+    if case == "one_head_fold":  # one head, B rows folded into the token (the batch stride as head stride)
+        return (lambda: (randn((320, 512, 1, 128), bf, dev), None, None)), {}, True, False, 0
+    if case == "two_heads":  # a few-row token: per-lane sin/cos, several tokens a block
+        return (lambda: (randn((20, 4096, 2, 128), bf, dev), None, None)), {}, True, False, 0
+    if case == "rotary_64_inplace":  # halves of 64 bytes (out of place the tail's copy takes the tiles)
+        return (lambda: (randn((1, T, 32, 128), bf, dev), None, None)), dict(rotary_dim=64), False, True, 0
+    if case == "base_offset":  # every stride aligned, the base 16 bytes off a line
+        return (lambda: (randn((T * 32 * 128 + 8,), bf, dev)[8:].view(1, T, 32, 128), None, None)), {}, False, \
+            False, 0
+    if case == "token_stride":  # the token stride 16 bytes off a multiple of 128, the rest aligned
+        return (lambda: (randn((T, 32 * 128 + 8), bf, dev)[:, :32 * 128].unflatten(1, (32, 128))[None], None, None)), \
+            {}, False, False, 0
+    if case == "k_head_stride":  # q aligned; k's head stride 272 bytes
+        pos = torch.randint(0, 1 << 20, (T,), device=dev)
+        return (lambda: (randn((T, 32, 128), bf, dev), randn((T, 8, 136), bf, dev)[..., :128], pos)), \
+            dict(layout="thd"), False, False, 0
+    assert case == "small"  # 32 MB: not past it
+    return (lambda: (randn((1, 4096, 32, 128), bf, dev), None, None)), {}, False, False, 0
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("case", ["bshd", "sbhd_folded", "fp32", "gptj", "qk_thd_positions", "one_head_fold",
-                                  "rotary_64_inplace", "offset_slice", "small"])
+@pytest.mark.parametrize("case", ["bshd", "u1", "sbhd_folded", "fp32", "gptj", "qk_thd_positions", "one_head_fold",
+                                  "two_heads", "rotary_64_inplace", "base_offset", "token_stride", "k_head_stride",
+                                  "small"])
 def test_lean_l2_hint(case):
     """Lean's L2 hint (on by default; set_lean_l2_hint(False): plain loads. x loaded with
-    evict_last, each line demoted after use) is taken past 32 MB where every line of x starts at a chunk, and its outputs are
-    bit-equal to the plain loads' (out of place and in place; the plain ones within the
-    float64 truth's bounds). Refused (plain loads, last_lean_hint False) where a line would
-    not be demoted: a rotary half of 64 bytes, an input 16 bytes off a line; and at 32 MB
-    and under."""
-    dev, C = "cuda", rope_ext._C
-    bf = torch.bfloat16
-    kw, pos, k = {}, None, None
-    if case == "bshd":
-        x = randn((1, 5120, 32, 128), bf, dev)  # 40 MB
-    elif case == "sbhd_folded":
-        x, kw = randn((640, 8, 32, 128), bf, dev), dict(layout="sbhd")  # 40 MB, the batch folded
-    elif case == "fp32":
-        x = randn((1, 2600, 32, 128), torch.float32, dev)
-    elif case == "gptj":
-        x, kw = randn((1, 5120, 32, 128), bf, dev), dict(interleaved=True)
-    elif case == "qk_thd_positions":
-        x, k = randn((5120, 32, 128), bf, dev), randn((5120, 8, 128), bf, dev)
-        kw, pos = dict(layout="thd"), torch.randint(0, 1 << 20, (5120,), device=dev)
-    elif case == "one_head_fold":
-        x = randn((320, 512, 1, 128), bf, dev)  # 40 MB, one head, B rows folded into the token
-    elif case == "rotary_64_inplace":
-        x, kw = randn((1, 5120, 32, 128), bf, dev), dict(rotary_dim=64)  # halves of 64 bytes
-    elif case == "offset_slice":
-        parent = randn((1, 5120, 32, 136), bf, dev)
-        x = parent[..., 8:]  # rows 16 bytes off a line
-    else:
-        x = randn((1, 4096, 32, 128), bf, dev)  # 32 MB: not past it
-    want_hint = case not in ("rotary_64_inplace", "offset_slice", "small")
-    inplace_only = case == "rotary_64_inplace"  # (out of place, the tail's copy takes the tiles)
-    call = (lambda t, **o: rope_ext.apply_rope_qk(t, k, pos, **kw, **o)) if k is not None else \
-        (lambda t, **o: rope_ext.apply_rope(t, pos, **kw, **o))
+    evict_last, each line demoted after use) is taken past 32 MB where every line of x
+    starts at a chunk: the hinted instance ran (the kernel's seventh template argument,
+    last_lean_hint), and its outputs are bit-equal to the plain loads' (out of place and in
+    place; the plain ones within the float64 truth's bounds). Refused (plain loads) where a
+    line would not be demoted: a rotary half of 64 bytes, a base 16 bytes off a line, a
+    token stride off 128 bytes, k's head stride off them; and at 32 MB and under. Covers the
+    table and per-lane instances, one and two rows a thread, fp32, GPT-J, the folds."""
+    C = rope_ext._C
+    make, kw, want_hint, inplace_only, u = _hint_case(case)
+
+    def run(inplace):
+        x, k, pos = make()
+        op = rope_ext.apply_rope_qk if k is not None else rope_ext.apply_rope
+        ts = (x, k) if k is not None else (x,)
+        out = op(*ts, pos, inplace=True, **kw) if inplace else op(*ts, pos, **kw)
+        return ts if inplace else (out if k is not None else (out,)), (x, k, pos)
+
+    def launched(inplace):
+        names = cuda_kernels_of(lambda: run(inplace))
+        if names is None:  # (under compute-sanitizer)
+            return
+        lean = [n.split("rope_lean_kernel<", 1)[1].split(">", 1)[0].split(",") for n in names
+                if "rope_lean_kernel<" in n]
+        assert len(lean) == 1, f"{case}: one lean launch expected: {names}"
+        assert (lean[0][6].strip() == "true") == want_hint, f"{case}: the instance {lean[0]}, hint expected {want_hint}"
+
+    C.set_lean_rows_per_thread(u)
     try:
-        if not inplace_only:
+        for inplace in ([True] if inplace_only else [False, True]):
+            torch.manual_seed(7)
             C.set_lean_l2_hint(False)
-            plain = call(x)
+            plain, (x, k, pos) = run(inplace)
             C.set_lean_l2_hint(True)
-            hinted = call(x)
-            ran = C.last_lean_hint()
-            assert C.last_lean_launch()[0] > 0 and ran == want_hint, f"{case}: hint {ran}, expected {want_hint}"
-            for a, b in zip(plain if k is not None else (plain,), hinted if k is not None else (hinted,)):
-                assert torch.equal(a, b), f"{case}: the hinted output differs"
-            first = plain[0] if k is not None else plain
-            assert_close_f64(first, ref.rope_float64(x, pos, **kw), x.abs().max().item(), f"{case} vs float64")
-        # (in place on the slice itself: a clone of it would be contiguous)
-        fresh = (lambda: parent.clone()[..., 8:]) if case == "offset_slice" else x.clone
-        xs = [fresh()] + ([k.clone()] if k is not None else [])
-        ys = [fresh()] + ([k.clone()] if k is not None else [])
-        C.set_lean_l2_hint(False)
-        (rope_ext.apply_rope_qk if k is not None else rope_ext.apply_rope)(*xs, pos, inplace=True, **kw)
-        C.set_lean_l2_hint(True)
-        (rope_ext.apply_rope_qk if k is not None else rope_ext.apply_rope)(*ys, pos, inplace=True, **kw)
-        ran = C.last_lean_hint()
-        assert C.last_lean_launch()[0] > 0 and ran == want_hint, f"{case} in place: hint {ran}, expected {want_hint}"
-        for a, b in zip(xs, ys):
-            assert torch.equal(a, b), f"{case}: the hinted in-place output differs"
+            torch.manual_seed(7)  # the same inputs
+            hinted, _ = run(inplace)
+            ran, launch = C.last_lean_hint(), C.last_lean_launch()
+            assert launch[0] > 0 and ran == want_hint, f"{case} (in place {inplace}): hint {ran}, expected {want_hint}"
+            if u:
+                assert launch[3] == u, f"{case}: {launch[3]} rows a thread, {u} forced"
+            for a, b in zip(plain, hinted):
+                assert torch.equal(a, b), f"{case} (in place {inplace}): the hinted output differs"
+            if not inplace:
+                assert_close_f64(plain[0], ref.rope_float64(x, pos, **kw), x.abs().max().item(), f"{case} vs float64")
+            launched(inplace)
     finally:
         C.set_lean_l2_hint(True)
+        C.set_lean_rows_per_thread(0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

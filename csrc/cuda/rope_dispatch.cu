@@ -531,9 +531,14 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // (torch.compile 70.45-70.66); 128 MB bshd 93.84, 93.76 -> 92.51, 92.53 / 93.57, 93.34 ->
   // 92.19, 92.16; W4 60.61, 60.82 -> 59.86, 59.84 / 60.72, 60.86 -> 59.49, 59.71 (the copy
   // 60.05-60.45). After a hinted call a 30 MB read stays in L2 (17.4 us; after a plain call
-  // 16.7, after none 18.0): no line is left held. The tiles had the same pair in the
+  // 16.7, after none 18.0; after torch.compile's undemoted hint 21.7 in the twentieth
+  // session): consistent with no line left held, within the probe's ~1 us spread; the
+  // alignment rule is what guarantees it (each hinted line is demoted by the warp that
+  // loaded it, after its stores). The tiles had the same pair in the
   // twentieth session (removed: bench/NOTES.md has why; lean has taken these calls since).
-  bool hint = g_lean_hint.load(std::memory_order_relaxed) && bytes > kLeanSmallBytes && !cache && U <= 2 && W >= 8;
+  // (sm_80 and later: the hint's PTX; older devices run plain loads and report none.)
+  bool hint = g_lean_hint.load(std::memory_order_relaxed) && bytes > kLeanSmallBytes && !cache && U <= 2 && W >= 8 &&
+              cuda_launch::device_attribute<cudaDevAttrComputeCapabilityMajor>(device) >= 8;
   if (hint) {
     const int64_t es = sizeof(T);
     hint = ((p.interleaved ? p.R : p.R / 2) * es) % 128 == 0;

@@ -122,9 +122,10 @@
 //              Then (twenty-sixth session, bench/latency_rows.py --hint, in turns): past
 //              32 MB, x loaded with L2's evict_last hint and each line demoted to
 //              evict_normal after its rows are stored (kHint; launch_lean has the rule
-//              and the numbers): 1.1-2.5% off every large row (W2a 93.7 -> 92.5-92.6 us,
-//              level with torch.compile; W2b 71.8 -> 70.6; W4 in place 60.8 -> 59.4-59.7;
-//              fp32 40 MB 32.8 -> 32.0), nothing left held in L2 after the call.
+//              and the numbers): 1.1-2.5% off every timed large row (W2a 93.7 -> 92.5-92.6
+//              us, level with torch.compile; W2b 71.8 -> 70.6; W4 in place 60.8 -> 59.5-59.7;
+//              fp32 40 MB 32.8 -> 32.0); every hinted line demoted after use, so none is
+//              left held (the pin probe agrees within its spread).
 //              Tried (twenty-sixth session, H100, in turns): at one row a thread, the
 //              work after the loads (sin/cos, the table and its barrier, rotation, store
 //              addresses) run first on stand-ins with the stores off while x was in
