@@ -37,6 +37,11 @@ def builder(name, peers):
     return lambda: run.latency_x_workload("bshd", dtype, S, peers)
 
 
+def _same(a, b):
+    """Two calls' outputs (a tensor, or q and k) bit for bit."""
+    return all(torch.equal(x, y) for x, y in zip(a, b)) if isinstance(a, (tuple, list)) else torch.equal(a, b)
+
+
 def without_hint(fns):
     """fns plus each rope_ext auto column with the L2 hint off (checked bit-equal first)."""
     C = rope_ext._C
@@ -50,8 +55,7 @@ def without_hint(fns):
             torch.cuda.synchronize()
             got = C.last_lean_hint()
             b = plain()
-            same = all(torch.equal(x, y) for x, y in zip(a, b)) if isinstance(a, (tuple, list)) else torch.equal(a, b)
-            assert same, f"{k}: the hinted output differs from plain loads'"
+            assert _same(a, b), f"{k}: the hinted output differs from plain loads'"
             print(f"    ({k}: the hint ran: {got}; bit-equal to plain loads)")
         out[k + " -hint"] = plain
     return out
@@ -69,8 +73,7 @@ def with_widths(fns, widths):
             g = timing.switched(C.set_lean_bytes, w, -1, f)
             if "in place" not in k:
                 a, b = f(), g()
-                same = all(torch.equal(x, y) for x, y in zip(a, b)) if isinstance(a, (tuple, list)) else torch.equal(a, b)
-                assert same, f"{k} at W {w}: the output differs"
+                assert _same(a, b), f"{k} at W {w}: the output differs"
             out[f"{k} W{w}"] = g
     return out
 

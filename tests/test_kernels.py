@@ -3,6 +3,7 @@ float64 truth and both PyTorch references. CPU always; CUDA where there is a GPU
 import os
 import subprocess
 import sys
+import zlib
 
 import pytest
 import torch
@@ -621,14 +622,17 @@ def test_lean_l2_hint(case):
         assert len(lean) == 1, f"{case}: one lean launch expected: {names}"
         assert (lean[0][6].strip() == "true") == want_hint, f"{case}: the instance {lean[0]}, hint expected {want_hint}"
 
+    # A seed of the case's own: the hinted output, allocated while the plain one is alive,
+    # cannot find another case's identical values in a reused block.
+    seed = zlib.crc32(case.encode())
     C.set_lean_rows_per_thread(u)
     try:
         for inplace in ([True] if inplace_only else [False, True]):
-            torch.manual_seed(7)
+            torch.manual_seed(seed)
             C.set_lean_l2_hint(False)
             plain, (x, k, pos) = run(inplace)
             C.set_lean_l2_hint(True)
-            torch.manual_seed(7)  # the same inputs
+            torch.manual_seed(seed)  # the same inputs
             hinted, _ = run(inplace)
             ran, launch = C.last_lean_hint(), C.last_lean_launch()
             assert launch[0] > 0 and ran == want_hint, f"{case} (in place {inplace}): hint {ran}, expected {want_hint}"

@@ -49,22 +49,24 @@ template <> struct LeanWord<4> { using type = uint32_t; };
 // input's lines ahead of other lines while they are in use and leaves none of them held
 // in L2's persisting set-aside after the kernel (rope variant 6's kHint; the tiles' A/B
 // of the twentieth session measured what a line left held costs the kernels after).
+// (Each load makes its own policy, and the asm is not volatile, as in the measured form;
+// one policy a thread, or volatile loads that the compiler may not move, need an A/B.)
 template <typename Word>
 __device__ __forceinline__ Word load_word_last(const void* p) {
   Word w;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if constexpr (sizeof(Word) == 16) {
     asm("{\n\t.reg .b64 pol;\n\tcreatepolicy.fractional.L2::evict_last.b64 pol, 1.0;\n\t"
-                 "ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], pol;\n\t}"
-                 : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w) : "l"(p));
+        "ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], pol;\n\t}"
+        : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w) : "l"(p));
   } else if constexpr (sizeof(Word) == 8) {
     asm("{\n\t.reg .b64 pol;\n\tcreatepolicy.fractional.L2::evict_last.b64 pol, 1.0;\n\t"
-                 "ld.global.L2::cache_hint.v2.u32 {%0, %1}, [%2], pol;\n\t}"
-                 : "=r"(w.x), "=r"(w.y) : "l"(p));
+        "ld.global.L2::cache_hint.v2.u32 {%0, %1}, [%2], pol;\n\t}"
+        : "=r"(w.x), "=r"(w.y) : "l"(p));
   } else {
     asm("{\n\t.reg .b64 pol;\n\tcreatepolicy.fractional.L2::evict_last.b64 pol, 1.0;\n\t"
-                 "ld.global.L2::cache_hint.u32 %0, [%1], pol;\n\t}"
-                 : "=r"(w) : "l"(p));
+        "ld.global.L2::cache_hint.u32 %0, [%1], pol;\n\t}"
+        : "=r"(w) : "l"(p));
   }
 #else
   w = *static_cast<const Word*>(p);
