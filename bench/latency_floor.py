@@ -171,6 +171,27 @@ def _freq_tables(D, max_pos):
     return hi.to(DEV), lo.to(DEV), ref.cos_sin_table(D, 10000.0, max_pos, DEV)
 
 
+PAGE = 21  # log2 of the 2 MB pages the caching allocator's segments are mapped in
+
+
+def freq_placements(D, near):
+    """The frequencies' page question (twenty-seventh session): rope_ext's default table
+    is a device tensor made at the process's first call, so its 2 MB page is apart from
+    the call's tensors, where the peers' cos/sin are allocated with the inputs. Returns
+    HF's inv_freq twice: in `near`'s 2 MB page (allocated right after it) and in a page
+    of its own (after small fillers open a new small-pool segment)."""
+    f = rope_ext.inv_freq(D, 10000.0)
+    same = f.to(DEV)
+    fillers = []
+    own = f.to(DEV)
+    while (own.data_ptr() >> PAGE) in (near.data_ptr() >> PAGE, same.data_ptr() >> PAGE):
+        fillers.append(torch.empty(2**19, dtype=torch.uint8, device=DEV))  # 512 KB: small pool
+        own = f.to(DEV)
+    print(f"  pages (ptr >> {PAGE}): input {near.data_ptr() >> PAGE}, inv_freq 'same page' "
+          f"{same.data_ptr() >> PAGE}, 'own page' {own.data_ptr() >> PAGE} (after {len(fillers)} fillers)")
+    return same, own, fillers
+
+
 def append_ref_rows():
     B, Hk, D, cap = 16, 8, 128, 4097
     hi, lo, cs = _freq_tables(D, cap)
@@ -189,6 +210,10 @@ def append_ref_rows():
     cu = torch.arange(B + 1, dtype=torch.int32, device=DEV)
     kt, vt = k.view(B, Hk, D), v.view(B, Hk, D)
     rows["rope_ext append_kv varlen (16 sequences)"] = lambda: rope_ext.append_kv(kt, vt, kc, vc, lens, cu_seqlens=cu)
+    f_same, f_own, keep = freq_placements(D, k)
+    for tag, f in (("same page as k", f_same), ("own page", f_own)):
+        rows[f"rope_ext append_kv batched, inv_freq {tag}"] = (
+            lambda f=f, keep=keep: rope_ext.append_kv(k, v, kc, vc, lens, inv_freq=f))
     rows["same-size copy (k and v)"] = same_size_copy(2 * k.numel(), k.dtype)
     a = torch.zeros(32, dtype=torch.int32, device=DEV)
     out = torch.empty(32, dtype=torch.int32, device=DEV)
@@ -197,6 +222,10 @@ def append_ref_rows():
     def check():  # the Triton kernels write rope_ext's cache contents (bf16 roundings apart)
         want_k = kc.clone()
         rope_ext.append_kv(k, v, want_k, vc.clone(), lens)
+        for f in (f_same, f_own):
+            got_k = kc.clone()
+            rope_ext.append_kv(k, v, got_k, vc.clone(), lens, inv_freq=f)
+            assert torch.equal(got_k, want_k), "append_kv with inv_freq= differs from the default table's"
         for name, mode in SIN_MODES[:2]:
             got = kc.clone().zero_()
             _append_ref[(B, 1)](k, v, got, vc, lens, cs, hi, lo, cap, HK=Hk, HB=Hk, D=D, MODE=mode, num_warps=4)
@@ -216,6 +245,11 @@ def rope_ref_rows(S, inplace, peers):
         rows[f"Triton rope, {name}, {S} programs x 4 warps"] = (
             lambda mode=mode: _rope_ref[(S,)](x, o, cs, hi, lo, H=H, D=D, MODE=mode, num_warps=4))
     rows["rope_ext apply_rope"] = lambda: rope_ext.apply_rope(x, inplace=inplace)
+    if not inplace:
+        f_same, f_own, keep = freq_placements(D, x)
+        for tag, f in (("same page as x", f_same), ("own page", f_own)):
+            rows[f"rope_ext apply_rope, inv_freq {tag}"] = (
+                lambda f=f, keep=keep: rope_ext.apply_rope(x, inv_freq=f))
     if inplace and peers is not None and "Liger" in peers.mods:
         from run import hf_cos_sin
         cos, sin = hf_cos_sin(S, D, x.dtype)
@@ -233,6 +267,8 @@ def rope_ref_rows(S, inplace, peers):
         if inplace:
             return
         want = rope_ext.apply_rope(x)
+        for f in (f_same, f_own):
+            assert torch.equal(rope_ext.apply_rope(x, inv_freq=f), want), "apply_rope with inv_freq= differs"
         for name, mode in SIN_MODES[:2]:
             _rope_ref[(S,)](x, o, cs, hi, lo, H=H, D=D, MODE=mode, num_warps=4)
             print(f"  check: Triton rope ({name}) vs rope_ext: max |diff| {(o.float() - want.float()).abs().max().item():.3g}")
