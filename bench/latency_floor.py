@@ -178,18 +178,17 @@ def freq_placements(D, near):
     """The frequencies' page question (twenty-seventh session): rope_ext's default table
     is a device tensor made at the process's first call, so its 2 MB page is apart from
     the call's tensors, where the peers' cos/sin are allocated with the inputs. Returns
-    HF's inv_freq twice: in `near`'s 2 MB page (allocated right after it) and in a page
-    of its own (after small fillers open a new small-pool segment)."""
+    HF's inv_freq twice: allocated right after `near` (the same small-pool segment, so
+    the same 2 MB page where it has room) and at the start of a 4 MB large-pool block of
+    its own (another segment: another page), and that block."""
     f = rope_ext.inv_freq(D, 10000.0)
     same = f.to(DEV)
-    fillers = []
-    own = f.to(DEV)
-    while (own.data_ptr() >> PAGE) in (near.data_ptr() >> PAGE, same.data_ptr() >> PAGE):
-        fillers.append(torch.empty(2**19, dtype=torch.uint8, device=DEV))  # 512 KB: small pool
-        own = f.to(DEV)
-    print(f"  pages (ptr >> {PAGE}): input {near.data_ptr() >> PAGE}, inv_freq 'same page' "
-          f"{same.data_ptr() >> PAGE}, 'own page' {own.data_ptr() >> PAGE} (after {len(fillers)} fillers)")
-    return same, own, fillers
+    holder = torch.empty(2**20, dtype=torch.float32, device=DEV)  # 4 MB: the large pool
+    own = holder[: f.numel()]
+    own.copy_(f)
+    pages = [t.data_ptr() >> PAGE for t in (near, same, own)]
+    print(f"  pages (ptr >> {PAGE}): input {pages[0]}, inv_freq 'same page' {pages[1]}, 'own page' {pages[2]}")
+    return same, own, holder
 
 
 def append_ref_rows():
