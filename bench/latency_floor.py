@@ -31,6 +31,9 @@ wrong past ~10^4 positions, a floor only). Every row timed in turns
   rope bshd bf16 [1, S, 32, 128] out of place at S = 16, 64 (0.12, 0.5 MB; torch.compile
   in the same turns) and in place at S = 1024, 4096 (8, 32 MB; Liger there when
   importable): one program per token, 4 warps, positions 0..S-1.
+rope_ext's append (batched) and out-of-place rope rows run again with `inv_freq=` HF's
+table placed after the input and in a 2 MB page of its own (freq_placements; the pages
+printed): the twenty-seventh session's question whether the table's page costs time.
 """
 import argparse
 import os
@@ -175,20 +178,23 @@ PAGE = 21  # log2 of the 2 MB pages the caching allocator's segments are mapped 
 
 
 def freq_placements(D, near):
-    """The frequencies' page question (twenty-seventh session): rope_ext's default table
-    is a device tensor made at the process's first call, so its 2 MB page is apart from
-    the call's tensors, where the peers' cos/sin are allocated with the inputs. Returns
-    HF's inv_freq twice: allocated right after `near` (the same small-pool segment, so
-    the same 2 MB page where it has room) and at the start of a 4 MB large-pool block of
-    its own (another segment: another page), and that block."""
+    """The frequencies' page question (twenty-seventh session): do the inv_freq loads cost
+    more when the table sits in a 2 MB page of its own than in the input's? Returns HF's
+    inv_freq twice with a label each: allocated right after `near` (best fit usually puts
+    it in near's small-pool segment, so its page, but not always: the label says which
+    happened) and at the head of a 4 MB large-pool block (another segment, another page),
+    plus that block (kept alive by the rows). rope_ext's default table is made at the
+    process's first call, so where it lies depends on the order of allocations; it is not
+    printed here."""
     f = rope_ext.inv_freq(D, 10000.0)
-    same = f.to(DEV)
+    near_t = f.to(DEV)
     holder = torch.empty(2**20, dtype=torch.float32, device=DEV)  # 4 MB: the large pool
     own = holder[: f.numel()]
     own.copy_(f)
-    pages = [t.data_ptr() >> PAGE for t in (near, same, own)]
-    print(f"  pages (ptr >> {PAGE}): input {pages[0]}, inv_freq 'same page' {pages[1]}, 'own page' {pages[2]}")
-    return same, own, holder
+    pages = [t.data_ptr() >> PAGE for t in (near, near_t, own)]
+    print(f"  pages (ptr >> {PAGE}): input {pages[0]}, inv_freq allocated after it {pages[1]}, own page {pages[2]}")
+    same = "in the input's page" if pages[1] == pages[0] else "allocated after the input, another page"
+    return [(same, near_t), ("in its own page", own)], holder
 
 
 def append_ref_rows():
@@ -209,8 +215,8 @@ def append_ref_rows():
     cu = torch.arange(B + 1, dtype=torch.int32, device=DEV)
     kt, vt = k.view(B, Hk, D), v.view(B, Hk, D)
     rows["rope_ext append_kv varlen (16 sequences)"] = lambda: rope_ext.append_kv(kt, vt, kc, vc, lens, cu_seqlens=cu)
-    f_same, f_own, keep = freq_placements(D, k)
-    for tag, f in (("same page as k", f_same), ("own page", f_own)):
+    placed, keep = freq_placements(D, k)
+    for tag, f in placed:
         rows[f"rope_ext append_kv batched, inv_freq {tag}"] = (
             lambda f=f, keep=keep: rope_ext.append_kv(k, v, kc, vc, lens, inv_freq=f))
     rows["same-size copy (k and v)"] = same_size_copy(2 * k.numel(), k.dtype)
@@ -221,7 +227,7 @@ def append_ref_rows():
     def check():  # the Triton kernels write rope_ext's cache contents (bf16 roundings apart)
         want_k = kc.clone()
         rope_ext.append_kv(k, v, want_k, vc.clone(), lens)
-        for f in (f_same, f_own):
+        for _, f in placed:
             got_k = kc.clone()
             rope_ext.append_kv(k, v, got_k, vc.clone(), lens, inv_freq=f)
             assert torch.equal(got_k, want_k), "append_kv with inv_freq= differs from the default table's"
@@ -245,8 +251,8 @@ def rope_ref_rows(S, inplace, peers):
             lambda mode=mode: _rope_ref[(S,)](x, o, cs, hi, lo, H=H, D=D, MODE=mode, num_warps=4))
     rows["rope_ext apply_rope"] = lambda: rope_ext.apply_rope(x, inplace=inplace)
     if not inplace:
-        f_same, f_own, keep = freq_placements(D, x)
-        for tag, f in (("same page as x", f_same), ("own page", f_own)):
+        placed, keep = freq_placements(D, x)
+        for tag, f in placed:
             rows[f"rope_ext apply_rope, inv_freq {tag}"] = (
                 lambda f=f, keep=keep: rope_ext.apply_rope(x, inv_freq=f))
     if inplace and peers is not None and "Liger" in peers.mods:
@@ -266,7 +272,7 @@ def rope_ref_rows(S, inplace, peers):
         if inplace:
             return
         want = rope_ext.apply_rope(x)
-        for f in (f_same, f_own):
+        for _, f in placed:
             assert torch.equal(rope_ext.apply_rope(x, inv_freq=f), want), "apply_rope with inv_freq= differs"
         for name, mode in SIN_MODES[:2]:
             _rope_ref[(S,)](x, o, cs, hi, lo, H=H, D=D, MODE=mode, num_warps=4)
