@@ -343,6 +343,13 @@ def cuda_kernels_of(fn):
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
+def lean_instances(names):
+    """The template arguments (stripped strings) of each rope_lean_kernel among kernel
+    names, in order: T, kInterleaved, U, W, kSource, kPlain, kHint."""
+    return [[a.strip() for a in n.split("rope_lean_kernel<", 1)[1].split(">", 1)[0].split(",")]
+            for n in names if "rope_lean_kernel<" in n]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("offsets", ["int", "tensor", "tensor 2^33"])
 @pytest.mark.parametrize("cu_dtype", [torch.int32, torch.int64])
@@ -425,11 +432,10 @@ def test_lean_token_strides(layout, B, S, positions):
         C.set_lean_max_bytes(32 << 20)
         names = cuda_kernels_of(lambda: rope_ext.apply_rope_qk(q, k, pos, **kw))
         if names is not None:
-            assert any("rope_lean_kernel" in n for n in names), "auto did not take lean here: the test would not test it"
-            # The instance's sixth template argument is kPlain: true exactly without positions.
-            def plain_arg(n):
-                return n.split("rope_lean_kernel<", 1)[1].split(">", 1)[0].split(",")[5].strip() == "true"
-            assert any(plain_arg(n) == (pos is None) for n in names if "rope_lean_kernel" in n), \
+            lean = lean_instances(names)
+            assert lean, "auto did not take lean here: the test would not test it"
+            # kPlain (the sixth template argument): true exactly without positions.
+            assert any((a[5] == "true") == (pos is None) for a in lean), \
                 f"plain instance {'not ' if pos is None else ''}taken: {names}"
         pairs = [(q, k)]
         if layout == "bshd":  # k [B, S, 8, D] over [B, 8, S, D] memory
@@ -617,10 +623,9 @@ def test_lean_l2_hint(case):
         names = cuda_kernels_of(lambda: run(inplace))
         if names is None:  # (under compute-sanitizer)
             return
-        lean = [n.split("rope_lean_kernel<", 1)[1].split(">", 1)[0].split(",") for n in names
-                if "rope_lean_kernel<" in n]
+        lean = lean_instances(names)
         assert len(lean) == 1, f"{case}: one lean launch expected: {names}"
-        assert (lean[0][6].strip() == "true") == want_hint, f"{case}: the instance {lean[0]}, hint expected {want_hint}"
+        assert (lean[0][6] == "true") == want_hint, f"{case}: the instance {lean[0]}, hint expected {want_hint}"
 
     # A seed of the case's own: the hinted output, allocated while the plain one is alive,
     # cannot find another case's identical values in a reused block.
@@ -720,17 +725,15 @@ def test_lean_table_only_when_shared(dtype, heads):
     a block of one row (one head, B = 1: no fold), or a token under 64 threads (whose
     thread takes all its rows: two bf16 heads), computes them per lane (kSource 0).
     Either way bit-equal to the tiles and within the float64 truth's bounds."""
-    import re
     table = heads > 1 and heads * (16 if dtype == torch.bfloat16 else 32) >= 64  # a row's threads at 8 bytes
     x = randn((1, 64, heads, 128), dtype, "cuda")
     pos = torch.randint(0, 1 << 20, (64,), device="cuda")
     for p in (None, pos):
         names = cuda_kernels_of(lambda: rope_ext.apply_rope(x, p))
         if names is not None:
-            lean = [re.search(r"rope_lean_kernel<([^>]*)>", n) for n in names]
-            args = [m.group(1).split(",") for m in lean if m]
+            args = lean_instances(names)
             assert len(args) == 1, f"one lean launch expected: {names}"
-            assert args[0][4].strip() == ("1" if table else "0"), f"{heads} heads: {names}"
+            assert args[0][4] == ("1" if table else "0"), f"{heads} heads: {names}"
         out = rope_ext.apply_rope(x, p)
         assert torch.equal(out, rope_ext.apply_rope(x, p, impl="fp32x4_tile")), f"{heads} heads vs the tiles"
         assert_close_f64(out, ref.rope_float64(x, p), x.abs().max().item(), f"{heads} heads")
