@@ -3,10 +3,11 @@ same way (timing.graph_us_interleaved: one call in a CUDA graph, L2 flushed befo
 replay, the columns in turns, median): for a run with little device time left, where the
 whole suite (`run.py --suite latency --quick`) does not fit.
 
-    python bench/latency_rows.py [--rows W4,W2a,W2b,128] [--reps 100] [--hint] [--widths 16] [--passes 1] [--pin]
+    python bench/latency_rows.py [--rows W4,W2a,W2b,128] [--reps 100] [--hint] [--widths 16] [--knobs lane,mb64]
+                                 [--passes 1] [--pin]
 
 Rows: W4 (q [8192, 32, 128] + k [8192, 8, 128] thd), W5 (the same at 16 tokens), W2a / W2b
-(sbhd bf16), N (MB of bshd bf16 [1, S, 32, 128]), fN (the same in fp32). --hint: each
+(sbhd bf16), N (MB of bshd bf16 [1, S, 32, 128], 0.125 and 0.5 too), fN (the same in fp32). --hint: each
 rope_ext auto column again without the lean kernel's L2 hint (set_lean_l2_hint(False),
 "-hint"; its output checked bit-equal to the column's). --pin: after the rows, whether a
 call leaves the kernels after it a smaller L2 (a 30 / 40 MB read after the call on 128 MB,
@@ -33,7 +34,7 @@ def builder(name, peers):
         shape = (4096, 1, 128, 128) if name == "W2a" else (512, 32, 24, 128)
         return lambda: run.latency_sbhd_workload(name, shape, peers)
     dtype = torch.float32 if name.startswith("f") else torch.bfloat16
-    S = int(name.lstrip("f")) * 2**20 // (32 * 128 * dtype.itemsize)
+    S = int(float(name.lstrip("f")) * 2**20) // (32 * 128 * dtype.itemsize)  # (0.125: S = 16 in bf16)
     return lambda: run.latency_x_workload("bshd", dtype, S, peers)
 
 
@@ -78,6 +79,27 @@ def with_widths(fns, widths):
     return out
 
 
+KNOBS = {"lane": ("set_lean_share", False, True)}  # (mbN: set_lean_min_block(N), below)
+
+
+def with_knobs(fns, names):
+    """fns plus each rope_ext auto column under each of the lean knobs `names` ("lane": each
+    lane its own sin/cos, no block table; "mbN": blocks halved down to N threads to cover
+    the SMs), each checked bit-equal to the column first."""
+    C = rope_ext._C
+    out = dict(fns)
+    for k, f in fns.items():
+        if not k.startswith("rope_ext auto") or "cos_sin_cache" in k:
+            continue
+        for n in names:
+            setter, on, off = ("set_lean_min_block", int(n[2:]), 0) if n.startswith("mb") else KNOBS[n]
+            g = timing.switched(getattr(C, setter), on, off, f)
+            if "in place" not in k:
+                assert _same(f(), g()), f"{k} under {n}: the output differs"
+            out[f"{k} {n}"] = g
+    return out
+
+
 def pin_probe(reps):
     x = torch.randn(1, 16384, 32, 128, device="cuda").bfloat16()
     C = rope_ext._C
@@ -115,6 +137,7 @@ def main():
     ap.add_argument("--passes", type=int, default=1)
     ap.add_argument("--widths", default="", help="each rope_ext auto column also at these lean access widths (bytes)")
     ap.add_argument("--pin", action="store_true", help="the pin probe after the rows")
+    ap.add_argument("--knobs", default="", help="each rope_ext auto column also under these lean knobs: lane, mbN")
     args = ap.parse_args()
     peers = run.Peers()
     print(f"device: {torch.cuda.get_device_name()}; flush {timing.FLUSH}; us, median of {args.reps} replays, in turns")
@@ -128,6 +151,8 @@ def main():
                 fns = without_hint(fns)
             if args.widths:
                 fns = with_widths(fns, [int(w) for w in args.widths.split(",")])
+            if args.knobs:
+                fns = with_knobs(fns, args.knobs.split(","))
             got, errs = timing.graph_us_interleaved(fns, args.reps)
             for k, v in got.items():
                 print(f"    {k:<34}{v:>9.2f}", flush=True)

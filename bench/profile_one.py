@@ -1,6 +1,7 @@
 """One call of one workload, for ncu:  ncu --set full python bench/profile_one.py w1 fp32x4
     small [S]: bshd bf16 [1, S, 32, 128] (S = 8: 64 KB; issue 19's 0.12 MB point is S = 16);
-               impl "ip": auto in place, "liger": Liger's rope_forward (in place), "compile"
+               impl "ip": auto in place, "liger": Liger's rope_forward (in place), "compile",
+               "study:NAME": variant NAME of bench/small_rope_study.cu (e.g. study:lean_global)
     PROFILE_DIRTY_L2=1: a 256 MB write before each call, so the profiled kernel meets an L2
     full of dirty lines as in the latency suite (profile with ncu --cache-control none)
     w5: thd bf16 q [16, 32, 128] + k [16, 8, 128] in place, random positions < 131072
@@ -50,6 +51,15 @@ elif w == "small":  # bshd [1, S, 32, 128] bf16 (latency-bound); S = 8 is the sw
         qb, kb = xt[:h].unsqueeze(0).transpose(1, 2), xt[h:2 * h].unsqueeze(0).transpose(1, 2)
         c, s_ = cos[:h, 0].unsqueeze(0).contiguous(), sin[:h, 0].unsqueeze(0).contiguous()
         fn = lambda: rope_forward(qb, kb, c, s_)  # noqa: E731
+    elif impl.startswith("study:"):  # a variant of bench/small_rope_study.cu on the same x
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from small_rope_study import VARIANTS, build
+        mod, v = build(), VARIANTS.index(impl.split(":", 1)[1])
+        xt, out = x.view(S, 32, 128), torch.empty(S, 32, 128, device="cuda", dtype=x.dtype)
+        inv = rope_ext.inv_freq(128, 10000.0).float().cpu().contiguous()
+        fq, seq0 = inv.cuda(), torch.zeros(1, dtype=torch.int32, device="cuda")
+        tc, ts = emb[:, :64].cos().contiguous(), emb[:, :64].sin().contiguous()
+        fn = lambda: mod.run(v, xt, out, fq, inv, tc, ts, seq0)  # noqa: E731
     else:
         fn = lambda: rope_ext.apply_rope(x, impl=impl)  # noqa: E731
 elif w == "w5":  # decode step: q + k thd in place, one launch

@@ -1,6 +1,6 @@
 """Where a kernel's instructions and stalls go, from ncu's SASS source page.
 
-    python bench/sass_profile.py ncu_sass_1.csv [--warps N] [--chunk 40]
+    python bench/sass_profile.py ncu_sass_1.csv [--warps N] [--chunk 40] [--top 15]
 
 Reads the CSV that `scripts/gpu_check.sh --ncu-src` writes (ncu --page source --csv
 --print-source sass of one kernel launch) and prints: the instructions executed per
@@ -27,6 +27,7 @@ def main():
     ap.add_argument("csv")
     ap.add_argument("--warps", type=int, help="warps launched (default: the first instruction's execution count)")
     ap.add_argument("--chunk", type=int, default=40)
+    ap.add_argument("--top", type=int, default=0, help="also the N instructions with the most stall samples")
     args = ap.parse_args()
     rows = list(csv.reader(open(args.csv)))
     start = next(i for i, r in enumerate(rows) if r and r[0] == "Address")
@@ -61,6 +62,10 @@ def main():
             continue
         kinds = sorted({opcode(o[0]).split(".")[0] for o in seg if o[1] and any(n in o[0] for n in NOTE)})
         print(f"  {s:5d} per warp {ex:6.1f}  samples {st:4d}  {' '.join(kinds)}")
+    if args.top:
+        print(f"\nthe {args.top} instructions with the most stall samples (index, samples, executed per warp):")
+        for k in sorted(range(len(ops)), key=lambda k: -ops[k][2])[:args.top]:
+            print(f"  {k:5d} {ops[k][2]:5d} {ops[k][1] / warps:6.1f}  {ops[k][0][:70]}")
 
 
 if __name__ == "__main__":

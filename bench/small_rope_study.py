@@ -49,6 +49,13 @@ EXACT = {"lean_global", "lean_param", "uni_global", "uni_param", "lean_rb2", "le
          "nopos_one", "nopos_both", "plain_k0", "plain_k1", *FAR}  # bit-equal to rope_ext's sin/cos
 
 
+def build():
+    """The study's module (torch.utils.cpp_extension.load: built once, then cached)."""
+    return load("small_rope_study", [os.path.join(HERE, "small_rope_study.cu")],
+                extra_include_paths=[os.path.join(HERE, "..", "csrc")],
+                extra_cuda_cflags=["-O3", "--expt-relaxed-constexpr", "-DROPE_EXT_ANGLE_TURNS=1"], verbose=False)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=200)
@@ -64,9 +71,7 @@ def main():
     unknown = only - set(VARIANTS) - set(FAR)
     if unknown:
         raise SystemExit(f"--only: unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS + list(FAR))}")
-    mod = load("small_rope_study", [os.path.join(HERE, "small_rope_study.cu")],
-               extra_include_paths=[os.path.join(HERE, "..", "csrc")],
-               extra_cuda_cflags=["-O3", "--expt-relaxed-constexpr", "-DROPE_EXT_ANGLE_TURNS=1"], verbose=False)
+    mod = build()
     D, H = 128, 32
     inv = rope_ext.inv_freq(D, 10000.0).float().cpu().contiguous()  # the bits rope_ext's kernels use
     freq = inv.cuda()

@@ -13,7 +13,8 @@
 #   torch.compile's, into $OUT/ncu_rope.txt; both with the warp stall reasons per issued
 #   instruction; --ncu-src "REGEX SKIP SCRIPT ARGS;...": instructions executed and stall
 #   samples per SASS instruction of the first kernel matching REGEX after SKIP launches,
-#   into $OUT/ncu_sass_N.csv (bench/sass_profile.py reads them); --run: more commands
+#   into $OUT/ncu_sass_N.csv (bench/sass_profile.py reads them; env NCU_SRC_FLAGS: more ncu
+#   options, e.g. "--cache-control none --clock-control none"); --run: more commands
 #   after the build, into $OUT/run.txt; --bench "": no bench)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -76,7 +77,7 @@ if [[ -n $ncu_src ]]; then  # "REGEX SKIP SCRIPT ARGS...;REGEX SKIP ..." -> ncu_
     i=$((i + 1)); read -r kre skip cmd <<< "$spec"
     rep=$(mktemp -d)/src
     ncu -k regex:"$kre" --launch-skip "$skip" --launch-count 1 --section SourceCounters --section WarpStateStats \
-        -o "$rep" $PY $cmd > /dev/null 2>&1
+        ${NCU_SRC_FLAGS:-} -o "$rep" $PY $cmd > /dev/null 2>&1
     ncu -i "$rep.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_sass_$i.csv" 2>&1
     echo "ncu-src $i ($spec): $(wc -l < "$OUT/ncu_sass_$i.csv") lines"
   done
