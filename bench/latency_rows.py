@@ -79,13 +79,15 @@ def with_widths(fns, widths):
     return out
 
 
-KNOBS = {"lane": ("set_lean_share", False, True)}  # (mbN: set_lean_min_block(N), below)
+KNOBS = {"lane": ("set_lean_share", False, True),  # (mbN: set_lean_min_block(N), below)
+         "general": ("set_lean_plain", False, True)}
 
 
 def with_knobs(fns, names):
     """fns plus each rope_ext auto column under each of the lean knobs `names` ("lane": each
-    lane its own sin/cos, no block table; "mbN": blocks halved down to N threads to cover
-    the SMs), each checked bit-equal to the column first."""
+    lane its own sin/cos, no block table; "general": the instance with the position code
+    where kPlain would run; "mbN": blocks halved down to N threads to cover the SMs), each
+    checked bit-equal to the column first."""
     C = rope_ext._C
     out = dict(fns)
     for k, f in fns.items():
@@ -137,7 +139,7 @@ def main():
     ap.add_argument("--passes", type=int, default=1)
     ap.add_argument("--widths", default="", help="each rope_ext auto column also at these lean access widths (bytes)")
     ap.add_argument("--pin", action="store_true", help="the pin probe after the rows")
-    ap.add_argument("--knobs", default="", help="each rope_ext auto column also under these lean knobs: lane, mbN")
+    ap.add_argument("--knobs", default="", help="each rope_ext auto column also under these lean knobs: lane, general, mbN")
     args = ap.parse_args()
     peers = run.Peers()
     print(f"device: {torch.cuda.get_device_name()}; flush {timing.FLUSH}; us, median of {args.reps} replays, in turns")

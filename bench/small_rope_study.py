@@ -157,11 +157,13 @@ def main():
         # rope_ext's lean kernel under its knobs, bshd [1, S, 32, 128] and thd, out of place.
         xb = x.view(1, S, H, D)
         want_now = rope_ext.apply_rope(x, layout="thd", cu_seqlens=cu, impl="fp32x4_tile")  # x was rotated in place
-        knobs = {"rule": {}, "old rule (blocks to 32)": dict(min_block=1), "K=1": dict(share=False)}
+        knobs = {"rule": {}, "old rule (blocks to 32)": dict(min_block=1), "K=1": dict(share=False),
+                 "general": dict(plain=False)}  # (general: the instance with the position code, as thd's)
         line = []
         for name, kn in knobs.items():
             C.set_lean_min_block(kn.get("min_block", 0))
             C.set_lean_share(kn.get("share", True))
+            C.set_lean_plain(kn.get("plain", True))
             got = rope_ext.apply_rope(xb)
             ok = torch.equal(got.view_as(want_now), want_now)
             tb = graph_us(lambda: rope_ext.apply_rope(xb), args.reps)
@@ -169,6 +171,7 @@ def main():
             line.append(f"{name}: bshd {tb:.2f} thd {tt:.2f}{'' if ok else ' (!bits)'}")
         C.set_lean_min_block(0)
         C.set_lean_share(True)
+        C.set_lean_plain(True)
         print("        rope_ext lean knobs: " + "; ".join(line), flush=True)
     if args.turns:
         return

@@ -694,21 +694,6 @@ static __device__ __noinline__ void lean_table_rest(float* table, int half, int6
   }
 }
 
-// A row's output: out[t] + b, s, h times its strides (t = 1 for k's rows).
-template <typename T>
-__device__ __forceinline__ T* lean_out_row(const LeanParams& p, bool k, int64_t b, int64_t s, int64_t h) {
-  return static_cast<T*>(k ? p.out[1] : p.out[0]) + b * (k ? p.out_s[1][0] : p.out_s[0][0]) +
-         s * (k ? p.out_s[1][1] : p.out_s[0][1]) + h * (k ? p.out_s[1][2] : p.out_s[0][2]);
-}
-// EARLY (twenty-eighth session, issue 19): at U <= 2 the output rows' pointers are
-// computed beside the x loads, not after the sin/cos (where their constant reads and
-// 64-bit math sat between x's arrival and the stores), the kPlain instances run the
-// sin/cos once without the guess's check, and at U = 1 without the table a thread
-// without a row returns before its loads. (A study of the lean kernel against the
-// minimal lean_nopos, which does all three, under ncu in the suite's regime: bench/NOTES.md.)
-template <int U>
-inline constexpr bool kOutEarly = U <= 2;
-
 // kSource: 0 sin/cos computed by each lane, 1 the block's table in shared memory
 // (2 * R / 2 floats of dynamic shared memory), 2 read from p.cache. A template argument,
 // not a branch: with the table code in the same instance the compiler laid it out as the
@@ -766,13 +751,8 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   //    by RB head strides: ~320 fewer instructions a warp of ~970 at U = 8, and no gain
   //    measurable in turns: 8 MB -0.1 us, 32 MB +0.1, within the noise. Those calls are
   //    DRAM-bound; reverted.)
-  // A thread without a row leaves at once where no barrier waits for it (EARLY, above).
-  if constexpr (!kTable && U == 1) {
-    if (r0 >= p.rows) return;
-  }
   Word xa[U], xb[U];
   const T* src[kHint ? U : 1];  // (kHint: the rows' inputs, whose lines are demoted after the stores)
-  T* dst[kOutEarly<U> ? U : 1];  // (the rows' outputs: EARLY, above)
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const int r = r0 + u * p.rows_per_block;
@@ -783,7 +763,6 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
     int64_t off = tok * (k ? p.in_ts[1] : p.in_ts[0]) + h * (k ? p.in_hs[1] : p.in_hs[0]);
     if (p.cshift & kLeanBatchFix) off += b * (k ? p.in_bfix[1] : p.in_bfix[0]);
     const T* in = static_cast<const T*>(k ? p.in[1] : p.in[0]) + off;
-    if constexpr (kOutEarly<U>) dst[u] = lean_out_row<T>(p, k, b, s, h);
     if constexpr (kHint) {
       src[u] = in;
       xa[u] = load_word_last<Word>(in + d0);
@@ -849,7 +828,7 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
     int64_t at = s + p.offset;
     if (!guessed) at = loaded();
     extern __shared__ __align__(16) float lean_table[];  // kTable: sin * sin_scale [half], then cos * cos_scale [half]
-    for (;;) {  // (kPlain: one pass, no check: EARLY, above)
+    for (;;) {
       float last;
       if constexpr (kTable) {
         const auto put = [&](int i, float fi) {  // pair i's sin and cos, scaled, into the table
@@ -864,10 +843,6 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
       } else {
         angle_sincos_chunk<P>(at, f, sn, cs);
         last = cs[0];
-      }
-      if constexpr (kPlain) {
-        (void)last;
-        break;
       }
       // (An empty asm that rewrites the raw words after the sin/cos: the compiler can
       // neither hoist loaded() out of the loop nor place it before them.)
@@ -937,13 +912,10 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
     if (r >= p.rows) break;
     pin_word(xa[u]);
     if constexpr (!kInterleaved) pin_word(xb[u]);
-    T* out;
-    if constexpr (kOutEarly<U>) {
-      out = dst[u];
-    } else {
-      const bool k = r >= p.H0;
-      out = lean_out_row<T>(p, k, b, s, k ? r - p.H0 : r);
-    }
+    const bool k = r >= p.H0;
+    const int64_t h = k ? r - p.H0 : r;
+    T* out = static_cast<T*>(k ? p.out[1] : p.out[0]) + b * (k ? p.out_s[1][0] : p.out_s[0][0]) +
+             s * (k ? p.out_s[1][1] : p.out_s[0][1]) + h * (k ? p.out_s[1][2] : p.out_s[0][2]);
     VecT va, vb;
     *reinterpret_cast<Word*>(&va) = xa[u];
     if (!kInterleaved) *reinterpret_cast<Word*>(&vb) = xb[u];
