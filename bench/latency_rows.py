@@ -80,13 +80,15 @@ def with_widths(fns, widths):
 
 
 KNOBS = {"lane": ("set_lean_share", False, True),  # (mbN: set_lean_min_block(N), below)
-         "general": ("set_lean_plain", False, True)}
+         "general": ("set_lean_plain", False, True),
+         "noplain1": ("set_lean_plain1", False, True)}
 
 
 def with_knobs(fns, names):
     """fns plus each rope_ext auto column under each of the lean knobs `names` ("lane": each
     lane its own sin/cos, no block table; "general": the instance with the position code
-    where kPlain would run; "mbN": blocks halved down to N threads to cover the SMs), each
+    where kPlain would run; "noplain1": rope_lean_kernel's kPlain instances where
+    rope_lean_plain1_kernel would run; "mbN": blocks halved down to N threads to cover the SMs), each
     checked bit-equal to the column first."""
     C = rope_ext._C
     out = dict(fns)
@@ -139,7 +141,7 @@ def main():
     ap.add_argument("--passes", type=int, default=1)
     ap.add_argument("--widths", default="", help="each rope_ext auto column also at these lean access widths (bytes)")
     ap.add_argument("--pin", action="store_true", help="the pin probe after the rows")
-    ap.add_argument("--knobs", default="", help="each rope_ext auto column also under these lean knobs: lane, general, mbN")
+    ap.add_argument("--knobs", default="", help="each rope_ext auto column also under these lean knobs: lane, general, noplain1, mbN")
     args = ap.parse_args()
     peers = run.Peers()
     print(f"device: {torch.cuda.get_device_name()}; flush {timing.FLUSH}; us, median of {args.reps} replays, in turns")

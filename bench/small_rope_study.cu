@@ -86,6 +86,9 @@
 //                  Run 6 (pin_word, frequencies first at U = 1): 3.46.
 //  25 plain_k1     the same instance with the block's table (kSource 1, auto's choice):
 //                  run 5 3.30, run 6 3.26 (the op's bshd call 3.55 / 3.58).
+//  26 plain1       rope_lean_plain1_kernel (rope_ext's kernel for plain calls at one row a
+//                  thread since the twenty-eighth session: lean_nopos's structure, rope_ext's
+//                  types and widths), launched with lean_nopos's parameters.
 //  (real_pf, removed: real_k2 with lean's kLeanWarmOut flag, a prefetch; the flag
 //                  was reverted.) Run 2 of 2026-11-26 (second), H100, graph medians, two
 //                  passes, us: 0.12 MB lean_global 4.06 / 3.97, far 4.29 / 4.26; lean_pf 4.29
@@ -333,6 +336,12 @@ void launch_real_plain(const StudyParams& sp) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+void launch_plain1(const StudyParams& sp) {
+  rope_ext::cuda::rope_lean_plain1_kernel<c10::BFloat16, false, 8>
+      <<<dim3(kH / 8, sp.S, 1), 128, 0, c10::cuda::getCurrentCUDAStream()>>>(real_params(sp));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 template <int kMode>
 void launch_nopos(const StudyParams& sp) {
   lean_nopos_kernel<kMode><<<dim3(kH / 8, sp.S, 1), 128, 0, c10::cuda::getCurrentCUDAStream()>>>(real_params(sp));
@@ -385,7 +394,8 @@ void run(int64_t variant, torch::Tensor x, torch::Tensor out, torch::Tensor freq
     case 23: launch_nopos<3>(p); break;
     case 24: launch_real_plain<0>(p); break;
     case 25: launch_real_plain<1>(p); break;
-    default: TORCH_CHECK(false, "variant: 0..25");
+    case 26: launch_plain1(p); break;
+    default: TORCH_CHECK(false, "variant: 0..26");
   }
 }
 }  // namespace

@@ -31,7 +31,7 @@ from timing import graph_us, graph_us_interleaved, same_size_copy  # noqa: E402
 VARIANTS = ["copy_lean", "lean_global", "lean_param", "lean_fake", "lean_table", "uni_global", "uni_param",
             "copy_uni", "uni_fake", "lean_rb2", "lean_seq", "lean_rb2_seq", "real_k2", "real_k1",
             "lines2", "lines4", "lean_nopos", "lean_smem", "lean_smem4", "lean_pf", "lean_ld", "nopos_const",
-            "nopos_one", "nopos_both", "plain_k0", "plain_k1"]
+            "nopos_one", "nopos_both", "plain_k0", "plain_k1", "plain1"]
 # Python-side variants: a kernel above with its output (and frequencies) in other memory.
 # The op's launch of lean took ~0.2-0.3 us more than the study's launch of the same
 # instance (ncu, runs 3 and 5 of 2026-11-26); the parameters differ only in the
@@ -46,7 +46,7 @@ FAR = {"lean_global_far": "lean_global", "real_k2_far": "real_k2", "lean_pf_far"
        "lean_ld_far": "lean_ld"}
 EXACT = {"lean_global", "lean_param", "uni_global", "uni_param", "lean_rb2", "lean_seq", "lean_rb2_seq", "real_k2",
          "real_k1", "lines2", "lines4", "lean_nopos", "lean_smem", "lean_smem4", "lean_pf", "lean_ld", "nopos_const",
-         "nopos_one", "nopos_both", "plain_k0", "plain_k1", *FAR}  # bit-equal to rope_ext's sin/cos
+         "nopos_one", "nopos_both", "plain_k0", "plain_k1", "plain1", *FAR}  # bit-equal to rope_ext's sin/cos
 
 
 def build():

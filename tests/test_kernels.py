@@ -343,11 +343,23 @@ def cuda_kernels_of(fn):
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
+def is_lean(name):
+    """Whether a kernel name is variant 6's (rope_lean_kernel, or rope_lean_plain1_kernel:
+    its plain calls at one row a thread and one token a block)."""
+    return "rope_lean_kernel<" in name or "rope_lean_plain1_kernel<" in name
+
+
 def lean_instances(names):
-    """The template arguments (stripped strings) of each rope_lean_kernel among kernel
-    names, in order: T, kInterleaved, U, W, kSource, kPlain, kHint."""
-    return [[a.strip() for a in n.split("rope_lean_kernel<", 1)[1].split(">", 1)[0].split(",")]
-            for n in names if "rope_lean_kernel<" in n]
+    """The template arguments (stripped strings) of each variant 6 launch among kernel
+    names, in order: T, kInterleaved, U, W, kSource, kPlain, kHint; rope_lean_plain1_kernel<T,
+    kInterleaved, W> as the same list (U 1, per-lane sin/cos, kPlain, no hint) + "plain1"."""
+    out = []
+    for n in names:
+        for kern in ("rope_lean_kernel<", "rope_lean_plain1_kernel<"):
+            if kern in n:
+                a = [a.strip() for a in n.split(kern, 1)[1].split(">", 1)[0].split(",")]
+                out.append(a if kern == "rope_lean_kernel<" else [a[0], a[1], "1", a[2], "0", "true", "false", "plain1"])
+    return out
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -384,7 +396,7 @@ def test_lean_packed_position_guess(dtype, tokens, start, cu_dtype, offsets):
         C.set_lean_max_bytes(32 << 20)
         C.set_lean_share(True)
         names = cuda_kernels_of(lambda: rope_ext.apply_rope(x, **kw))
-        assert names is None or any("rope_lean_kernel" in n for n in names), \
+        assert names is None or any(is_lean(n) for n in names), \
             "auto did not take lean here: the test would not test it"
         for min_block in (0, 1):
             C.set_lean_min_block(min_block)
@@ -476,7 +488,7 @@ def test_lean_token_strides(layout, B, S, positions):
         f = torch.empty(D, device=dev)[::2]
         f.copy_(rope_ext.inv_freq(D, device=dev))
         names = cuda_kernels_of(lambda: rope_ext.apply_rope(q, pos, inv_freq=f, **kw))
-        assert names is None or not any("rope_lean_kernel" in n for n in names)
+        assert names is None or not any(is_lean(n) for n in names)
         assert torch.equal(rope_ext.apply_rope(q, pos, inv_freq=f, **kw),
                            rope_ext.apply_rope(q, pos, inv_freq=f.contiguous(), **kw)), "strided inv_freq: lean's bits"
     finally:
@@ -532,7 +544,7 @@ def test_lean_large_and_batch_fold(layout, shape, dtype, positions):
     what = f"({layout}{' qkv' if fused else ''} {list(q.shape)} {dtype}, positions {positions})"
     names = cuda_kernels_of(lambda: rope_ext.apply_rope_qk(q, k, pos, **kw))
     if names is not None:
-        assert any("rope_lean_kernel" in n for n in names) == lean, f"lean {'not ' if lean else ''}taken {what}: {names}"
+        assert any(is_lean(n) for n in names) == lean, f"lean {'not ' if lean else ''}taken {what}: {names}"
     outs = rope_ext.apply_rope_qk(q, k, pos, **kw)
     gx, gy, gz, rows_per_thread, _, _ = C.last_lean_launch()  # zeros when this call did not launch lean
     assert (gx > 0) == lean, f"lean {'not ' if lean else ''}launched {what}: {(gx, gy, gz)}"
@@ -723,7 +735,9 @@ def test_lean_table_only_when_shared(dtype, heads):
     """Lean's block computes its token's sin/cos into a shared table (kSource 1, the
     instance's fifth template argument) only where the block has more than one row slot;
     a block of one row (one head, B = 1: no fold), or a token under 64 threads (whose
-    thread takes all its rows: two bf16 heads), computes them per lane (kSource 0).
+    thread takes all its rows: two bf16 heads), computes them per lane (kSource 0). A call
+    without positions at one row a thread and one token a block runs rope_lean_plain1_kernel
+    (per lane) instead.
     Either way bit-equal to the tiles and within the float64 truth's bounds."""
     table = heads > 1 and heads * (16 if dtype == torch.bfloat16 else 32) >= 64  # a row's threads at 8 bytes
     x = randn((1, 64, heads, 128), dtype, "cuda")
@@ -733,7 +747,11 @@ def test_lean_table_only_when_shared(dtype, heads):
         if names is not None:
             args = lean_instances(names)
             assert len(args) == 1, f"one lean launch expected: {names}"
-            assert args[0][4] == ("1" if table else "0"), f"{heads} heads: {names}"
+            _, _, _, u, _, tpb = rope_ext._C.last_lean_launch()
+            if p is None and u == 1 and tpb == 1:  # (a plain call at one row a thread: rope_lean_plain1_kernel)
+                assert args[0][7:] == ["plain1"], f"{heads} heads, no positions: {names}"
+            else:
+                assert args[0][4] == ("1" if table else "0"), f"{heads} heads: {names}"
         out = rope_ext.apply_rope(x, p)
         assert torch.equal(out, rope_ext.apply_rope(x, p, impl="fp32x4_tile")), f"{heads} heads vs the tiles"
         assert_close_f64(out, ref.rope_float64(x, p), x.abs().max().item(), f"{heads} heads")

@@ -167,6 +167,7 @@ std::atomic<int> g_lean_rows_per_thread{0};  // 0: launch_lean's rule
 std::atomic<int> g_lean_hint{1};              // x's loads with L2's evict_last hint past 32 MB (1 on, the default; 0 off)
 std::atomic<int> g_lean_min_block{0};         // fewest threads a block keeps when rows are halved (0: 128)
 std::atomic<bool> g_lean_plain{true};  // calls without position tensors take the kPlain instance
+std::atomic<bool> g_lean_plain1{true};  // ... and at U = 1, one token a block, rope_lean_plain1_kernel
 std::atomic<int> g_lean_tokens_per_block{0};  // 1, 2, 4, 8: forced (at most 128 threads a block); 0: the rule
 // Small blocks: lean's block holds one token's rows, so a call with few rows a token
 // (one head at B = 1, or with per-batch positions: no fold; two or three heads) gets
@@ -520,6 +521,11 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // code (kPlain).
   const bool plain = !cache && !(flags & (cuda::kLeanPos | cuda::kLeanOff | cuda::kLeanSeq)) &&
                      g_lean_plain.load(std::memory_order_relaxed);
+  // Plain calls at one row a thread and one token a block (up to ~1 MB of 32 bf16 heads)
+  // without the batch correction: rope_lean_plain1_kernel (rope_variants.cuh has why; a
+  // call the L2 hint takes, past 32 MB, keeps rope_lean_kernel).
+  const bool plain1 = plain && U == 1 && tpb == 1 && !(lp.cshift & cuda::kLeanBatchFix) &&
+                      g_lean_plain1.load(std::memory_order_relaxed);
   // x's loads with L2's evict_last hint, each line demoted after use (kHint,
   // rope_variants.cuh; off with set_lean_l2_hint(False)), for calls past 32 MB (U <= 2, W >=
   // 8 there) whose every line of x some chunk starts: 128-byte aligned inputs, token, head
@@ -570,6 +576,12 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
               }
               cuda::rope_lean_kernel<T, kInterleaved, kU, kW, kS, kP><<<grid, block, sm, stream>>>(lp);
             };
+            if constexpr (kU == 1) {
+              if (plain1 && !hint) {
+                cuda::rope_lean_plain1_kernel<T, kInterleaved, kW><<<grid, block, 0, stream>>>(lp);
+                return;
+              }
+            }
             if (cache)
               run.template operator()<2, false>();
             else if (table && plain)
@@ -649,6 +661,7 @@ void set_lean_max_bytes(int64_t n) { g_lean_max_bytes.store(n < 0 ? -1 : n); }
 void set_lean_bytes(int64_t w) { g_lean_bytes.store((w == 4 || w == 8 || w == 16) ? int(w) : -1); }
 void set_lean_share(bool on) { g_lean_share.store(on); }
 void set_lean_plain(bool on) { g_lean_plain.store(on); }
+void set_lean_plain1(bool on) { g_lean_plain1.store(on); }
 void set_lean_tokens_per_block(int n) { g_lean_tokens_per_block.store((n == 1 || n == 2 || n == 4 || n == 8) ? n : 0); }
 void set_lean_min_threads(int threads, int64_t from_bytes) {  // -1: the defaults
   g_lean_min_threads.store(threads < 0 ? kLeanMinThreads : threads);

@@ -929,5 +929,57 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   }
 }
 
+// Variant 6, plain1: rope_lean_kernel's kPlain work at one row a thread and one token a
+// block (U = 1, blockDim.y = 1, no batch correction, no L2 hint), written as the study's
+// minimal lean_nopos (bench/small_rope_study.cu): a thread without a row returns at once,
+// its input and output rows' pointers are computed before its loads, the chunk's
+// frequencies load beside x's, each lane computes its own sin/cos, no loop and no table.
+// Bit-equal to rope_lean_kernel (the same angle_sincos_chunk, scales and rotate_chunk).
+// Why a kernel of its own: in the suite's regime (ncu --cache-control none, after the
+// flush's 256 MB write; twenty-eighth session, bench/NOTES.md) lean_nopos ran at 3.65-3.68
+// us at bf16 [64, 32, 128] against 3.87-4.10 for rope_lean_kernel's table instance and
+// 4.19-4.29 for its per-lane one launched alike, and level with torch.compile's kernel
+// (3.71-3.90); at [16, 32, 128] 3.07 against 3.23-3.36. What in rope_lean_kernel's code
+// costs that was not found (its output-pointer chain, the guess loop and the early
+// return were moved as here without gain: run 3 of that session).
+template <typename T, bool kInterleaved, int W>
+__global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_plain1_kernel(const __grid_constant__ LeanParams p) {
+  constexpr int V = W / sizeof(T);
+  constexpr int P = kInterleaved ? V / 2 : V;
+  static_assert(P >= 1, "a chunk holds at least one pair");
+  using VecT = Vec<T, V>;
+  using Word = typename LeanWord<W>::type;
+  const int cshift = p.cshift & kLeanShiftMask;
+  const int c = threadIdx.x & ((1 << cshift) - 1);
+  const int r = blockIdx.x * p.rows_per_block + (threadIdx.x >> cshift);
+  const int64_t b = blockIdx.z, s = blockIdx.y, tok = b * gridDim.y + s;
+  const int d0 = c * V, d1 = d0 + (V << cshift);
+  if (r >= p.rows) return;
+  const bool k = r >= p.H0;
+  const int64_t h = k ? r - p.H0 : r;
+  const int64_t off = tok * (k ? p.in_ts[1] : p.in_ts[0]) + h * (k ? p.in_hs[1] : p.in_hs[0]);
+  const T* in = static_cast<const T*>(k ? p.in[1] : p.in[0]) + off;
+  T* out = static_cast<T*>(k ? p.out[1] : p.out[0]) + b * (k ? p.out_s[1][0] : p.out_s[0][0]) +
+           s * (k ? p.out_s[1][1] : p.out_s[0][1]) + h * (k ? p.out_s[1][2] : p.out_s[0][2]);
+  const Word xa = *reinterpret_cast<const Word*>(in + d0);
+  Word xb{};
+  if constexpr (!kInterleaved) xb = *reinterpret_cast<const Word*>(in + d1);
+  float f[P], sn[P], cs[P];
+#pragma unroll
+  for (int j = 0; j < P; ++j) f[j] = p.inv_freq[c * P + j];
+  angle_sincos_chunk<P>(s + p.offset, f, sn, cs);
+#pragma unroll
+  for (int j = 0; j < P; ++j) {
+    sn[j] *= p.sin_scale;
+    cs[j] *= p.cos_scale;
+  }
+  VecT va, vb;
+  *reinterpret_cast<Word*>(&va) = xa;
+  if constexpr (!kInterleaved) *reinterpret_cast<Word*>(&vb) = xb;
+  rotate_chunk<T, kInterleaved>(va, vb, sn, cs);
+  *reinterpret_cast<Word*>(out + d0) = *reinterpret_cast<const Word*>(&va);
+  if constexpr (!kInterleaved) *reinterpret_cast<Word*>(out + d1) = *reinterpret_cast<const Word*>(&vb);
+}
+
 }  // namespace cuda
 }  // namespace rope_ext
