@@ -523,7 +523,11 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
                      g_lean_plain.load(std::memory_order_relaxed);
   // Plain calls at one row a thread and one token a block (up to ~1 MB of 32 bf16 heads)
   // without the batch correction: rope_lean_plain1_kernel (rope_variants.cuh has why; a
-  // call the L2 hint takes, past 32 MB, keeps rope_lean_kernel).
+  // call the L2 hint takes, past 32 MB, keeps rope_lean_kernel). H100, in turns
+  // (bench/latency_rows.py --knobs noplain1, three passes, twenty-eighth session), us, it /
+  // the kPlain instances / torch.compile: bf16 [1, 16, 32, 128] 4.32-4.45 / 4.61-4.70 /
+  // 4.32-4.45; [1, 64, 32, 128] 4.69-4.83 / 4.80-4.99 / 4.61-4.67; [1, 128, 32, 128] 5.12-5.25 /
+  // 5.18-5.28 / 5.28-5.31.
   const bool plain1 = plain && U == 1 && tpb == 1 && !(lp.cshift & cuda::kLeanBatchFix) &&
                       g_lean_plain1.load(std::memory_order_relaxed);
   // x's loads with L2's evict_last hint, each line demoted after use (kHint,

@@ -132,6 +132,11 @@
 //              flight, so that its code was fetched during the round trip: bit-equal,
 //              and level or 0.1-0.2 us slower (0.12 MB out of place 4.61 -> 4.80-4.83,
 //              0.5 MB 5.12 -> 5.12, fp32 0.25 MB 4.77 -> 4.99). Not kept (bench/NOTES.md).
+//              Then (twenty-eighth session, ncu in the suite's regime: scripts/ncu_small.sh):
+//              plain calls at one row a thread and one token a block run
+//              rope_lean_plain1_kernel (below: the study's lean_nopos as rope_ext's
+//              kernel); in turns 0.12 MB 4.61-4.70 -> 4.32-4.45 us (torch.compile
+//              4.32-4.45), 0.5 MB 4.80-4.99 -> 4.69-4.83 (4.61-4.67).
 //
 // What was learned on the H100 (bench/NOTES.md has the numbers and the method):
 //   - Variant 3's x loads must be uint4: a struct copy of Vec<bf16, 8> compiled to
