@@ -3,7 +3,7 @@ same way (timing.graph_us_interleaved: one call in a CUDA graph, L2 flushed befo
 replay, the columns in turns, median): for a run with little device time left, where the
 whole suite (`run.py --suite latency --quick`) does not fit.
 
-    python bench/latency_rows.py [--rows W4,W2a,W2b,128] [--reps 100] [--hint] [--widths 16] [--knobs lane,mb64]
+    python bench/latency_rows.py [--rows W4,W2a,128] [--reps 100] [--hint] [--widths 16] [--knobs lane,mb64]
                                  [--passes 1] [--pin]
 
 Rows: W4 (q [8192, 32, 128] + k [8192, 8, 128] thd), W5 (the same at 16 tokens), W2a / W2b

@@ -84,7 +84,8 @@
 //                  op's call? Run 5: 3.62 here against nopos's 3.14, so the code: the
 //                  kernel unpacked x right behind its load, holding back what followed.
 //                  Run 6 (pin_word, frequencies first at U = 1): 3.46.
-//  25 plain_k1     the same instance with the block's table (kSource 1, auto's choice):
+//  25 plain_k1     the same instance with the block's table (kSource 1, auto's choice until
+//                  the twenty-eighth session's plain1):
 //                  run 5 3.30, run 6 3.26 (the op's bshd call 3.55 / 3.58).
 //  26 plain1       rope_lean_plain1_kernel (rope_ext's kernel for plain calls at one row a
 //                  thread since the twenty-eighth session: lean_nopos's structure, rope_ext's

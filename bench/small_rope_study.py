@@ -11,8 +11,10 @@ rope_ext's (the fake sin/cos and copy variants excepted) before it is timed.
     python bench/small_rope_study.py --turns --only lean_global,lean_nopos,plain_k1 --sizes 16,64
 
 --turns times the chosen variants, the op (thd with cu_seqlens; bshd with and without the
-block's sin/cos table), torch.compile and the copy in turns (timing.graph_us_interleaved),
-as the suites do, and prints nothing else (no knob, decode or profiler rows).
+block's sin/cos table: since the twenty-eighth session both bshd columns run
+rope_lean_plain1_kernel up to S 128, which has no table), torch.compile and the copy in
+turns (timing.graph_us_interleaved), as the suites do, and prints nothing else (no knob,
+decode or profiler rows). The knob rows' "rule" and "K=1" likewise run plain1 for bshd there.
 """
 import argparse
 import os

@@ -16,7 +16,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=${PY:-python3}
 OUT=${OUT:-$(pwd)/gpu_out}
 SIZES=${SIZES:-16,64}
-ONLY=${ONLY:-lean_global,lean_nopos,plain_k0,plain_k1,lean_table,copy_lean}
+ONLY=${ONLY:-lean_global,lean_nopos,plain1,plain_k0,plain_k1,lean_table,copy_lean}
 IMPLS=${IMPLS:-auto compile study:lean_global study:plain_k1}
 SRC_S=${SRC_S:-16}   # S of step 2
 STEPS=${STEPS:-12}   # which steps run
@@ -38,6 +38,7 @@ for impl in $IMPLS; do
   PROFILE_DIRTY_L2=1 ncu $REGIME -k regex:"$kre" --launch-skip 2 --launch-count 1 --section SourceCounters \
       --section WarpStateStats --warp-sampling-interval 0 -o "$tmp/src$i" $PY bench/profile_one.py small "$impl" "$SRC_S" \
       > "$tmp/log$i.txt" 2>&1 || tail -5 "$tmp/log$i.txt"
+  [ -f "$tmp/src$i.ncu-rep" ] || { echo "=== $i: $impl: no ncu report" >> "$OUT/ncu_src.txt"; continue; }
   ncu -i "$tmp/src$i.ncu-rep" --page source --csv --print-source sass > "$tmp/sass_$i.csv" 2>&1
   ncu -i "$tmp/src$i.ncu-rep" --page details > "$tmp/details_$i.txt" 2>&1
   {
@@ -47,3 +48,4 @@ for impl in $IMPLS; do
   } >> "$OUT/ncu_src.txt" 2>&1
 done
 tar czf "$OUT/ncu_src.tgz" -C "$tmp" . && cat "$OUT/ncu_src.txt"
+rm -rf "$tmp"

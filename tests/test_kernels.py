@@ -757,6 +757,65 @@ def test_lean_table_only_when_shared(dtype, heads):
         assert_close_f64(out, ref.rope_float64(x, p), x.abs().max().item(), f"{heads} heads")
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("case", ["bshd B2", "qk", "gptj fp32", "fp16 W16 offset"])
+def test_lean_plain1_knob(case):
+    """Plain calls at one row a thread and one token a block run rope_lean_plain1_kernel;
+    with set_lean_plain1(False) rope_lean_kernel's kPlain instance takes them (the A/B).
+    Both are checked to be the kernel that ran, bit-equal to each other and to the tiles,
+    out of place and in place, and within the float64 truth's bounds."""
+    C, dev = rope_ext._C, "cuda"
+    kw, k = {}, None
+    if case == "bshd B2":
+        x = randn((2, 16, 32, 128), torch.bfloat16, dev)
+    elif case == "qk":
+        x, k = randn((1, 16, 32, 128), torch.bfloat16, dev), randn((1, 16, 8, 128), torch.bfloat16, dev)
+    elif case == "gptj fp32":
+        x = randn((1, 8, 8, 64), torch.float32, dev)
+        kw = dict(interleaved=True)
+    else:
+        x = randn((1, 16, 8, 128), torch.float16, dev)  # (8 heads: 64 threads a token, one row each)
+        kw = dict(offsets=1000)
+        C.set_lean_bytes(16)
+
+    def call(inplace=False):
+        if k is None:
+            if not inplace:
+                return (rope_ext.apply_rope(x, **kw),)
+            y = x.clone()
+            rope_ext.apply_rope(y, inplace=True, **kw)
+            return (y,)
+        if not inplace:
+            return rope_ext.apply_rope_qk(x, k, **kw)
+        q2, k2 = x.clone(), k.clone()
+        rope_ext.apply_rope_qk(q2, k2, inplace=True, **kw)
+        return q2, k2
+
+    try:
+        got = {}
+        for on in (True, False):
+            C.set_lean_plain1(on)
+            names = cuda_kernels_of(call)
+            if names is not None:
+                lean = lean_instances(names)
+                assert len(lean) == 1, f"{case}: one lean launch expected: {names}"
+                if on:
+                    assert lean[0][7:] == ["plain1"], f"{case}: plain1 expected: {names}"
+                else:
+                    assert lean[0][7:] == [] and lean[0][5] == "true", f"{case}: kPlain instance expected: {names}"
+            got[on] = (call(), call(inplace=True))
+        tiles = rope_ext.apply_rope_qk(x, k, impl="fp32x4_tile", **kw) if k is not None else \
+            (rope_ext.apply_rope(x, impl="fp32x4_tile", **kw),)
+        for outs in (got[True][0], got[True][1], got[False][0], got[False][1]):
+            for o, t in zip(outs, tiles):
+                assert torch.equal(o, t), f"{case}: vs the tiles"
+        for o, src in zip(got[True][0], (x,) if k is None else (x, k)):
+            assert_close_f64(o, ref.rope_float64(src, **kw), src.abs().max().item(), f"{case} vs float64")
+    finally:
+        C.set_lean_plain1(True)
+        C.set_lean_bytes(-1)
+
+
 @pytest.mark.skipif(not rope_ext.WITH_CUDA, reason="the variable is read by the CUDA build")
 @pytest.mark.parametrize("value,valid,lean", [("0", True, True), ("64,262144", True, False), ("garbage", False, False),
                                               ("64,", False, False), ("-1", False, False)])

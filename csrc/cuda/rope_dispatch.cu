@@ -151,8 +151,8 @@ void launch_flat(const RopeParams& p, int device, cudaStream_t stream) {
 // set_lean_bytes (tests: every width and rows-per-thread choice), override them; a size
 // of 0 turns lean off (the bench's A/B), -1 restores the defaults (no size limit).
 // Rows per thread (set_lean_rows_per_thread), the block's shared sin/cos table
-// (set_lean_share, ROPE_EXT_LEAN_SHARE=0: each lane its own) and the position-free
-// instance (set_lean_plain) are A/B knobs too (bench/lean_sweep.py, bench/lean_ab.py,
+// (set_lean_share, ROPE_EXT_LEAN_SHARE=0: each lane its own), the position-free
+// instance (set_lean_plain) and its one-row kernel (set_lean_plain1) are A/B knobs too (bench/lean_sweep.py, bench/lean_ab.py,
 // bench/small_rope_study.py; bench/NOTES.md, 2026-11-26).
 std::atomic<int64_t> g_lean_max_bytes{[] {
   const char* e = std::getenv("ROPE_EXT_LEAN_MAX_BYTES");
@@ -516,6 +516,7 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // 94.11; 32 fp32 heads at 32 MB 26.80 / 26.56. (rows_u > 1 is the block's RB > 1 at the
   // default min block and up to 64 chunks a row; under set_lean_min_block an RB of 1 keeps
   // the table, untimed.)
+  // (Plain calls at U = 1 and one token a block run rope_lean_plain1_kernel, per lane: below.)
   const bool table = !cache && lean_share() && rows_u > 1 && tpb == 1;  // (the table holds one token's)
   // No position tensor (none of the position flags): the instance without the position
   // code (kPlain).

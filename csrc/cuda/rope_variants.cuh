@@ -740,7 +740,8 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
   // waited for x (the compiler unpacked x right after its load; step 4's pin_word), so
   // they went out one DRAM round trip late. With this and pin_word together the kPlain
   // per-lane instance went 3.62 -> 3.46 us (ncu, 0.12 MB, runs 5-6 of the ninth session
-  // of 2026-11-26; the table, auto's choice, 3.26). At U > 1 loading them first lost
+  // of 2026-11-26; the table 3.26; since the twenty-eighth session such calls run
+  // rope_lean_plain1_kernel, and this instance only under set_lean_plain1(False)). At U > 1 loading them first lost
   // 20-25% at 8-32 MB (the note at step 2).
   constexpr bool kFreqFirst = !kTable && !kCache && U == 1;
   if constexpr (kFreqFirst) {
@@ -941,10 +942,10 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
 // frequencies load beside x's, each lane computes its own sin/cos, no loop and no table.
 // Bit-equal to rope_lean_kernel (the same angle_sincos_chunk, scales and rotate_chunk).
 // Why a kernel of its own: in the suite's regime (ncu --cache-control none, after the
-// flush's 256 MB write; twenty-eighth session, bench/NOTES.md) lean_nopos ran at 3.65-3.68
-// us at bf16 [64, 32, 128] against 3.87-4.10 for rope_lean_kernel's table instance and
-// 4.19-4.29 for its per-lane one launched alike, and level with torch.compile's kernel
-// (3.71-3.90); at [16, 32, 128] 3.07 against 3.23-3.36. What in rope_lean_kernel's code
+// flush's 256 MB write; twenty-eighth session, bench/NOTES.md runs 1 and 4) lean_nopos ran
+// at 3.65-3.68 us at bf16 [64, 32, 128] against 3.87-4.03 for rope_lean_kernel's table
+// instance and 4.19 for its per-lane one launched alike, torch.compile's kernel 3.71-3.94;
+// at [16, 32, 128] 3.07 against 3.26-3.33. What in rope_lean_kernel's code
 // costs that was not found (its output-pointer chain, the guess loop and the early
 // return were moved as here without gain: run 3 of that session).
 template <typename T, bool kInterleaved, int W>
