@@ -62,41 +62,33 @@ def without_hint(fns):
     return out
 
 
-def with_widths(fns, widths):
-    """fns plus each rope_ext auto column with the lean kernel's access width forced to each
-    of `widths` bytes (set_lean_bytes; checked bit-equal first), "W16" etc."""
-    C = rope_ext._C
-    out = dict(fns)
-    for k, f in fns.items():
-        if not k.startswith("rope_ext auto") or "cos_sin_cache" in k:
-            continue
-        for w in widths:
-            g = timing.switched(C.set_lean_bytes, w, -1, f)
-            if "in place" not in k:
-                a, b = f(), g()
-                assert _same(a, b), f"{k} at W {w}: the output differs"
-            out[f"{k} W{w}"] = g
-    return out
-
-
-KNOBS = {"lane": ("set_lean_share", False, True),  # (mbN: set_lean_min_block(N), below)
+KNOBS = {"lane": ("set_lean_share", False, True),  # (mbN and WN: knob() below)
          "general": ("set_lean_plain", False, True),
          "noplain1": ("set_lean_plain1", False, True)}
+
+
+def knob(name):
+    """A lean knob's (rope_ext._C setter, value, default) by name: KNOBS, "mbN", "WN"."""
+    if name.startswith("mb"):
+        return "set_lean_min_block", int(name[2:]), 0
+    if name.startswith("W"):
+        return "set_lean_bytes", int(name[1:]), -1
+    return KNOBS[name]
 
 
 def with_knobs(fns, names):
     """fns plus each rope_ext auto column under each of the lean knobs `names` ("lane": each
     lane its own sin/cos, no block table; "general": the instance with the position code
     where kPlain would run; "noplain1": rope_lean_kernel's kPlain instances where
-    rope_lean_plain1_kernel would run; "mbN": blocks halved down to N threads to cover the SMs), each
-    checked bit-equal to the column first."""
+    rope_lean_plain1_kernel would run; "mbN": blocks halved down to N threads to cover the SMs;
+    "WN": the access width forced to N bytes), each checked bit-equal to the column first."""
     C = rope_ext._C
     out = dict(fns)
     for k, f in fns.items():
         if not k.startswith("rope_ext auto") or "cos_sin_cache" in k:
             continue
         for n in names:
-            setter, on, off = ("set_lean_min_block", int(n[2:]), 0) if n.startswith("mb") else KNOBS[n]
+            setter, on, off = knob(n)
             g = timing.switched(getattr(C, setter), on, off, f)
             if "in place" not in k:
                 assert _same(f(), g()), f"{k} under {n}: the output differs"
@@ -154,7 +146,7 @@ def main():
             if args.hint:
                 fns = without_hint(fns)
             if args.widths:
-                fns = with_widths(fns, [int(w) for w in args.widths.split(",")])
+                fns = with_knobs(fns, [f"W{w}" for w in args.widths.split(",")])
             if args.knobs:
                 fns = with_knobs(fns, args.knobs.split(","))
             got, errs = timing.graph_us_interleaved(fns, args.reps)
