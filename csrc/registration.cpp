@@ -154,6 +154,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_lean_plain1", &rope_ext::set_lean_plain1,
         "tests/bench: whether variant 6 runs those calls, at one row a thread and one token a block, in its "
         "one-row kernel rope_lean_plain1_kernel (default on; off: rope_lean_kernel's kPlain instances)");
+  m.def("set_lean_plain1_table", &rope_ext::set_lean_plain1_table,
+        "tests/bench: whether rope_lean_plain1_kernel computes its token's sin/cos once into the block's "
+        "shared table where the block has several row slots (default off; off: each lane its own)");
   m.def("set_decode_cluster_merge", &rope_ext::set_decode_cluster_merge,
         "tests/bench: whether attention_decode's splits may merge in a thread-block cluster (default on; "
         "off: the combine kernel)");

@@ -168,6 +168,7 @@ std::atomic<int> g_lean_hint{1};              // x's loads with L2's evict_last 
 std::atomic<int> g_lean_min_block{0};         // fewest threads a block keeps when rows are halved (0: 128)
 std::atomic<bool> g_lean_plain{true};  // calls without position tensors take the kPlain instance
 std::atomic<bool> g_lean_plain1{true};  // ... and at U = 1, one token a block, rope_lean_plain1_kernel
+std::atomic<bool> g_lean_plain1_table{false};  // ... with the block's sin/cos table where lean's rule shares one
 std::atomic<int> g_lean_tokens_per_block{0};  // 1, 2, 4, 8: forced (at most 128 threads a block); 0: the rule
 // Small blocks: lean's block holds one token's rows, so a call with few rows a token
 // (one head at B = 1, or with per-batch positions: no fold; two or three heads) gets
@@ -583,7 +584,10 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
             };
             if constexpr (kU == 1) {
               if (plain1 && !hint) {
-                cuda::rope_lean_plain1_kernel<T, kInterleaved, kW><<<grid, block, 0, stream>>>(lp);
+                if (table && g_lean_plain1_table.load(std::memory_order_relaxed))
+                  cuda::rope_lean_plain1_kernel<T, kInterleaved, kW, true><<<grid, block, smem, stream>>>(lp);
+                else
+                  cuda::rope_lean_plain1_kernel<T, kInterleaved, kW><<<grid, block, 0, stream>>>(lp);
                 return;
               }
             }
@@ -667,6 +671,7 @@ void set_lean_bytes(int64_t w) { g_lean_bytes.store((w == 4 || w == 8 || w == 16
 void set_lean_share(bool on) { g_lean_share.store(on); }
 void set_lean_plain(bool on) { g_lean_plain.store(on); }
 void set_lean_plain1(bool on) { g_lean_plain1.store(on); }
+void set_lean_plain1_table(bool on) { g_lean_plain1_table.store(on); }
 void set_lean_tokens_per_block(int n) { g_lean_tokens_per_block.store((n == 1 || n == 2 || n == 4 || n == 8) ? n : 0); }
 void set_lean_min_threads(int threads, int64_t from_bytes) {  // -1: the defaults
   g_lean_min_threads.store(threads < 0 ? kLeanMinThreads : threads);
