@@ -153,10 +153,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "position code (default on; off: the general instance)");
   m.def("set_lean_plain1", &rope_ext::set_lean_plain1,
         "tests/bench: whether variant 6 runs those calls, at one row a thread and one token a block, in its "
-        "one-row kernel rope_lean_plain1_kernel (default on; off: rope_lean_kernel's kPlain instances)");
-  m.def("set_lean_plain1_table", &rope_ext::set_lean_plain1_table,
-        "tests/bench: whether rope_lean_plain1_kernel computes its token's sin/cos once into the block's "
-        "shared table where the block has several row slots (default off; off: each lane its own)");
+        "one-row kernel rope_lean_plain1_kernel, as those with a cos_sin_cache read by vector loads "
+        "(default on; off: rope_lean_kernel's kPlain instances, its cache instance)");
   m.def("set_decode_cluster_merge", &rope_ext::set_decode_cluster_merge,
         "tests/bench: whether attention_decode's splits may merge in a thread-block cluster (default on; "
         "off: the combine kernel)");

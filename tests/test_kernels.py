@@ -352,8 +352,8 @@ def is_lean(name):
 def lean_instances(names):
     """The template arguments (stripped strings) of each variant 6 launch among kernel
     names, in order: T, kInterleaved, U, W, kSource, kPlain, kHint; rope_lean_plain1_kernel<T,
-    kInterleaved, W, kTable> as the same list (U 1, kSource 1 with the table else 0, kPlain, no
-    hint) + "plain1"."""
+    kInterleaved, W, kSource> as the same list (U 1, its kSource: 0 per lane, 2 the cache;
+    kPlain, no hint) + "plain1"."""
     out = []
     for n in names:
         for kern in ("rope_lean_kernel<", "rope_lean_plain1_kernel<"):
@@ -362,8 +362,7 @@ def lean_instances(names):
                 if kern == "rope_lean_kernel<":
                     out.append(a)
                 else:
-                    src = "1" if len(a) > 3 and a[3] == "true" else "0"
-                    out.append([a[0], a[1], "1", a[2], src, "true", "false", "plain1"])
+                    out.append([a[0], a[1], "1", a[2], a[3] if len(a) > 3 else "0", "true", "false", "plain1"])
     return out
 
 
@@ -763,15 +762,15 @@ def test_lean_table_only_when_shared(dtype, heads):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("case", ["bshd B2", "qk", "gptj fp32", "fp16 W16 offset", "W16 two-row blocks"])
+@pytest.mark.parametrize("case", ["bshd B2", "qk", "gptj fp32", "fp16 W16 offset", "W16 two-row blocks",
+                                  "cache bf16", "cache fp32 qk offset", "cache fp32 gptj"])
 def test_lean_plain1_knob(case):
-    """Plain calls at one row a thread and one token a block run rope_lean_plain1_kernel,
-    per lane, or with set_lean_plain1_table(True) with the block's sin/cos table (every
-    case here has several row slots a block; the last, blocks of 2 rows at 16-byte chunks,
-    has fewer threads than pairs: lean_table_rest); with set_lean_plain1(False)
-    rope_lean_kernel's kPlain instance takes them (the A/B). Each is checked to be the
-    kernel that ran, bit-equal to the others and to the tiles, out of place and in place,
-    and within the float64 truth's bounds."""
+    """Plain calls (no position tensors) at one row a thread and one token a block run
+    rope_lean_plain1_kernel, per lane, or with a cos_sin_cache (fp32 or x's dtype) reading
+    the row s + offset (its kSource 2); with set_lean_plain1(False) rope_lean_kernel's kPlain
+    instance (its cache instance) takes them (the A/B). Both are checked to be the kernel
+    that ran, bit-equal to each other and to the tiles, out of place and in place, and
+    within the float64 truth's bounds."""
     C, dev = rope_ext._C, "cuda"
     kw, k = {}, None
     if case == "bshd B2":
@@ -785,11 +784,21 @@ def test_lean_plain1_knob(case):
         x = randn((1, 16, 8, 128), torch.float16, dev)  # (8 heads: 64 threads a token, one row each)
         kw = dict(offsets=1000)
         C.set_lean_bytes(16)
-    else:  # one token: rows halved to cover the SMs down to 16-thread blocks, 2 rows of 8 chunks, 64 pairs
+    elif case == "W16 two-row blocks":  # one token: rows halved to cover the SMs down to 16-thread blocks
         x = randn((1, 1, 32, 128), torch.bfloat16, dev)
         kw = dict(offsets=77)
         C.set_lean_bytes(16)
         C.set_lean_min_block(16)
+    elif case == "cache bf16":
+        x = randn((1, 16, 32, 128), torch.bfloat16, dev)
+        kw = dict(cos_sin_cache=ref.cos_sin_table(128, 10000.0, 16, dev).bfloat16())
+    elif case == "cache fp32 qk offset":
+        x, k = randn((2, 8, 16, 128), torch.bfloat16, dev), randn((2, 8, 4, 128), torch.bfloat16, dev)
+        kw = dict(offsets=500, cos_sin_cache=ref.cos_sin_table(128, 10000.0, 600, dev))
+    else:
+        x = randn((1, 8, 8, 64), torch.float32, dev)
+        kw = dict(interleaved=True, cos_sin_cache=ref.cos_sin_table(64, 500000.0, 8, dev))
+    src = "2" if "cos_sin_cache" in kw else "0"
 
     def call(inplace=False):
         if k is None:
@@ -806,18 +815,18 @@ def test_lean_plain1_knob(case):
 
     try:
         got = {}
-        for mode in ("lane", "table", "off"):
-            C.set_lean_plain1(mode != "off")
-            C.set_lean_plain1_table(mode == "table")
+        for mode in ("on", "off"):
+            C.set_lean_plain1(mode == "on")
             names = cuda_kernels_of(call)
             if names is not None:
                 lean = lean_instances(names)
                 assert len(lean) == 1, f"{case}: one lean launch expected: {names}"
+                assert lean[0][4] == src, f"{case} {mode}: kSource {src} expected: {names}"
                 if mode == "off":
-                    assert lean[0][7:] == [] and lean[0][5] == "true", f"{case}: kPlain instance expected: {names}"
+                    plain = "false" if src == "2" else "true"
+                    assert lean[0][7:] == [] and lean[0][5] == plain, f"{case}: rope_lean_kernel expected: {names}"
                 else:
                     assert lean[0][7:] == ["plain1"], f"{case}: plain1 expected: {names}"
-                    assert lean[0][4] == ("1" if mode == "table" else "0"), f"{case} {mode}: {names}"
             if case == "W16 two-row blocks":
                 grid = rope_ext._C.last_lean_launch()[:3]  # (32 rows, 2 a block)
                 assert grid[0] == 16, f"{case}: 2 rows a block expected, grid {grid}"
@@ -828,11 +837,10 @@ def test_lean_plain1_knob(case):
             for outs in outs2:
                 for o, t in zip(outs, tiles):
                     assert torch.equal(o, t), f"{case} {mode}: vs the tiles"
-        for o, src in zip(got["lane"][0], (x,) if k is None else (x, k)):
-            assert_close_f64(o, ref.rope_float64(src, **kw), src.abs().max().item(), f"{case} vs float64")
+        for o, xi in zip(got["on"][0], (x,) if k is None else (x, k)):
+            assert_close_f64(o, ref.rope_float64(xi, **kw), xi.abs().max().item(), f"{case} vs float64")
     finally:
         C.set_lean_plain1(True)
-        C.set_lean_plain1_table(False)
         C.set_lean_bytes(-1)
         C.set_lean_min_block(0)
 

@@ -168,7 +168,6 @@ std::atomic<int> g_lean_hint{1};              // x's loads with L2's evict_last 
 std::atomic<int> g_lean_min_block{0};         // fewest threads a block keeps when rows are halved (0: 128)
 std::atomic<bool> g_lean_plain{true};  // calls without position tensors take the kPlain instance
 std::atomic<bool> g_lean_plain1{true};  // ... and at U = 1, one token a block, rope_lean_plain1_kernel
-std::atomic<bool> g_lean_plain1_table{false};  // ... with the block's sin/cos table where lean's rule shares one
 std::atomic<int> g_lean_tokens_per_block{0};  // 1, 2, 4, 8: forced (at most 128 threads a block); 0: the rule
 // Small blocks: lean's block holds one token's rows, so a call with few rows a token
 // (one head at B = 1, or with per-batch positions: no fold; two or three heads) gets
@@ -521,8 +520,8 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   const bool table = !cache && lean_share() && rows_u > 1 && tpb == 1;  // (the table holds one token's)
   // No position tensor (none of the position flags): the instance without the position
   // code (kPlain).
-  const bool plain = !cache && !(flags & (cuda::kLeanPos | cuda::kLeanOff | cuda::kLeanSeq)) &&
-                     g_lean_plain.load(std::memory_order_relaxed);
+  const bool no_pos_tensors = !(flags & (cuda::kLeanPos | cuda::kLeanOff | cuda::kLeanSeq));
+  const bool plain = !cache && no_pos_tensors && g_lean_plain.load(std::memory_order_relaxed);
   // Plain calls at one row a thread and one token a block (up to ~1 MB of 32 bf16 heads)
   // without the batch correction: rope_lean_plain1_kernel (rope_variants.cuh has why; a
   // call the L2 hint takes, past 32 MB, keeps rope_lean_kernel). H100, in turns
@@ -530,7 +529,12 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // the kPlain instances / torch.compile: bf16 [1, 16, 32, 128] 4.32-4.45 / 4.61-4.70 /
   // 4.32-4.45; [1, 64, 32, 128] 4.69-4.83 / 4.80-4.99 / 4.61-4.67; [1, 128, 32, 128] 5.12-5.25 /
   // 5.18-5.28 / 5.28-5.31.
-  const bool plain1 = plain && U == 1 && tpb == 1 && !(lp.cshift & cuda::kLeanBatchFix) &&
+  // Those calls with a cos_sin_cache whose chunks load as vectors too (kSource 2: x's and
+  // the row's loads together, torch.compile's kernel of the cached formula; twenty-ninth
+  // session, bench/NOTES.md).
+  const bool plain1 = (plain || (cache && no_pos_tensors && (flags & cuda::kLeanCacheVec) &&
+                                 g_lean_plain.load(std::memory_order_relaxed))) &&
+                      U == 1 && tpb == 1 && !(lp.cshift & cuda::kLeanBatchFix) &&
                       g_lean_plain1.load(std::memory_order_relaxed);
   // x's loads with L2's evict_last hint, each line demoted after use (kHint,
   // rope_variants.cuh; off with set_lean_l2_hint(False)), for calls past 32 MB (U <= 2, W >=
@@ -584,8 +588,8 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
             };
             if constexpr (kU == 1) {
               if (plain1 && !hint) {
-                if (table && g_lean_plain1_table.load(std::memory_order_relaxed))
-                  cuda::rope_lean_plain1_kernel<T, kInterleaved, kW, true><<<grid, block, smem, stream>>>(lp);
+                if (cache)
+                  cuda::rope_lean_plain1_kernel<T, kInterleaved, kW, 2><<<grid, block, 0, stream>>>(lp);
                 else
                   cuda::rope_lean_plain1_kernel<T, kInterleaved, kW><<<grid, block, 0, stream>>>(lp);
                 return;
@@ -671,7 +675,6 @@ void set_lean_bytes(int64_t w) { g_lean_bytes.store((w == 4 || w == 8 || w == 16
 void set_lean_share(bool on) { g_lean_share.store(on); }
 void set_lean_plain(bool on) { g_lean_plain.store(on); }
 void set_lean_plain1(bool on) { g_lean_plain1.store(on); }
-void set_lean_plain1_table(bool on) { g_lean_plain1_table.store(on); }
 void set_lean_tokens_per_block(int n) { g_lean_tokens_per_block.store((n == 1 || n == 2 || n == 4 || n == 8) ? n : 0); }
 void set_lean_min_threads(int threads, int64_t from_bytes) {  // -1: the defaults
   g_lean_min_threads.store(threads < 0 ? kLeanMinThreads : threads);

@@ -948,11 +948,16 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
 // at [16, 32, 128] 3.07 against 3.26-3.33. What in rope_lean_kernel's code
 // costs that was not found (its output-pointer chain, the guess loop and the early
 // return were moved as here without gain: run 3 of that session).
-// kTable (an A/B, set_lean_plain1_table): the block's sin/cos table as rope_lean_kernel's
-// kSource 1 (one sin/cos per pair per block, a barrier, shared-memory reads) in this
-// structure; a thread without a row returns after the barrier.
-template <typename T, bool kInterleaved, int W, bool kTable = false>
+// kSource: 0 sin/cos per lane; 2 cos / sin read from p.cache at row s + offset (a plain
+// call with a cos_sin_cache whose chunks load as vectors, kLeanCacheVec): the three loads
+// go out together, as torch.compile's kernel of the cached cos / sin formula does.
+// (Tried, twenty-ninth session run 1: the block's table, kSource 1 as rope_lean_kernel's,
+// in this structure; it lost at every size, us in turns over three passes, table / per
+// lane: bf16 [1, 16, 32, 128] 4.64-4.86 / 4.42-4.61, [1, 64, 32, 128] 4.93-5.12 /
+// 4.86-4.93, [1, 128, 32, 128] 5.34-5.50 / 5.28-5.41. Removed.)
+template <typename T, bool kInterleaved, int W, int kSource = 0>
 __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_plain1_kernel(const __grid_constant__ LeanParams p) {
+  static_assert(kSource == 0 || kSource == 2, "per-lane sin/cos or the cache");
   constexpr int V = W / sizeof(T);
   constexpr int P = kInterleaved ? V / 2 : V;
   static_assert(P >= 1, "a chunk holds at least one pair");
@@ -963,42 +968,35 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_plain1_kernel(const
   const int r = blockIdx.x * p.rows_per_block + (threadIdx.x >> cshift);
   const int64_t b = blockIdx.z, s = blockIdx.y, tok = b * gridDim.y + s;
   const int d0 = c * V, d1 = d0 + (V << cshift);
-  const int half = P << cshift;  // R / 2: pairs per row
-  const bool live = r < p.rows;
-  float f0 = 0.f;  // kTable: pair threadIdx.x's frequency, first (it heads the chain to the barrier)
-  if constexpr (kTable) {
-    if (threadIdx.x < half) f0 = p.inv_freq[threadIdx.x];
-  } else if (!live) {
-    return;
-  }
+  if (r >= p.rows) return;
   const bool k = r >= p.H0;
   const int64_t h = k ? r - p.H0 : r;
   const int64_t off = tok * (k ? p.in_ts[1] : p.in_ts[0]) + h * (k ? p.in_hs[1] : p.in_hs[0]);
   const T* in = static_cast<const T*>(k ? p.in[1] : p.in[0]) + off;
   T* out = static_cast<T*>(k ? p.out[1] : p.out[0]) + b * (k ? p.out_s[1][0] : p.out_s[0][0]) +
            s * (k ? p.out_s[1][1] : p.out_s[0][1]) + h * (k ? p.out_s[1][2] : p.out_s[0][2]);
-  Word xa{}, xb{};
-  if (live) {
-    xa = *reinterpret_cast<const Word*>(in + d0);
-    if constexpr (!kInterleaved) xb = *reinterpret_cast<const Word*>(in + d1);
-  }
+  const Word xa = *reinterpret_cast<const Word*>(in + d0);
+  Word xb{};
+  if constexpr (!kInterleaved) xb = *reinterpret_cast<const Word*>(in + d1);
   float sn[P], cs[P];
-  if constexpr (kTable) {
-    extern __shared__ __align__(16) float plain1_table[];  // sin * sin_scale [half], then cos * cos_scale [half]
-    if (threadIdx.x < half) {
-      float si, ci;
-      angle_sincos_chunk<1>(s + p.offset, &f0, &si, &ci);
-      plain1_table[threadIdx.x] = si * p.sin_scale;
-      plain1_table[half + threadIdx.x] = ci * p.cos_scale;
+  if constexpr (kSource == 2) {
+    // pair_sincos's rule: a row outside [0, cache_rows) gives NaN (the host refuses such
+    // calls; row 0 is read and discarded).
+    const int64_t pos = s + p.offset;
+    const bool in_range = pos >= 0 && pos < p.cache_rows;
+    const int64_t at = (in_range ? pos : 0) * p.cache_stride_row + c * P, half = P << cshift;
+    if (p.cache_dtype == DType::kFloat32) {
+      load_row_chunk<float, P>(static_cast<const float*>(p.cache) + at, cs);
+      load_row_chunk<float, P>(static_cast<const float*>(p.cache) + at + half, sn);
+    } else {
+      load_row_chunk<T, P>(static_cast<const T*>(p.cache) + at, cs);
+      load_row_chunk<T, P>(static_cast<const T*>(p.cache) + at + half, sn);
     }
-    if (threadIdx.x + blockDim.x < half)
-      lean_table_rest(plain1_table, half, s + p.offset, p.inv_freq, p.sin_scale, p.cos_scale);
-    __syncthreads();
-    if (!live) return;
-    pin_word(xa);  // x unpacked after the barrier (rope_lean_kernel's step 4 has why)
-    if constexpr (!kInterleaved) pin_word(xb);
-    load_row_chunk<float, P>(plain1_table + c * P, sn);  // aligned: half is a multiple of P
-    load_row_chunk<float, P>(plain1_table + half + c * P, cs);
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      sn[j] = in_range ? sn[j] * p.sin_scale : std::numeric_limits<float>::quiet_NaN();
+      cs[j] = in_range ? cs[j] * p.cos_scale : std::numeric_limits<float>::quiet_NaN();
+    }
   } else {
     float f[P];
 #pragma unroll
