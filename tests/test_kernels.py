@@ -763,11 +763,12 @@ def test_lean_table_only_when_shared(dtype, heads):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("case", ["bshd B2", "qk", "gptj fp32", "fp16 W16 offset", "W16 two-row blocks",
-                                  "cache bf16", "cache fp32 qk offset", "cache fp32 gptj"])
+                                  "cache bf16", "cache fp32 qk offset", "cache fp32 gptj", "cache strided rows"])
 def test_lean_plain1_knob(case):
     """Plain calls (no position tensors) at one row a thread and one token a block run
-    rope_lean_plain1_kernel, per lane, or with a cos_sin_cache (fp32 or x's dtype) reading
-    the row s + offset (its kSource 2); with set_lean_plain1(False) rope_lean_kernel's kPlain
+    rope_lean_plain1_kernel, per lane, or with a contiguous cos_sin_cache reading the row
+    s + offset (its kSource 2 in x's dtype, 3 in fp32; a table of strided rows keeps
+    rope_lean_kernel's cache instance); with set_lean_plain1(False) rope_lean_kernel's kPlain
     instance (its cache instance) takes them (the A/B). Both are checked to be the kernel
     that ran, bit-equal to each other and to the tiles, out of place and in place, and
     within the float64 truth's bounds."""
@@ -795,10 +796,17 @@ def test_lean_plain1_knob(case):
     elif case == "cache fp32 qk offset":
         x, k = randn((2, 8, 16, 128), torch.bfloat16, dev), randn((2, 8, 4, 128), torch.bfloat16, dev)
         kw = dict(offsets=500, cos_sin_cache=ref.cos_sin_table(128, 10000.0, 600, dev))
-    else:
+    elif case == "cache fp32 gptj":
         x = randn((1, 8, 8, 64), torch.float32, dev)
         kw = dict(interleaved=True, cos_sin_cache=ref.cos_sin_table(64, 500000.0, 8, dev))
-    src = "2" if "cos_sin_cache" in kw else "0"
+    else:  # rows of 136 columns, the table its first 128
+        x = randn((1, 16, 32, 128), torch.bfloat16, dev)
+        wide = torch.zeros(16, 136, device=dev)
+        wide[:, :128] = ref.cos_sin_table(128, 10000.0, 16, dev)
+        kw = dict(cos_sin_cache=wide[:, :128])
+    csc = kw.get("cos_sin_cache")
+    src = "0" if csc is None else "3" if csc.dtype == torch.float32 else "2"  # plain1's kSource
+    to_plain1 = case != "cache strided rows"
 
     def call(inplace=False):
         if k is None:
@@ -821,12 +829,13 @@ def test_lean_plain1_knob(case):
             if names is not None:
                 lean = lean_instances(names)
                 assert len(lean) == 1, f"{case}: one lean launch expected: {names}"
-                assert lean[0][4] == src, f"{case} {mode}: kSource {src} expected: {names}"
-                if mode == "off":
-                    plain = "false" if src == "2" else "true"
-                    assert lean[0][7:] == [] and lean[0][5] == plain, f"{case}: rope_lean_kernel expected: {names}"
+                if mode == "on" and to_plain1:
+                    assert lean[0][7:] == ["plain1"] and lean[0][4] == src, f"{case}: plain1 {src} expected: {names}"
                 else:
-                    assert lean[0][7:] == ["plain1"], f"{case}: plain1 expected: {names}"
+                    plain = "false" if csc is not None else "true"
+                    assert lean[0][7:] == [] and lean[0][5] == plain, f"{case}: rope_lean_kernel expected: {names}"
+                    if csc is not None:
+                        assert lean[0][4] == "2", f"{case} {mode}: its cache instance expected: {names}"
             if case == "W16 two-row blocks":
                 grid = rope_ext._C.last_lean_launch()[:3]  # (32 rows, 2 a block)
                 assert grid[0] == 16, f"{case}: 2 rows a block expected, grid {grid}"

@@ -532,10 +532,12 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // Those calls with a cos_sin_cache whose chunks load as vectors too (kSource 2: x's and
   // the row's loads together, torch.compile's kernel of the cached formula; twenty-ninth
   // session, bench/NOTES.md).
-  const bool plain1 = (plain || (cache && no_pos_tensors && (flags & cuda::kLeanCacheVec) &&
-                                 g_lean_plain.load(std::memory_order_relaxed))) &&
-                      U == 1 && tpb == 1 && !(lp.cshift & cuda::kLeanBatchFix) &&
+  // (A contiguous table: its pointer in inv_freq's slot, its row stride R; the kernel has why.)
+  const bool plain1_cache = cache && no_pos_tensors && (flags & cuda::kLeanCacheVec) && p.cache_stride_row == p.R &&
+                            g_lean_plain.load(std::memory_order_relaxed);
+  const bool plain1 = (plain || plain1_cache) && U == 1 && tpb == 1 && !(lp.cshift & cuda::kLeanBatchFix) &&
                       g_lean_plain1.load(std::memory_order_relaxed);
+  if (plain1 && cache) lp.inv_freq = static_cast<const float*>(p.cache);
   // x's loads with L2's evict_last hint, each line demoted after use (kHint,
   // rope_variants.cuh; off with set_lean_l2_hint(False)), for calls past 32 MB (U <= 2, W >=
   // 8 there) whose every line of x some chunk starts: 128-byte aligned inputs, token, head
@@ -588,7 +590,9 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
             };
             if constexpr (kU == 1) {
               if (plain1 && !hint) {
-                if (cache)
+                if (cache && p.cache_dtype == DType::kFloat32)
+                  cuda::rope_lean_plain1_kernel<T, kInterleaved, kW, 3><<<grid, block, 0, stream>>>(lp);
+                else if (cache)  // (x's dtype: kLeanCacheVec)
                   cuda::rope_lean_plain1_kernel<T, kInterleaved, kW, 2><<<grid, block, 0, stream>>>(lp);
                 else
                   cuda::rope_lean_plain1_kernel<T, kInterleaved, kW><<<grid, block, 0, stream>>>(lp);

@@ -631,7 +631,7 @@ enum LeanFlags : uint16_t {
 struct LeanParams {
   // bytes 0-47 (line 0x200): the x and frequency loads
   const void* in[kMaxTensors];
-  const float* inv_freq;   // unit stride
+  const float* inv_freq;   // unit stride (rope_lean_plain1_kernel's cache instances: the cos_sin_cache)
   int32_t in_ts[kMaxTensors];  // element stride of a token (b * S + s)
   int32_t in_hs[kMaxTensors];  // element stride of a head
   uint8_t cshift;          // log2(chunks per row) | kLeanBatchFix where in_bfix is needed
@@ -948,16 +948,21 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
 // at [16, 32, 128] 3.07 against 3.26-3.33. What in rope_lean_kernel's code
 // costs that was not found (its output-pointer chain, the guess loop and the early
 // return were moved as here without gain: run 3 of that session).
-// kSource: 0 sin/cos per lane; 2 cos / sin read from p.cache at row s + offset (a plain
-// call with a cos_sin_cache whose chunks load as vectors, kLeanCacheVec): the three loads
-// go out together, as torch.compile's kernel of the cached cos / sin formula does.
+// kSource: 0 sin/cos per lane; 2 cos / sin read from a cos_sin_cache in x's dtype, 3 from
+// an fp32 one, at row s + offset (a plain call; the host has checked every row is in the
+// table, and takes this only for a contiguous [rows, R] table whose chunks load as
+// vectors). The table's pointer comes in p.inv_freq's slot (line 0x200), its row stride is
+// R: nothing from p.cache's line (0x280), whose constant-cache miss after an L2 flush held
+// the row's loads a DRAM round trip behind x's (run 2 of the twenty-ninth session: with
+// p.cache / cache_stride_row / cache_dtype read there, this kernel was no faster than
+// rope_lean_kernel's cache instance, 0.4-0.5 us behind torch.compile at 0.125-0.5 MB).
 // (Tried, twenty-ninth session run 1: the block's table, kSource 1 as rope_lean_kernel's,
 // in this structure; it lost at every size, us in turns over three passes, table / per
 // lane: bf16 [1, 16, 32, 128] 4.64-4.86 / 4.42-4.61, [1, 64, 32, 128] 4.93-5.12 /
 // 4.86-4.93, [1, 128, 32, 128] 5.34-5.50 / 5.28-5.41. Removed.)
 template <typename T, bool kInterleaved, int W, int kSource = 0>
 __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_plain1_kernel(const __grid_constant__ LeanParams p) {
-  static_assert(kSource == 0 || kSource == 2, "per-lane sin/cos or the cache");
+  static_assert(kSource == 0 || kSource == 2 || kSource == 3, "per-lane sin/cos or the cache");
   constexpr int V = W / sizeof(T);
   constexpr int P = kInterleaved ? V / 2 : V;
   static_assert(P >= 1, "a chunk holds at least one pair");
@@ -979,23 +984,16 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_plain1_kernel(const
   Word xb{};
   if constexpr (!kInterleaved) xb = *reinterpret_cast<const Word*>(in + d1);
   float sn[P], cs[P];
-  if constexpr (kSource == 2) {
-    // pair_sincos's rule: a row outside [0, cache_rows) gives NaN (the host refuses such
-    // calls; row 0 is read and discarded).
-    const int64_t pos = s + p.offset;
-    const bool in_range = pos >= 0 && pos < p.cache_rows;
-    const int64_t at = (in_range ? pos : 0) * p.cache_stride_row + c * P, half = P << cshift;
-    if (p.cache_dtype == DType::kFloat32) {
-      load_row_chunk<float, P>(static_cast<const float*>(p.cache) + at, cs);
-      load_row_chunk<float, P>(static_cast<const float*>(p.cache) + at + half, sn);
-    } else {
-      load_row_chunk<T, P>(static_cast<const T*>(p.cache) + at, cs);
-      load_row_chunk<T, P>(static_cast<const T*>(p.cache) + at + half, sn);
-    }
+  if constexpr (kSource >= 2) {
+    using E = std::conditional_t<kSource == 2, T, float>;
+    const int64_t half = P << cshift;
+    const E* row = reinterpret_cast<const E*>(p.inv_freq) + (s + p.offset) * (2 * half) + c * P;
+    load_row_chunk<E, P>(row, cs);
+    load_row_chunk<E, P>(row + half, sn);
 #pragma unroll
     for (int j = 0; j < P; ++j) {
-      sn[j] = in_range ? sn[j] * p.sin_scale : std::numeric_limits<float>::quiet_NaN();
-      cs[j] = in_range ? cs[j] * p.cos_scale : std::numeric_limits<float>::quiet_NaN();
+      sn[j] *= p.sin_scale;
+      cs[j] *= p.cos_scale;
     }
   } else {
     float f[P];
