@@ -529,9 +529,10 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // the kPlain instances / torch.compile: bf16 [1, 16, 32, 128] 4.32-4.45 / 4.61-4.70 /
   // 4.32-4.45; [1, 64, 32, 128] 4.69-4.83 / 4.80-4.99 / 4.61-4.67; [1, 128, 32, 128] 5.12-5.25 /
   // 5.18-5.28 / 5.28-5.31.
-  // Those calls with a cos_sin_cache whose chunks load as vectors too (kSource 2: x's and
-  // the row's loads together, torch.compile's kernel of the cached formula; twenty-ninth
-  // session, bench/NOTES.md).
+  // Such calls with a contiguous cos_sin_cache whose chunks load as vectors too (kSource 2 /
+  // 3: x's and the row's loads together, as torch.compile's kernel of the cached formula;
+  // 0.4-0.5 us under the cache instance at 0.125-0.5 MB, level with torch.compile: the
+  // kernel's comment has the numbers).
   // (A contiguous table: its pointer in inv_freq's slot, its row stride R; the kernel has why.)
   const bool plain1_cache = cache && no_pos_tensors && (flags & cuda::kLeanCacheVec) && p.cache_stride_row == p.R &&
                             g_lean_plain.load(std::memory_order_relaxed);

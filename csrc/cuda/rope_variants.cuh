@@ -612,7 +612,13 @@ __global__ void __launch_bounds__(kFlatMaxThreads) rope_flat_kernel(const __grid
 // NOTES.md, 2026-11-26): graph medians first suggested a second line cost 0.3 us (run 1),
 // but ncu timing each kernel alone found none (run 3: 2.56 vs 2.50 us), and this layout
 // gained nothing measurable (run 2). Kept: no loss, and a call without position tensors
-// no longer reads their line.
+// no longer reads their line. A line read only where its value is first needed is another
+// matter: rope_lean_plain1_kernel's cache instance reading p.cache from line 0x280 at the
+// row's address put the row's loads a round trip behind x's, 0.4-0.5 us in the suite
+// (H100, twenty-ninth session runs 2-3; its comment has the numbers). The general
+// instance reads the position tensors' pointers there the same way, under the flags: the
+// same cost is likely for calls with positions, offsets tensors or cu_seqlens (not
+// measured yet).
 // An input's token offset is one stride times (b * S + s), plus b times a correction
 // (its batch stride less S token strides) read from the second line only where a bit in
 // line 0 says some tensor needs one (B > 1 and S > 1 in the sbhd and bhsd layouts; sbhd
@@ -953,9 +959,13 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
 // table, and takes this only for a contiguous [rows, R] table whose chunks load as
 // vectors). The table's pointer comes in p.inv_freq's slot (line 0x200), its row stride is
 // R: nothing from p.cache's line (0x280), whose constant-cache miss after an L2 flush held
-// the row's loads a DRAM round trip behind x's (run 2 of the twenty-ninth session: with
-// p.cache / cache_stride_row / cache_dtype read there, this kernel was no faster than
-// rope_lean_kernel's cache instance, 0.4-0.5 us behind torch.compile at 0.125-0.5 MB).
+// the row's loads a DRAM round trip behind x's. H100, in turns, three passes (bench/
+// latency_rows.py --knobs noplain1, twenty-ninth session), us, bf16 [1, S, 32, 128] with a
+// bf16 table, this / rope_lean_kernel's cache instance / torch.compile of the cached
+// formula: with p.cache, cache_stride_row and cache_dtype read from line 0x280 (run 2)
+// 0.125 MB 4.86-4.96 / 4.93-5.02 / 4.42-4.48, 0.5 MB 5.12-5.22 / 5.12-5.18 / 4.74-4.90; from
+// line 0x200 (run 3) 0.125 MB 4.32-4.54 / 4.86-4.99 / 4.35-4.38, 0.5 MB 4.70-4.83 / 5.18-5.22 /
+// 4.61-4.70, 1 MB 5.22-5.38 / 5.28-5.41 / 5.22-5.38.
 // (Tried, twenty-ninth session run 1: the block's table, kSource 1 as rope_lean_kernel's,
 // in this structure; it lost at every size, us in turns over three passes, table / per
 // lane: bf16 [1, 16, 32, 128] 4.64-4.86 / 4.42-4.61, [1, 64, 32, 128] 4.93-5.12 /
