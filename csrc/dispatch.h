@@ -51,11 +51,11 @@ void set_lean_fold_one_head(bool on);
 // shared memory (default on; off: each lane its own, as a block of one row slot always does).
 void set_lean_share(bool on);
 // Tests/bench: whether variant 6 runs calls without position tensors in its instance without the position code
-// (default on).
+// (default on; off: the general instance, for such calls with a cos_sin_cache its cache instance).
 void set_lean_plain(bool on);
-// Tests/bench: whether those calls at one row a thread and one token a block (and such calls with a
-// cos_sin_cache read by vector loads) run rope_lean_plain1_kernel (default on; off: rope_lean_kernel's kPlain
-// instances, its cache instance).
+// Tests/bench: whether those calls at one row a thread and one token a block (and such calls with a contiguous
+// cos_sin_cache read by vector loads, every row s + offset in it) run rope_lean_plain1_kernel (default on; off:
+// rope_lean_kernel's kPlain instances, its cache instance).
 void set_lean_plain1(bool on);
 // Tests/bench: variant 6's tokens a block (1, 2, 4 or 8, fewer where S or 128 threads do not allow it; the row
 // slots a block make room first; else 0: launch_lean's rule, more than one only for blocks under 64 threads).

@@ -150,11 +150,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "blocks under 64 threads)");
   m.def("set_lean_plain", &rope_ext::set_lean_plain,
         "tests/bench: whether variant 6 runs calls without position tensors in its instance without the "
-        "position code (default on; off: the general instance)");
+        "position code (default on; off: the general instance, for such calls with a cos_sin_cache its cache "
+        "instance)");
   m.def("set_lean_plain1", &rope_ext::set_lean_plain1,
         "tests/bench: whether variant 6 runs those calls, at one row a thread and one token a block, in its "
-        "one-row kernel rope_lean_plain1_kernel, as those with a cos_sin_cache read by vector loads "
-        "(default on; off: rope_lean_kernel's kPlain instances, its cache instance)");
+        "one-row kernel rope_lean_plain1_kernel, as those with a contiguous cos_sin_cache read by vector "
+        "loads whose rows s + offset all lie in it (default on; off: rope_lean_kernel's kPlain instances, its "
+        "cache instance)");
   m.def("set_decode_cluster_merge", &rope_ext::set_decode_cluster_merge,
         "tests/bench: whether attention_decode's splits may merge in a thread-block cluster (default on; "
         "off: the combine kernel)");

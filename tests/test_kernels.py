@@ -352,8 +352,8 @@ def is_lean(name):
 def lean_instances(names):
     """The template arguments (stripped strings) of each variant 6 launch among kernel
     names, in order: T, kInterleaved, U, W, kSource, kPlain, kHint; rope_lean_plain1_kernel<T,
-    kInterleaved, W, kSource> as the same list (U 1, its kSource: 0 per lane, 2 the cache;
-    kPlain, no hint) + "plain1"."""
+    kInterleaved, W, kSource> as the same list (U 1, its kSource: 0 per lane, 2 a cache in x's
+    dtype, 3 an fp32 one; kPlain, no hint) + "plain1"."""
     out = []
     for n in names:
         for kern in ("rope_lean_kernel<", "rope_lean_plain1_kernel<"):
@@ -994,3 +994,34 @@ def test_lean_cos_sin_cache_out_of_range(dtype):
     assert torch.equal(out[~bad], tile[~bad]) and torch.isnan(tile[bad]).all(), "lean vs tiles"
     truth = ref.rope_float64(x[~bad], pos[~bad], layout="thd", cos_sin_cache=table)
     assert_close_f64(out[~bad], truth, x.abs().max().item(), "lean cache vs float64")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("offset", [-3, 0, 5, 40])
+def test_lean_plain_cache_rows_past_the_table(offset):
+    """A plain call (no position tensors) with a cos_sin_cache reads rows s + offset. On CUDA
+    the host does not check them (value checks are opt-in), so where some row lies outside
+    the table launch_lean keeps rope_lean_kernel's cache instance, whose out-of-range rows
+    come out NaN (rope_lean_plain1_kernel, which does not check, takes only calls inside it:
+    offset 0 here, 16 tokens, 16 rows). Rows in range are bit-equal to the tiles and within
+    the float64 truth."""
+    dev, S, rows = "cuda", 16, 16
+    table = ref.cos_sin_table(128, 10000.0, rows, dev).bfloat16()
+    x = randn((1, S, 32, 128), torch.bfloat16, dev)
+    names = cuda_kernels_of(lambda: rope_ext.apply_rope(x, cos_sin_cache=table, offsets=offset))
+    if names is not None:
+        lean = lean_instances(names)
+        assert len(lean) == 1, f"one lean launch expected: {names}"
+        want = ["plain1"] if offset == 0 else []
+        assert lean[0][7:] == want and lean[0][4] == "2", f"offset {offset}: {names}"
+    out = rope_ext.apply_rope(x, cos_sin_cache=table, offsets=offset)
+    tile = rope_ext.apply_rope(x, cos_sin_cache=table, offsets=offset, impl="fp32x4_tile")
+    pos = torch.arange(S, device=dev) + offset
+    bad = (pos < 0) | (pos >= rows)
+    assert bool(bad.any()) == (offset != 0)
+    assert torch.isnan(out[0, bad]).all() and torch.isnan(tile[0, bad]).all(), "rows past the table: NaN"
+    assert torch.equal(out[0, ~bad], tile[0, ~bad]), "vs the tiles"
+    if (~bad).any():
+        part = x[:, ~bad]
+        truth = ref.rope_float64(part, pos[~bad], cos_sin_cache=table)
+        assert_close_f64(out[:, ~bad], truth, part.abs().max().item(), "vs float64")

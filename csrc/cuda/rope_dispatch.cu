@@ -531,10 +531,14 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // 5.18-5.28 / 5.28-5.31.
   // Such calls with a contiguous cos_sin_cache whose chunks load as vectors too (kSource 2 /
   // 3: x's and the row's loads together, as torch.compile's kernel of the cached formula;
-  // 0.4-0.5 us under the cache instance at 0.125-0.5 MB, level with torch.compile: the
-  // kernel's comment has the numbers).
-  // (A contiguous table: its pointer in inv_freq's slot, its row stride R; the kernel has why.)
+  // 0.35-0.67 us under the cache instance pass by pass at 0.125-0.5 MB, level with
+  // torch.compile: the kernel's comment has the numbers).
+  // (A contiguous table: its pointer in inv_freq's slot, its row stride R; the kernel has why.
+  // Its rows s + offset, s < S, checked here, free: on CUDA the host's value checks are
+  // opt-in, and a call reaching past the table keeps the cache instance, whose rows out of
+  // range come out NaN.)
   const bool plain1_cache = cache && no_pos_tensors && (flags & cuda::kLeanCacheVec) && p.cache_stride_row == p.R &&
+                            p.offset >= 0 && p.offset < p.cache_rows && p.S <= p.cache_rows - p.offset &&
                             g_lean_plain.load(std::memory_order_relaxed);
   const bool plain1 = (plain || plain1_cache) && U == 1 && tpb == 1 && !(lp.cshift & cuda::kLeanBatchFix) &&
                       g_lean_plain1.load(std::memory_order_relaxed);

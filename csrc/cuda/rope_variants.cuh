@@ -614,8 +614,9 @@ __global__ void __launch_bounds__(kFlatMaxThreads) rope_flat_kernel(const __grid
 // gained nothing measurable (run 2). Kept: no loss, and a call without position tensors
 // no longer reads their line. A line read only where its value is first needed is another
 // matter: rope_lean_plain1_kernel's cache instance reading p.cache from line 0x280 at the
-// row's address put the row's loads a round trip behind x's, 0.4-0.5 us in the suite
-// (H100, twenty-ninth session runs 2-3; its comment has the numbers). The general
+// row's address put the row's loads a round trip behind x's, ~0.5 us in graph replays in
+// turns (H100, bench/latency_rows.py, twenty-ninth session runs 2-3; its comment has the
+// numbers; its row address also reads p.offset, line 0x240, read at the top anyway). The general
 // instance reads the position tensors' pointers there the same way, under the flags: the
 // same cost is likely for calls with positions, offsets tensors or cu_seqlens (not
 // measured yet).
@@ -947,6 +948,8 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
 // its input and output rows' pointers are computed before its loads, the chunk's
 // frequencies load beside x's, each lane computes its own sin/cos, no loop and no table.
 // Bit-equal to rope_lean_kernel (the same angle_sincos_chunk, scales and rotate_chunk).
+// (Its cache instances, kSource 2 / 3 below, read the chunk's cos / sin instead, bit-equal
+// to rope_lean_kernel's cache instance.)
 // Why a kernel of its own: in the suite's regime (ncu --cache-control none, after the
 // flush's 256 MB write; twenty-eighth session, bench/NOTES.md runs 1 and 4) lean_nopos ran
 // at 3.65-3.68 us at bf16 [64, 32, 128] against 3.87-4.03 for rope_lean_kernel's table
@@ -955,9 +958,9 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
 // costs that was not found (its output-pointer chain, the guess loop and the early
 // return were moved as here without gain: run 3 of that session).
 // kSource: 0 sin/cos per lane; 2 cos / sin read from a cos_sin_cache in x's dtype, 3 from
-// an fp32 one, at row s + offset (a plain call; the host has checked every row is in the
-// table, and takes this only for a contiguous [rows, R] table whose chunks load as
-// vectors). The table's pointer comes in p.inv_freq's slot (line 0x200), its row stride is
+// an fp32 one, at row s + offset (a plain call; launch_lean takes this only where every such
+// row is in the table, for a contiguous [rows, R] table whose chunks load as vectors; a
+// row outside it would be read, not given NaN as rope_lean_kernel's cache instance does). The table's pointer comes in p.inv_freq's slot (line 0x200), its row stride is
 // R: nothing from p.cache's line (0x280), whose constant-cache miss after an L2 flush held
 // the row's loads a DRAM round trip behind x's. H100, in turns, three passes (bench/
 // latency_rows.py --knobs noplain1, twenty-ninth session), us, bf16 [1, S, 32, 128] with a
