@@ -618,8 +618,8 @@ __global__ void __launch_bounds__(kFlatMaxThreads) rope_flat_kernel(const __grid
 // turns (H100, bench/latency_rows.py, twenty-ninth session runs 2-3; its comment has the
 // numbers; its row address also reads p.offset, line 0x240, read at the top anyway). The general
 // instance reads the position tensors' pointers there the same way, under the flags: the
-// same cost is likely for calls with positions, offsets tensors or cu_seqlens (not
-// measured yet).
+// same cost is likely for calls with a positions or offsets tensor, whose sin/cos wait for
+// that load (not measured yet; cu_seqlens alone start from a guess and do not wait).
 // An input's token offset is one stride times (b * S + s), plus b times a correction
 // (its batch stride less S token strides) read from the second line only where a bit in
 // line 0 says some tensor needs one (B > 1 and S > 1 in the sbhd and bhsd layouts; sbhd
