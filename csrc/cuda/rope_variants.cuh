@@ -960,8 +960,9 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
 // kSource: 0 sin/cos per lane; 2 cos / sin read from a cos_sin_cache in x's dtype, 3 from
 // an fp32 one, at row s + offset (a plain call; launch_lean takes this only where every such
 // row is in the table, for a contiguous [rows, R] table whose chunks load as vectors; a
-// row outside it would be read, not given NaN as rope_lean_kernel's cache instance does). The table's pointer comes in p.inv_freq's slot (line 0x200), its row stride is
-// R: nothing from p.cache's line (0x280), whose constant-cache miss after an L2 flush held
+// row outside it would be read, not given NaN as rope_lean_kernel's cache instance does).
+// The table's pointer comes in p.inv_freq's slot (line 0x200), its row stride is R:
+// nothing from p.cache's line (0x280), whose constant-cache miss after an L2 flush held
 // the row's loads a DRAM round trip behind x's. H100, in turns, three passes (bench/
 // latency_rows.py --knobs noplain1, twenty-ninth session), us, bf16 [1, S, 32, 128] with a
 // bf16 table, this / rope_lean_kernel's cache instance / torch.compile of the cached
