@@ -7,7 +7,8 @@ whole suite (`run.py --suite latency --quick`) does not fit.
                                  [--passes 1] [--pin]
 
 Rows: W4 (q [8192, 32, 128] + k [8192, 8, 128] thd), W5 (the same at 16 tokens), W2a / W2b
-(sbhd bf16), N (MB of bshd bf16 [1, S, 32, 128], 0.125 and 0.5 too), fN (the same in fp32). --hint: each
+(sbhd bf16), N (MB of bshd bf16 [1, S, 32, 128], 0.125 and 0.5 too), fN (the same in fp32),
+pN (N's with an int64 positions tensor 0..S-1 given to rope_ext). --hint: each
 rope_ext auto column again without the lean kernel's L2 hint (set_lean_l2_hint(False),
 "-hint"; its output checked bit-equal to the column's). --pin: after the rows, whether a
 call leaves the kernels after it a smaller L2 (a 30 / 40 MB read after the call on 128 MB,
@@ -34,8 +35,8 @@ def builder(name, peers):
         shape = (4096, 1, 128, 128) if name == "W2a" else (512, 32, 24, 128)
         return lambda: run.latency_sbhd_workload(name, shape, peers)
     dtype = torch.float32 if name.startswith("f") else torch.bfloat16
-    S = int(float(name.lstrip("f")) * 2**20) // (32 * 128 * dtype.itemsize)  # (0.125: S = 16 in bf16)
-    return lambda: run.latency_x_workload("bshd", dtype, S, peers)
+    S = int(float(name.lstrip("fp")) * 2**20) // (32 * 128 * dtype.itemsize)  # (0.125: S = 16 in bf16)
+    return lambda: run.latency_x_workload("bshd", dtype, S, peers, positions=name.startswith("p"))
 
 
 def _same(a, b):
@@ -64,8 +65,9 @@ def without_hint(fns):
 
 KNOBS = {"lane": ("set_lean_share", False, True),  # (mbN and WN: knob() below)
          "general": ("set_lean_plain", False, True),
-         "noplain1": ("set_lean_plain1", False, True)}
-CACHE_KNOBS = ("noplain1",)  # the knobs that apply to a cos_sin_cache call too
+         "noplain1": ("set_lean_plain1", False, True),
+         "far": ("set_lean_near", False, True)}
+CACHE_KNOBS = ("noplain1", "far")  # the knobs that apply to a cos_sin_cache call too
 
 
 def knob(name):
@@ -81,7 +83,8 @@ def with_knobs(fns, names):
     """fns plus each rope_ext auto column under each of the lean knobs `names` ("lane": each
     lane its own sin/cos, no block table; "general": the instance with the position code
     where kPlain would run; "noplain1": rope_lean_kernel's kPlain instances where
-    rope_lean_plain1_kernel would run, the cos_sin_cache column's too; "mbN": blocks halved
+    rope_lean_plain1_kernel would run, the cos_sin_cache column's too; "far": a positions /
+    offsets tensor's pointer from the parameters' third constant line; "mbN": blocks halved
     down to N threads to cover the SMs; "WN": the access width forced to N bytes), each
     checked bit-equal to the column first."""
     C = rope_ext._C
@@ -137,7 +140,7 @@ def main():
     ap.add_argument("--passes", type=int, default=1)
     ap.add_argument("--widths", default="", help="each rope_ext auto column also at these lean access widths (bytes)")
     ap.add_argument("--pin", action="store_true", help="the pin probe after the rows")
-    ap.add_argument("--knobs", default="", help="each rope_ext auto column also under these lean knobs: lane, general, noplain1, mbN, WN")
+    ap.add_argument("--knobs", default="", help="each rope_ext auto column also under these lean knobs: lane, general, noplain1, far, mbN, WN")
     args = ap.parse_args()
     peers = run.Peers()
     print(f"device: {torch.cuda.get_device_name()}; flush {timing.FLUSH}; us, median of {args.reps} replays, in turns")

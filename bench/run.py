@@ -324,13 +324,16 @@ LAT_OOP_PEERS = ("torch.compile",)
 LAT_IP_PEERS = ("Liger", "FlashInfer")
 
 
-def latency_x_workload(layout, dtype, S, peers):
+def latency_x_workload(layout, dtype, S, peers, positions=False):
     """x [1, S, 32, 128] bshd, [S, 1, 32, 128] sbhd or [S, 32, 128] thd (cu_seqlens
-    [0, S]): one token-major memory, out of place, positions 0..S-1."""
+    [0, S]): one token-major memory, out of place, positions 0..S-1 (positions=True: given
+    to rope_ext as an int64 tensor, serving's call)."""
     H, D = 32, 128
     shape = {"bshd": (1, S, H, D), "sbhd": (S, 1, H, D), "thd": (S, H, D)}[layout]
     x = torch.randn(*shape, device=DEV).to(dtype)
     kw = {"cu_seqlens": torch.tensor([0, S], dtype=torch.int32, device=DEV)} if layout == "thd" else {}
+    if positions:
+        kw["positions"] = torch.arange(S, device=DEV)
     cos, sin = hf_cos_sin(S, D, dtype)
     cshape = (S, 1, 1, D) if layout == "sbhd" else (S, 1, D)
     c4, s4 = cos.view(cshape), sin.view(cshape)
@@ -349,7 +352,7 @@ def latency_x_workload(layout, dtype, S, peers):
         cache = ref.cos_sin_table(D, 10000.0, S, DEV)
         fns.update(peers.x_fns(x.view(S, H, D), cos, sin, pos, cache))
     fns["same-size copy"] = same_size_copy(x.numel(), dtype)
-    name = "bf16" if dtype == torch.bfloat16 else "fp32"
+    name = ("bf16" if dtype == torch.bfloat16 else "fp32") + (" positions" if positions else "")
     return f"{layout} {name} {list(shape)}", x.numel() * x.element_size(), fns
 
 

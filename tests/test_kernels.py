@@ -854,6 +854,96 @@ def test_lean_plain1_knob(case):
         C.set_lean_min_block(0)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("case", ["bshd pos", "bshd B2 pos per batch", "bshd B2 pos shared", "qk thd int32",
+                                  "decode B4 S1", "offsets B2", "offsets shared", "gptj fp32", "cache pos",
+                                  "pos strided", "heads apart", "offsets with cu_seqlens"])
+def test_lean_near_index(case):
+    """A dense positions tensor (or an offsets tensor without cu_seqlens) in a call whose
+    heads lie R apart: lean takes its pointer from the parameters' first line (kLeanNear,
+    last_lean_near) and forms the index from b and s; with set_lean_near(False), or strides
+    it cannot form (positions strided, heads D != R apart, offsets beside cu_seqlens), from
+    the third as before. Either way: the kernel that ran is lean, bit-equal to the other
+    setting and to the tiles, out of place and in place, and within the float64 truth."""
+    C, dev = rope_ext._C, "cuda"
+    kw, k, near = {}, None, True
+    big = 1 << 20  # positions far from 0 (no identity rotation: an unwritten in-place row fails)
+    if case == "bshd pos":
+        x = randn((1, 16, 32, 128), torch.bfloat16, dev)
+        kw = dict(positions=torch.randint(1, big, (16,), device=dev))
+    elif case == "bshd B2 pos per batch":
+        x = randn((2, 16, 32, 128), torch.bfloat16, dev)
+        kw = dict(positions=torch.randint(1, big, (2, 16), device=dev, dtype=torch.int32))
+    elif case == "bshd B2 pos shared":
+        x = randn((2, 16, 8, 128), torch.float16, dev)
+        kw = dict(positions=torch.randint(1, big, (16,), device=dev))
+    elif case == "qk thd int32":  # W5's shape
+        x, k = randn((16, 32, 128), torch.bfloat16, dev), randn((16, 8, 128), torch.bfloat16, dev)
+        kw = dict(layout="thd", positions=torch.randint(1, big, (16,), device=dev, dtype=torch.int32))
+    elif case == "decode B4 S1":
+        x, k = randn((4, 1, 32, 128), torch.bfloat16, dev), randn((4, 1, 8, 128), torch.bfloat16, dev)
+        kw = dict(positions=torch.randint(1, big, (4, 1), device=dev))
+    elif case == "offsets B2":
+        x = randn((2, 16, 32, 128), torch.bfloat16, dev)
+        kw = dict(offsets=torch.tensor([1000, 77777], device=dev))
+    elif case == "offsets shared":
+        x = randn((1, 16, 32, 128), torch.bfloat16, dev)
+        kw = dict(offsets=torch.tensor([123456], device=dev, dtype=torch.int32))
+    elif case == "gptj fp32":
+        x = randn((1, 8, 8, 64), torch.float32, dev)
+        kw = dict(interleaved=True, positions=torch.randint(1, big, (8,), device=dev))
+    elif case == "cache pos":  # (the vLLM call: its cache instance, the pointer near all the same)
+        x, k = randn((16, 32, 128), torch.bfloat16, dev), randn((16, 8, 128), torch.bfloat16, dev)
+        kw = dict(layout="thd", positions=torch.randint(1, 4096, (16,), device=dev),
+                  cos_sin_cache=ref.cos_sin_table(128, 10000.0, 4096, dev))
+    elif case == "pos strided":
+        x = randn((1, 16, 32, 128), torch.bfloat16, dev)
+        kw = dict(positions=torch.randint(1, big, (32,), device=dev)[::2])
+        near = False
+    elif case == "heads apart":  # heads 256 apart, rotary dim 128
+        x = randn((1, 16, 8, 256), torch.bfloat16, dev)[..., :128]
+        kw = dict(positions=torch.randint(1, big, (16,), device=dev))
+        near = False
+    else:
+        x = randn((16, 32, 128), torch.bfloat16, dev)
+        kw = dict(layout="thd", offsets=torch.tensor([99], device=dev),
+                  cu_seqlens=torch.tensor([0, 16], device=dev, dtype=torch.int32))
+        near = False
+
+    def call(inplace=False):
+        if k is None:
+            if not inplace:
+                return (rope_ext.apply_rope(x, **kw),)
+            y = x.clone()
+            rope_ext.apply_rope(y, inplace=True, **kw)
+            return (y,)
+        if not inplace:
+            return rope_ext.apply_rope_qk(x, k, **kw)
+        q2, k2 = x.clone(), k.clone()
+        rope_ext.apply_rope_qk(q2, k2, inplace=True, **kw)
+        return q2, k2
+
+    try:
+        got = {}
+        for on in (True, False):
+            C.set_lean_near(on)
+            names = cuda_kernels_of(call)
+            assert names is None or len(lean_instances(names)) == 1, f"{case}: one lean launch expected: {names}"
+            assert C.last_lean_near() == (on and near), f"{case}, knob {on}: near {C.last_lean_near()}"
+            got[on] = (call(), call(inplace=True))
+            assert C.last_lean_near() == (on and near), f"{case}, knob {on}, in place: near {C.last_lean_near()}"
+        tiles = rope_ext.apply_rope_qk(x, k, impl="fp32x4_tile", **kw) if k is not None else \
+            (rope_ext.apply_rope(x, impl="fp32x4_tile", **kw),)
+        for on, outs2 in got.items():
+            for outs in outs2:
+                for o, t in zip(outs, tiles):
+                    assert torch.equal(o, t), f"{case}, knob {on}: vs the tiles"
+        for o, xi in zip(got[True][0], (x,) if k is None else (x, k)):
+            assert_close_f64(o, ref.rope_float64(xi, **kw), xi.abs().max().item(), f"{case} vs float64")
+    finally:
+        C.set_lean_near(True)
+
+
 @pytest.mark.skipif(not rope_ext.WITH_CUDA, reason="the variable is read by the CUDA build")
 @pytest.mark.parametrize("value,valid,lean", [("0", True, True), ("64,262144", True, False), ("garbage", False, False),
                                               ("64,", False, False), ("-1", False, False)])
