@@ -65,9 +65,8 @@ def without_hint(fns):
 
 KNOBS = {"lane": ("set_lean_share", False, True),  # (mbN and WN: knob() below)
          "general": ("set_lean_plain", False, True),
-         "noplain1": ("set_lean_plain1", False, True),
-         "far": ("set_lean_near", False, True)}
-CACHE_KNOBS = ("noplain1", "far")  # the knobs that apply to a cos_sin_cache call too
+         "noplain1": ("set_lean_plain1", False, True)}
+CACHE_KNOBS = ("noplain1",)  # the knobs that apply to a cos_sin_cache call too
 
 
 def knob(name):
@@ -83,8 +82,7 @@ def with_knobs(fns, names):
     """fns plus each rope_ext auto column under each of the lean knobs `names` ("lane": each
     lane its own sin/cos, no block table; "general": the instance with the position code
     where kPlain would run; "noplain1": rope_lean_kernel's kPlain instances where
-    rope_lean_plain1_kernel would run, the cos_sin_cache column's too; "far": a positions /
-    offsets tensor's pointer from the parameters' third constant line; "mbN": blocks halved
+    rope_lean_plain1_kernel would run, the cos_sin_cache column's too; "mbN": blocks halved
     down to N threads to cover the SMs; "WN": the access width forced to N bytes), each
     checked bit-equal to the column first."""
     C = rope_ext._C
@@ -140,7 +138,7 @@ def main():
     ap.add_argument("--passes", type=int, default=1)
     ap.add_argument("--widths", default="", help="each rope_ext auto column also at these lean access widths (bytes)")
     ap.add_argument("--pin", action="store_true", help="the pin probe after the rows")
-    ap.add_argument("--knobs", default="", help="each rope_ext auto column also under these lean knobs: lane, general, noplain1, far, mbN, WN")
+    ap.add_argument("--knobs", default="", help="each rope_ext auto column also under these lean knobs: lane, general, noplain1, mbN, WN")
     args = ap.parse_args()
     peers = run.Peers()
     print(f"device: {torch.cuda.get_device_name()}; flush {timing.FLUSH}; us, median of {args.reps} replays, in turns")

@@ -72,11 +72,6 @@ bool& last_lean_hint();
 // Bench/tests: x's loads with L2's evict_last hint, each line demoted after use, on lean
 // calls past 32 MB whose lines all start at a chunk (default on; off: plain loads).
 void set_lean_l2_hint(bool on);
-// Tests/bench: whether variant 6 takes a positions tensor (or an offsets tensor without cu_seqlens) whose strides
-// are dense from its parameters' second constant line, not the third (default on; off: the third), and whether
-// this thread's last lean launch did.
-void set_lean_near(bool on);
-bool& last_lean_near();
 #endif
 
 }  // namespace rope_ext

@@ -123,11 +123,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "loads)");
   m.def("last_lean_hint", [] { return rope_ext::last_lean_hint(); },
         "tests: whether this thread's last lean launch loaded x with the L2 hint");
-  m.def("set_lean_near", &rope_ext::set_lean_near,
-        "bench/tests: whether variant 6 takes a positions tensor, or an offsets tensor without cu_seqlens, whose "
-        "strides are dense from its parameters' second constant line (default on; False: from the third)");
-  m.def("last_lean_near", [] { return rope_ext::last_lean_near(); },
-        "tests: whether this thread's last lean launch took its positions / offsets tensor that way");
   m.def("set_lean_min_block", &rope_ext::set_lean_min_block,
         "tests/bench: the fewest threads a block of variant 6 keeps when its rows are halved to cover the SMs "
         "(0 = the default, 128; 1 = down to one row per block)");

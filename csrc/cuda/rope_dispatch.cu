@@ -168,7 +168,6 @@ std::atomic<int> g_lean_hint{1};              // x's loads with L2's evict_last 
 std::atomic<int> g_lean_min_block{0};         // fewest threads a block keeps when rows are halved (0: 128)
 std::atomic<bool> g_lean_plain{true};  // calls without position tensors take the kPlain instance
 std::atomic<bool> g_lean_plain1{true};  // ... and at U = 1, one token a block, rope_lean_plain1_kernel
-std::atomic<bool> g_lean_near{true};    // a dense positions / offsets tensor's pointer in line 0x240 (kLeanNear)
 std::atomic<int> g_lean_tokens_per_block{0};  // 1, 2, 4, 8: forced (at most 128 threads a block); 0: the rule
 // Small blocks: lean's block holds one token's rows, so a call with few rows a token
 // (one head at B = 1, or with per-batch positions: no fold; two or three heads) gets
@@ -387,24 +386,8 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
     lp.seq_start = p.cu_seqlens.ptr;
     flags |= cuda::kLeanSeq | (p.cu_seqlens.is64 ? cuda::kLeanSeq64 : 0);
   }
-  lp.offset = p.offset;
-  // A positions tensor, or an offsets tensor without cu_seqlens, whose index the kernel forms
-  // from b and s alone, in a call whose heads lie R apart (or one head a tensor): the
-  // tensor's pointer in the head strides' slot (line 0x200, kLeanNear), so that its load's
-  // address waits for no later constant line (rope_variants.cuh, LeanParams).
-  bool near = g_lean_near.load(std::memory_order_relaxed) && (p.positions.ptr || (p.offsets.ptr && !p.cu_seqlens.ptr));
-  for (int t = 0; t < p.num_tensors; ++t) near = near && (p.t[t].H == 1 || p.t[t].in_stride[2] == p.R);
-  if (near) {
-    const bool pos = p.positions.ptr != nullptr;
-    const int64_t inner = pos ? p.positions.stride : 0, outer = pos ? p.pos_stride_b : p.offsets.stride;
-    const int64_t dense_b = pos ? p.S : 1;  // the batch's stride where each batch has its own
-    if ((inner == 1 || p.S == 1) && (p.B == 1 || outer == 0 || outer == dense_b)) {
-      lp.index = pos ? p.positions.ptr : p.offsets.ptr;
-      flags |= cuda::kLeanNear | (p.B > 1 && outer == dense_b ? cuda::kLeanNearB : 0);
-    }
-  }
-  last_lean_near() = (flags & cuda::kLeanNear) != 0;
   lp.flags = flags;
+  lp.offset = p.offset;
   lp.H0 = static_cast<int16_t>(p.t[0].H);
   lp.rows = static_cast<int16_t>(rows);
   int cshift = 0;
@@ -584,7 +567,7 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
     hint = ((p.interleaved ? p.R : p.R / 2) * es) % 128 == 0;
     for (int t = 0; t < p.num_tensors; ++t)
       hint = hint && reinterpret_cast<uintptr_t>(lp.in[t]) % 128 == 0 && (lp.in_ts[t] * es) % 128 == 0 &&
-             (p.t[t].H == 1 || (p.t[t].in_stride[2] * es) % 128 == 0) && (lp.in_bfix[t] * es) % 128 == 0;
+             (p.t[t].H == 1 || (lp.in_hs[t] * es) % 128 == 0) && (lp.in_bfix[t] * es) % 128 == 0;
   }
   last_lean_hint() = hint;
   if constexpr (sizeof(T) <= 4) {  // (no fp64 instances: it returned above)
@@ -692,11 +675,6 @@ bool& last_lean_hint() {
   return h;
 }
 void set_lean_l2_hint(bool on) { g_lean_hint.store(on ? 1 : 0); }
-bool& last_lean_near() {
-  thread_local bool n = false;
-  return n;
-}
-void set_lean_near(bool on) { g_lean_near.store(on); }
 LeanLaunch& last_lean_launch() {
   static thread_local LeanLaunch l;
   return l;
@@ -722,7 +700,6 @@ void run_cuda(const RopeParams& p, Impl impl, at::ScalarType dtype, c10::Device 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   last_lean_launch() = LeanLaunch{};  // (tests: zeros unless this call launches lean)
   last_lean_hint() = false;
-  last_lean_near() = false;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "rope_ext_cuda", [&] {
     Impl chosen = impl;
     // auto: lean (variant 6) where it applies, else the tiles (flat lost

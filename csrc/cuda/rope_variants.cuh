@@ -617,15 +617,18 @@ __global__ void __launch_bounds__(kFlatMaxThreads) rope_flat_kernel(const __grid
 // row's address put the row's loads a round trip behind x's, ~0.5 us in graph replays in
 // turns (H100, bench/latency_rows.py, twenty-ninth session runs 2-3; its comment has the
 // numbers; its row address also reads p.offset, line 0x240, read at the top anyway). The general
-// instance reads the position tensors' pointers there the same way, under the flags: the
-// same cost is likely for calls with a positions or offsets tensor, whose sin/cos wait for
-// that load (not measured yet; cu_seqlens alone start from a guess and do not wait).
+// instance reads the position tensors' pointers there the same way, under the flags, but
+// there it measured no cost: with a dense positions tensor's pointer in line 0x200 instead
+// (in the head strides' slot where heads lie R apart; the position load then issued with
+// no read past line 0x200 before it, SASS checked) W5 and bshd bf16 with int64 positions
+// at 0.125 / 0.5 MB moved -0.1 to +0.1 us against this layout, in turns over three passes
+// (H100, bench/latency_rows.py, thirtieth session run 1; bench/NOTES.md); not kept.
 // An input's token offset is one stride times (b * S + s), plus b times a correction
 // (its batch stride less S token strides) read from the second line only where a bit in
 // line 0 says some tensor needs one (B > 1 and S > 1 in the sbhd and bhsd layouts; sbhd
 // calls whose positions the batch shares run folded, B = 1, and need none).
 // Strides are 32-bit, head counts 16-bit (the host checks they fit); R / 2 is chunks * P.
-constexpr uint8_t kLeanShiftMask = 15, kLeanBatchFix = 128;  // LeanParams::cshift's bits (4-6 stay 0: kLeanNear)
+constexpr uint8_t kLeanShiftMask = 15, kLeanBatchFix = 128;  // LeanParams::cshift's bits
 enum LeanFlags : uint16_t {
   kLeanPos = 1,     // a positions tensor
   kLeanPos64 = 2,
@@ -634,22 +637,13 @@ enum LeanFlags : uint16_t {
   kLeanSeq = 16,    // one packed sequence: cu_seqlens[0] is subtracted from s
   kLeanSeq64 = 32,
   kLeanCacheVec = 64,  // a table chunk's cos (and sin) by vector loads: unit columns, fp32 or x's dtype, aligned
-  kLeanNear = 128,     // heads R apart; the positions or offsets tensor's pointer in `index`, dense: below
-  kLeanNearB = 256,    // ... each batch its own: position b * S + s (offset b); else s (offset 0)
 };
 struct LeanParams {
   // bytes 0-47 (line 0x200): the x and frequency loads
   const void* in[kMaxTensors];
   const float* inv_freq;   // unit stride (rope_lean_plain1_kernel's cache instances: the cos_sin_cache)
   int32_t in_ts[kMaxTensors];  // element stride of a token (b * S + s)
-  // A head's element stride; under kLeanNear R for each tensor, and the slot holds the
-  // positions tensor (or an offsets tensor without cu_seqlens) instead, its strides dense:
-  // launch_lean. Its pointer then comes with line 0x200, which every thread waits for at
-  // its top; from line 0x280 it came a DRAM round trip later (the position loads).
-  union {
-    int32_t in_hs[kMaxTensors];
-    const void* index;
-  };
+  int32_t in_hs[kMaxTensors];  // element stride of a head
   uint8_t cshift;          // log2(chunks per row) | kLeanBatchFix where in_bfix is needed
   uint8_t rows_per_block;  // RB
   int16_t rows;            // heads of q + k
@@ -782,8 +776,7 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
     const bool k = r >= p.H0;
     const int64_t h = k ? r - p.H0 : r;
     // One offset, then the pointer: tok * ts alone may lie past the tensor (sbhd).
-    const int64_t hs = (!kPlain && (p.flags & kLeanNear)) ? 2 * half : k ? p.in_hs[1] : p.in_hs[0];
-    int64_t off = tok * (k ? p.in_ts[1] : p.in_ts[0]) + h * hs;
+    int64_t off = tok * (k ? p.in_ts[1] : p.in_ts[0]) + h * (k ? p.in_hs[1] : p.in_hs[0]);
     if (p.cshift & kLeanBatchFix) off += b * (k ? p.in_bfix[1] : p.in_bfix[0]);
     const T* in = static_cast<const T*>(k ? p.in[1] : p.in[0]) + off;
     if constexpr (kHint) {
@@ -828,18 +821,11 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
     // which is 0: the compiler moved a uniform load's value to a uniform register
     // (R2UR) right where it lands, which waits for it; a per-lane address keeps it in
     // the thread's registers until its first real use.)
-    const void* a_ptr;
-    int64_t a_at;
-    if (fl & kLeanNear) {  // nothing from line 0x280 (cshift's bits 4-6 are 0: a lane's zero)
-      a_ptr = p.index;
-      a_at = ((fl & kLeanNearB) ? (has_pos ? tok : b) : has_pos ? s : 0) + (threadIdx.x & ((p.cshift >> 4) & 7));
-    } else {
-      a_ptr = has_pos ? p.positions : has_off ? p.offsets : p.seq_start;
-      a_at = (has_pos ? b * p.pos_stride_b + s * p.pos_stride : has_off && !has_seq ? b * p.off_stride : 0) +
-             (threadIdx.x & p.lane_zero);
-    }
+    const void* a_ptr = has_pos ? p.positions : has_off ? p.offsets : p.seq_start;
+    const int64_t z = threadIdx.x & p.lane_zero;
+    const int64_t a_at = (has_pos ? b * p.pos_stride_b + s * p.pos_stride : has_off && !has_seq ? b * p.off_stride : 0) + z;
     ra = load_raw_index(a_ptr, a_at, a64);
-    if (two) rb = load_raw_index(p.seq_start, threadIdx.x & p.lane_zero, b64);  // (never under kLeanNear)
+    if (two) rb = load_raw_index(p.seq_start, z, b64);
   }
   const auto loaded = [&] {
     const int64_t va = raw_index(ra, a64), vb = raw_index(rb, b64);  // 0 where not loaded
