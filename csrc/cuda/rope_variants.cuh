@@ -621,7 +621,7 @@ __global__ void __launch_bounds__(kFlatMaxThreads) rope_flat_kernel(const __grid
 // there it measured no cost: with a dense positions tensor's pointer in line 0x200 instead
 // (in the head strides' slot where heads lie R apart; the position load then issued with
 // no read past line 0x200 before it, SASS checked) W5 and bshd bf16 with int64 positions
-// at 0.125 / 0.5 MB moved -0.1 to +0.1 us against this layout, in turns over three passes
+// at 0.125 / 0.5 MB moved -0.16 to +0.16 us against this layout, in turns over three passes
 // (H100, bench/latency_rows.py, thirtieth session run 1; bench/NOTES.md); not kept.
 // An input's token offset is one stride times (b * S + s), plus b times a correction
 // (its batch stride less S token strides) read from the second line only where a bit in
