@@ -4,7 +4,7 @@ replay, the columns in turns, median): for a run with little device time left, w
 whole suite (`run.py --suite latency --quick`) does not fit.
 
     python bench/latency_rows.py [--rows W4,W2a,128] [--reps 100] [--hint] [--widths 16] [--knobs lane,mb64]
-                                 [--passes 1] [--pin]
+                                 [--passes 1] [--pin] [--rope-only]
 
 Rows: W4 (q [8192, 32, 128] + k [8192, 8, 128] thd), W5 (the same at 16 tokens), W2a / W2b
 (sbhd bf16), N (MB of bshd bf16 [1, S, 32, 128], 0.125 and 0.5 too), fN (the same in fp32),
@@ -70,9 +70,14 @@ CACHE_KNOBS = ("noplain1",)  # the knobs that apply to a cos_sin_cache call too
 
 
 def knob(name):
-    """A lean knob's (rope_ext._C setter, value, default) by name: KNOBS, "mbN", "WN"."""
+    """A lean knob's (rope_ext._C setter, value, default) by name: KNOBS, "mbN", "WN", "uN"
+    (rows a thread), "tpbN" (tokens a block)."""
     if name.startswith("mb"):
         return "set_lean_min_block", int(name[2:]), 0
+    if name.startswith("tpb"):
+        return "set_lean_tokens_per_block", int(name[3:]), 0
+    if name.startswith("u"):
+        return "set_lean_rows_per_thread", int(name[1:]), 0
     if name.startswith("W"):
         return "set_lean_bytes", int(name[1:]), -1
     return KNOBS[name]
@@ -82,7 +87,8 @@ def with_knobs(fns, names):
     """fns plus each rope_ext auto column under each of the lean knobs `names` ("lane": each
     lane its own sin/cos, no block table; "general": the instance with the position code
     where kPlain would run; "noplain1": rope_lean_kernel's kPlain instances where
-    rope_lean_plain1_kernel would run, the cos_sin_cache column's too; "mbN": blocks halved
+    rope_lean_plain1_kernel would run, the cos_sin_cache column's too; "uN": N rows a thread;
+    "tpbN": N tokens a block (the row slots make room); "mbN": blocks halved
     down to N threads to cover the SMs; "WN": the access width forced to N bytes), each
     checked bit-equal to the column first."""
     C = rope_ext._C
@@ -138,9 +144,12 @@ def main():
     ap.add_argument("--passes", type=int, default=1)
     ap.add_argument("--widths", default="", help="each rope_ext auto column also at these lean access widths (bytes)")
     ap.add_argument("--pin", action="store_true", help="the pin probe after the rows")
-    ap.add_argument("--knobs", default="", help="each rope_ext auto column also under these lean knobs: lane, general, noplain1, mbN, WN")
+    ap.add_argument("--rope-only", action="store_true", help="rope_ext's columns and the copy only (no torch.compile, "
+                    "no peers: nothing to compile, for a run with little device time)")
+    ap.add_argument("--knobs", default="", help="each rope_ext auto column also under these lean knobs: lane, general, noplain1, mbN, WN, uN, tpbN")
     args = ap.parse_args()
-    peers = run.Peers()
+    run.ROPE_ONLY = args.rope_only
+    peers = run.Peers(load=not args.rope_only)
     print(f"device: {torch.cuda.get_device_name()}; flush {timing.FLUSH}; us, median of {args.reps} replays, in turns")
     for ps in range(args.passes):
         if args.passes > 1:
