@@ -409,7 +409,12 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // 93.4 us, the copy 93.5) 2 rows a thread: W2a / 128 MB bshd bf16 93.6 / 93.8 us at U = 2 against 94.9 / 94.4 at
   // the rule's 8 and 95.1 / 95.3 at 4 (H100, in turns, run 3 of that session; the tiles
   // 96.5 / 97.1, the copy 93.1-93.7); run 4: 1 row level with 2 (W2b 71.5 / 71.4, W1 93.6
-  // / 93.6), 4 rows 0.5-0.6 us slower.
+  // / 93.6), 4 rows 0.5-0.6 us slower. W4 (q + k thd, 40 rows a token, random positions: 20
+  // row slots in blocks of 8, the third block half idle) in place: U = 2 59.39-59.71 us
+  // against U = 1 68.06-68.48 (5 blocks a token, none idle), 2 tokens a block 65.82-66.46
+  // (none idle, sin/cos per lane), U = 4 60.48-60.83 (H100, in turns, three passes,
+  // bench/latency_rows.py --knobs u1,tpb2,u4, thirtieth session run 5): the idle slots cost
+  // less than more blocks (or lanes) computing each token's sin/cos.
   const int min_threads = g_lean_min_threads.load(std::memory_order_relaxed);
   int U = g_lean_rows_per_thread.load(std::memory_order_relaxed);
   // A token under min_threads at one row a thread (one to three bf16 or fp32 heads at D 128
