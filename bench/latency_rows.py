@@ -65,8 +65,7 @@ def without_hint(fns):
 
 KNOBS = {"lane": ("set_lean_share", False, True),  # (mbN and WN: knob() below)
          "general": ("set_lean_plain", False, True),
-         "noplain1": ("set_lean_plain1", False, True),
-         "noshare1": ("set_lean_plain1_share", False, True)}
+         "noplain1": ("set_lean_plain1", False, True)}
 CACHE_KNOBS = ("noplain1",)  # the knobs that apply to a cos_sin_cache call too
 
 
@@ -88,8 +87,7 @@ def with_knobs(fns, names):
     """fns plus each rope_ext auto column under each of the lean knobs `names` ("lane": each
     lane its own sin/cos, no block table; "general": the instance with the position code
     where kPlain would run; "noplain1": rope_lean_kernel's kPlain instances where
-    rope_lean_plain1_kernel would run, the cos_sin_cache column's too; "noshare1": that kernel
-    with each lane computing all its chunk's sin/cos (no shuffles); "uN": N rows a thread;
+    rope_lean_plain1_kernel would run, the cos_sin_cache column's too; "uN": N rows a thread;
     "tpbN": N tokens a block (the row slots make room); "mbN": blocks halved
     down to N threads to cover the SMs; "WN": the access width forced to N bytes), each
     checked bit-equal to the column first."""
@@ -148,7 +146,7 @@ def main():
     ap.add_argument("--pin", action="store_true", help="the pin probe after the rows")
     ap.add_argument("--rope-only", action="store_true", help="rope_ext's columns and the copy only (no torch.compile, "
                     "no peers: nothing to compile, for a run with little device time)")
-    ap.add_argument("--knobs", default="", help="each rope_ext auto column also under these lean knobs: lane, general, noplain1, noshare1, mbN, WN, uN, tpbN")
+    ap.add_argument("--knobs", default="", help="each rope_ext auto column also under these lean knobs: lane, general, noplain1, mbN, WN, uN, tpbN")
     args = ap.parse_args()
     run.ROPE_ONLY = args.rope_only
     peers = run.Peers(load=not args.rope_only)

@@ -57,9 +57,6 @@ void set_lean_plain(bool on);
 // cos_sin_cache read by vector loads, every row s + offset in it) run rope_lean_plain1_kernel (default on; off:
 // rope_lean_kernel's kPlain instances, its cache instance).
 void set_lean_plain1(bool on);
-// Tests/bench: whether rope_lean_plain1_kernel computing sin/cos splits each chunk's pairs over the warp's lanes of
-// that chunk, swapped by shuffles (default on, where the rows allow it; off: each lane computes all of its own).
-void set_lean_plain1_share(bool on);
 // Tests/bench: variant 6's tokens a block (1, 2, 4 or 8, fewer where S or 128 threads do not allow it; the row
 // slots a block make room first; else 0: launch_lean's rule, more than one only for blocks under 64 threads).
 void set_lean_tokens_per_block(int n);

@@ -157,10 +157,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "one-row kernel rope_lean_plain1_kernel, as those with a contiguous cos_sin_cache read by vector "
         "loads whose rows s + offset all lie in it (default on; off: rope_lean_kernel's kPlain instances, its "
         "cache instance)");
-  m.def("set_lean_plain1_share", &rope_ext::set_lean_plain1_share,
-        "tests/bench: whether rope_lean_plain1_kernel, computing sin/cos, has the lanes of a warp that hold the "
-        "same chunk of one token split its pairs and swap them by shuffles, where the rows allow it (default on; "
-        "off: each lane computes all of its chunk's)");
   m.def("set_decode_cluster_merge", &rope_ext::set_decode_cluster_merge,
         "tests/bench: whether attention_decode's splits may merge in a thread-block cluster (default on; "
         "off: the combine kernel)");

@@ -366,13 +366,6 @@ def lean_instances(names):
     return out
 
 
-def plain1_share(names):
-    """K (the lanes of a warp sharing a chunk's sin/cos) of each rope_lean_plain1_kernel<T,
-    kInterleaved, W, kSource, K> launch among kernel names, as a string."""
-    return [n.split("rope_lean_plain1_kernel<", 1)[1].split(">", 1)[0].split(",")[4].strip()
-            for n in names if "rope_lean_plain1_kernel<" in n]
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("offsets", ["int", "tensor", "tensor 2^33"])
 @pytest.mark.parametrize("cu_dtype", [torch.int32, torch.int64])
@@ -859,79 +852,6 @@ def test_lean_plain1_knob(case):
         C.set_lean_plain1(True)
         C.set_lean_bytes(-1)
         C.set_lean_min_block(0)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("case,K", [("bf16 W16", "4"), ("bf16 W8", "2"), ("fp32 W16", "2"), ("fp16 gptj W16", "2"),
-                                    ("bf16 R64", "8"), ("qk mixed warp", "4"), ("offset 2^25", "4"),
-                                    ("fp32 R64", "4"), ("10 heads", "1"), ("B2 offset", "4")])
-def test_lean_plain1_share(case, K):
-    """rope_lean_plain1_kernel computing sin/cos: the K = 32 / chunks lanes of a warp that
-    hold one chunk of a token each compute P / K of its pairs and swap them by shuffles,
-    where K divides the pairs, the rows and the rows a block (10 heads: not, K = 1). On and
-    off (set_lean_plain1_share) bit-equal to each other and to the tiles, out of place (NaN
-    poisoned, conftest) and in place, and within the float64 truth's bounds; a q + k
-    call whose warps hold q and k rows together, and offsets past 2^24 (each lane's rare
-    FP64 reduction before the shuffles) among them."""
-    C, dev = rope_ext._C, "cuda"
-    W, kw, k = 16, {}, None
-    shape, dtype = (1, 16, 32, 128), torch.bfloat16
-    if case == "bf16 W8":
-        W = 8
-    elif case == "fp32 W16":
-        dtype = torch.float32
-    elif case == "fp16 gptj W16":
-        dtype, kw = torch.float16, dict(interleaved=True)
-    elif case == "bf16 R64":
-        shape = (1, 16, 32, 64)
-    elif case == "qk mixed warp":  # rows 0-5 q, 6-7 k: one warp holds q4, q5, k0, k1
-        shape = (1, 16, 6, 128)
-        k = randn((1, 16, 2, 128), dtype, dev)
-    elif case == "offset 2^25":
-        kw = dict(offsets=2**25 + 3)
-    elif case == "fp32 R64":
-        shape, dtype = (1, 16, 32, 64), torch.float32
-    elif case == "10 heads":  # a warp of rows 8-11 holds two: K = 1
-        shape = (1, 16, 10, 128)
-    elif case == "B2 offset":
-        shape, kw = (2, 16, 32, 128), dict(offsets=1000)
-    x = randn(shape, dtype, dev)
-
-    def call(inplace):
-        if k is None:
-            if not inplace:
-                return (rope_ext.apply_rope(x, **kw),)
-            y = x.clone()
-            rope_ext.apply_rope(y, inplace=True, **kw)
-            return (y,)
-        if not inplace:
-            return rope_ext.apply_rope_qk(x, k, **kw)
-        q2, k2 = x.clone(), k.clone()
-        rope_ext.apply_rope_qk(q2, k2, inplace=True, **kw)
-        return q2, k2
-
-    try:
-        C.set_lean_bytes(W)
-        got = {}
-        for mode in ("on", "off"):
-            C.set_lean_plain1_share(mode == "on")
-            names = cuda_kernels_of(lambda: call(False))
-            if names is not None:
-                assert [a[7:] for a in lean_instances(names)] == [["plain1"]], f"{case}: plain1 expected: {names}"
-                assert plain1_share(names) == [K if mode == "on" else "1"], f"{case} {mode}: K {K}: {names}"
-            got[mode] = (call(False), call(True))
-        tiles = rope_ext.apply_rope_qk(x, k, impl="fp32x4_tile", **kw) if k is not None else \
-            (rope_ext.apply_rope(x, impl="fp32x4_tile", **kw),)
-        for mode, outs2 in got.items():
-            for outs in outs2:
-                for o, t in zip(outs, tiles):
-                    assert not o.isnan().any(), f"{case} {mode}: NaN"
-                    assert torch.equal(o, t), f"{case} {mode}: vs the tiles"
-        for o, xi in zip(got["on"][0], (x,) if k is None else (x, k)):
-            assert_close_f64(o, ref.rope_float64(xi, **kw), xi.abs().max().item(), f"{case} vs float64")
-    finally:
-        C.set_lean_plain1_share(True)
-        C.set_lean_bytes(-1)
 
 
 @pytest.mark.skipif(not rope_ext.WITH_CUDA, reason="the variable is read by the CUDA build")

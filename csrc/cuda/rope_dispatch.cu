@@ -168,7 +168,6 @@ std::atomic<int> g_lean_hint{1};              // x's loads with L2's evict_last 
 std::atomic<int> g_lean_min_block{0};         // fewest threads a block keeps when rows are halved (0: 128)
 std::atomic<bool> g_lean_plain{true};  // calls without position tensors take the kPlain instance
 std::atomic<bool> g_lean_plain1{true};  // ... and at U = 1, one token a block, rope_lean_plain1_kernel
-std::atomic<bool> g_lean_plain1_share{true};  // ... its warp's lanes of a chunk sharing sin/cos (K > 1)
 std::atomic<int> g_lean_tokens_per_block{0};  // 1, 2, 4, 8: forced (at most 128 threads a block); 0: the rule
 // Small blocks: lean's block holds one token's rows, so a call with few rows a token
 // (one head at B = 1, or with per-batch positions: no fold; two or three heads) gets
@@ -549,12 +548,6 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   const bool plain1 = (plain || plain1_cache) && U == 1 && tpb == 1 && !(lp.cshift & cuda::kLeanBatchFix) &&
                       g_lean_plain1.load(std::memory_order_relaxed);
   if (plain1 && cache) lp.inv_freq = static_cast<const float*>(p.cache);
-  // plain1 with sin/cos computed: the K = 32 / chunks row slots of a warp (one token's)
-  // split each chunk's pairs and swap them by shuffles (rope_variants.cuh), where K divides
-  // the chunk's pairs, the rows and the rows a block (whole warps then exist or return).
-  const int pairs = p.interleaved ? W / int(sizeof(T)) / 2 : W / int(sizeof(T));
-  int share = plain1 && !cache && chunks < 32 && g_lean_plain1_share.load(std::memory_order_relaxed) ? 32 / chunks : 1;
-  if (share > 8 || pairs % share || rows % share || RB % share) share = 1;
   // x's loads with L2's evict_last hint, each line demoted after use (kHint,
   // rope_variants.cuh; off with set_lean_l2_hint(False)), for calls past 32 MB (U <= 2, W >=
   // 8 there) whose every line of x some chunk starts: 128-byte aligned inputs, token, head
@@ -611,13 +604,8 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
                   cuda::rope_lean_plain1_kernel<T, kInterleaved, kW, 3><<<grid, block, 0, stream>>>(lp);
                 else if (cache)  // (x's dtype: kLeanCacheVec)
                   cuda::rope_lean_plain1_kernel<T, kInterleaved, kW, 2><<<grid, block, 0, stream>>>(lp);
-                else if (share == 1)
-                  cuda::rope_lean_plain1_kernel<T, kInterleaved, kW><<<grid, block, 0, stream>>>(lp);
                 else
-                  ROPE_POW2_UPTO8_SWITCH(share, kK, [&] {
-                    if constexpr (kK > 1 && P % kK == 0)
-                      cuda::rope_lean_plain1_kernel<T, kInterleaved, kW, 0, kK><<<grid, block, 0, stream>>>(lp);
-                  });
+                  cuda::rope_lean_plain1_kernel<T, kInterleaved, kW><<<grid, block, 0, stream>>>(lp);
                 return;
               }
             }
@@ -701,7 +689,6 @@ void set_lean_bytes(int64_t w) { g_lean_bytes.store((w == 4 || w == 8 || w == 16
 void set_lean_share(bool on) { g_lean_share.store(on); }
 void set_lean_plain(bool on) { g_lean_plain.store(on); }
 void set_lean_plain1(bool on) { g_lean_plain1.store(on); }
-void set_lean_plain1_share(bool on) { g_lean_plain1_share.store(on); }
 void set_lean_tokens_per_block(int n) { g_lean_tokens_per_block.store((n == 1 || n == 2 || n == 4 || n == 8) ? n : 0); }
 void set_lean_min_threads(int threads, int64_t from_bytes) {  // -1: the defaults
   g_lean_min_threads.store(threads < 0 ? kLeanMinThreads : threads);

@@ -950,9 +950,7 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
 // minimal lean_nopos (bench/small_rope_study.cu): a thread without a row returns at once,
 // its input and output rows' pointers are computed before its loads, the chunk's
 // frequencies load beside x's, each lane computes its own sin/cos, no loop and no table.
-// Bit-equal to rope_lean_kernel (the same angle_sincos_chunk, scales and rotate_chunk;
-// angle_sincos_chunk's result for a pair does not depend on the pairs beside it, so K > 1,
-// the warp's K lanes of a chunk each computing P / K of its pairs, is bit-equal too).
+// Bit-equal to rope_lean_kernel (the same angle_sincos_chunk, scales and rotate_chunk).
 // (Its cache instances, kSource 2 / 3 below, read the chunk's cos / sin instead, bit-equal
 // to rope_lean_kernel's cache instance.)
 // Why a kernel of its own: in the suite's regime (ncu --cache-control none, after the
@@ -979,13 +977,19 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
 // in this structure; it lost at every size, us in turns over three passes, table / per
 // lane: bf16 [1, 16, 32, 128] 4.64-4.86 / 4.42-4.61, [1, 64, 32, 128] 4.93-5.12 /
 // 4.86-4.93, [1, 128, 32, 128] 5.34-5.50 / 5.28-5.41. Removed.)
-template <typename T, bool kInterleaved, int W, int kSource = 0, int K = 1>
+// (Tried, thirty-first session run 1: the warp's K = 32 / chunks lanes of a chunk each
+// computing P / K of its pairs and swapping them by 2P shuffles: K = 4 at bf16 W = 16, ~215
+// instructions fewer after x's loads (SASS). Level or slower, us in turns over three passes,
+// out of place, shared / per lane: bf16 [1, 16, 32, 128] 4.54-4.67 / 4.42-4.51, [1, 64, 32,
+// 128] 4.70-4.83 / 4.64-4.86, [1, 128, 32, 128] 5.31-5.34 / 5.12-5.31; fp32 [1, 16, 32, 128]
+// (K = 2) 4.61 / 4.48-4.74 (docs/h100_share1_s31.txt). Removed: the sin/cos after the
+// loads are not this call's time.)
+template <typename T, bool kInterleaved, int W, int kSource = 0>
 __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_plain1_kernel(const __grid_constant__ LeanParams p) {
   static_assert(kSource == 0 || kSource == 2 || kSource == 3, "per-lane sin/cos or the cache");
   constexpr int V = W / sizeof(T);
   constexpr int P = kInterleaved ? V / 2 : V;
   static_assert(P >= 1, "a chunk holds at least one pair");
-  static_assert(K == 1 || (kSource == 0 && P % K == 0 && K <= 8), "K lanes share a chunk's computed sin/cos");
   using VecT = Vec<T, V>;
   using Word = typename LeanWord<W>::type;
   const int cshift = p.cshift & kLeanShiftMask;
@@ -1010,23 +1014,6 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_plain1_kernel(const
     const E* row = reinterpret_cast<const E*>(p.inv_freq) + (s + p.offset) * (2 * half) + c * P;
     load_row_chunk<E, P>(row, cs);
     load_row_chunk<E, P>(row + half, sn);
-  } else if constexpr (K > 1) {
-    // The warp's K row slots (K = 32 >> cshift: lanes c, c + chunks, ... hold chunk c of one
-    // token) split the chunk's P pairs: each computes P / K, and P shuffles each of sin and
-    // cos give every lane all P. The host takes K > 1 only where rows and rows per block
-    // are multiples of K, so the early return above leaves whole warps.
-    constexpr int PK = P / K;
-    const int j0 = ((threadIdx.x >> cshift) & (K - 1)) * PK;
-    float f[PK], ms[PK], mc[PK];
-#pragma unroll
-    for (int j = 0; j < PK; ++j) f[j] = p.inv_freq[c * P + j0 + j];
-    angle_sincos_chunk<PK>(s + p.offset, f, ms, mc);
-#pragma unroll
-    for (int j = 0; j < P; ++j) {
-      const int from = c + ((j / PK) << cshift);
-      sn[j] = __shfl_sync(0xffffffffu, ms[j % PK], from);
-      cs[j] = __shfl_sync(0xffffffffu, mc[j % PK], from);
-    }
   } else {
     float f[P];
 #pragma unroll
