@@ -5,6 +5,8 @@
     PROFILE_DIRTY_L2=1: a 256 MB write before each call, so the profiled kernel meets an L2
     full of dirty lines as in the latency suite (profile with ncu --cache-control none)
     w5: thd bf16 q [16, 32, 128] + k [16, 8, 128] in place, random positions < 131072
+    w4: the same at 8192 tokens (issue 19's W4); PROFILE_U=N: N rows a thread
+               (set_lean_rows_per_thread; launch_lean's rule: 2)
 Three calls (the last is the one to profile: ncu --launch-skip 2 --launch-count 1)."""
 import os
 import sys
@@ -62,10 +64,13 @@ elif w == "small":  # bshd [1, S, 32, 128] bf16 (latency-bound); S = 8 is the sw
         fn = lambda: mod.run(v, xt, out, fq, inv, tc, ts, seq0)  # noqa: E731
     else:
         fn = lambda: rope_ext.apply_rope(x, impl=impl)  # noqa: E731
-elif w == "w5":  # decode step: q + k thd in place, one launch
-    q = torch.randn(16, 32, 128, device="cuda").bfloat16()
-    k = torch.randn(16, 8, 128, device="cuda").bfloat16()
-    pos = torch.randint(0, 131072, (16,), device="cuda")
+elif w in ("w5", "w4"):  # decode step (w5) or prefill (w4): q + k thd in place, one launch
+    T = 16 if w == "w5" else 8192
+    q = torch.randn(T, 32, 128, device="cuda").bfloat16()
+    k = torch.randn(T, 8, 128, device="cuda").bfloat16()
+    pos = torch.randint(0, 131072, (T,), device="cuda")
+    if os.environ.get("PROFILE_U"):
+        rope_ext._C.set_lean_rows_per_thread(int(os.environ["PROFILE_U"]))
     fn = lambda: rope_ext.apply_rope_qk(q, k, pos, layout="thd", impl=impl, inplace=True)  # noqa: E731
 else:
     raise SystemExit(f"unknown workload {w}")

@@ -43,9 +43,11 @@ VARIANTS = ["copy_lean", "lean_global", "lean_param", "lean_fake", "lean_table",
 # cost, the "_far" rows (output and frequencies each behind a 64 MB spacer) take it too.
 # (Run 1 of 2026-11-26 (second session), H100: far +0.23 us in graph medians at 0.12 MB,
 # nothing under ncu; the _pf / _ld rows touch the output early and gained nothing (run 2,
-# the .cu's header).)
+# the .cu's header).) plain1_far (thirty-first session): ncu in the suite's regime
+# (scripts/ncu_small.sh) put the op's launch of rope_lean_plain1_kernel 0.5 us over the
+# study's launch of it at S 64: its far segments, or something else in the op's launch?
 FAR = {"lean_global_far": "lean_global", "real_k2_far": "real_k2", "lean_pf_far": "lean_pf",
-       "lean_ld_far": "lean_ld"}
+       "lean_ld_far": "lean_ld", "plain1_far": "plain1"}
 EXACT = {"lean_global", "lean_param", "uni_global", "uni_param", "lean_rb2", "lean_seq", "lean_rb2_seq", "real_k2",
          "real_k1", "lines2", "lines4", "lean_nopos", "lean_smem", "lean_smem4", "lean_pf", "lean_ld", "nopos_const",
          "nopos_one", "nopos_both", "plain_k0", "plain_k1", "plain1", *FAR}  # bit-equal to rope_ext's sin/cos
