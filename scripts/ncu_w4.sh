@@ -14,7 +14,7 @@ for u in $US; do
   PROFILE_DIRTY_L2=1 PROFILE_U=$u ncu --cache-control none --clock-control none -k regex:rope_lean \
       --launch-skip 2 --launch-count 1 --section SpeedOfLight --section LaunchStats --section Occupancy \
       --section WarpStateStats --metrics "$STALLS,smsp__inst_executed.sum,sm__cycles_elapsed.max" \
-      $PY bench/profile_one.py w4 ip > "$OUT/ncu_w4_u$u.txt" 2>&1
+      $PY bench/profile_one.py w4 auto > "$OUT/ncu_w4_u$u.txt" 2>&1
   echo "=== U = $u"
   grep -E "rope_lean|Duration|DRAM Throughput|Grid Size|Block Size|Achieved Occupancy|inst_executed.sum|stalled_[a-z_]+_per_issue_active.ratio +[a-z/]* +[0-9.]*[1-9]" \
       "$OUT/ncu_w4_u$u.txt" | head -40
