@@ -565,11 +565,7 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // loaded it, after its stores). The tiles had the same pair in the
   // twentieth session (removed: bench/NOTES.md has why; lean has taken these calls since).
   // (sm_80 and later: the hint's PTX; older devices run plain loads and report none.)
-  // (U = 4 with the hint: an A/B under a forced U only, bf16/fp16 neox at W = 8, W4's shape;
-  // thirty-first session run 5.)
-  const bool hint_u4 = U == 4 && forced_u && sizeof(T) == 2 && W == 8 && !p.interleaved;
-  bool hint = g_lean_hint.load(std::memory_order_relaxed) && bytes > kLeanSmallBytes && !cache &&
-              (U <= 2 || hint_u4) && W >= 8 &&
+  bool hint = g_lean_hint.load(std::memory_order_relaxed) && bytes > kLeanSmallBytes && !cache && U <= 2 && W >= 8 &&
               cuda_launch::device_attribute<cudaDevAttrComputeCapabilityMajor>(device) >= 8;
   if (hint) {
     const int64_t es = sizeof(T);
@@ -594,8 +590,7 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
             // 32 MB it is taken for: below).
             const auto run = [&]<int kS, bool kP>() {
               const size_t sm = kS == 1 ? smem : 0;
-              if constexpr ((kU <= 2 || (kU == 4 && sizeof(T) == 2 && kW == 8 && !kInterleaved)) && kW >= 8 &&
-                            kS != 2) {
+              if constexpr (kU <= 2 && kW >= 8 && kS != 2) {
                 if (hint) {
                   cuda::rope_lean_kernel<T, kInterleaved, kU, kW, kS, kP, true><<<grid, block, sm, stream>>>(lp);
                   return;
