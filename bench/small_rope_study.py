@@ -44,7 +44,7 @@ VARIANTS = ["copy_lean", "lean_global", "lean_param", "lean_fake", "lean_table",
 # (Run 1 of 2026-11-26 (second session), H100: far +0.23 us in graph medians at 0.12 MB,
 # nothing under ncu; the _pf / _ld rows touch the output early and gained nothing (run 2,
 # the .cu's header).) plain1_far (thirty-first session): ncu in the suite's regime
-# (scripts/ncu_small.sh) put the op's launch of rope_lean_plain1_kernel 0.5 us over the
+# (scripts/ncu_small.sh) put the op's launch of rope_lean_plain1_kernel 0.5-0.7 us over the
 # study's launch of it at S 64: its far segments, or something else in the op's launch?
 FAR = {"lean_global_far": "lean_global", "real_k2_far": "real_k2", "lean_pf_far": "lean_pf",
        "lean_ld_far": "lean_ld", "plain1_far": "plain1"}

@@ -414,8 +414,9 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // against U = 1 68.06-68.48 (5 blocks a token, none idle), 2 tokens a block 65.82-66.46
   // (none idle, sin/cos per lane), U = 4 60.48-60.83 (H100, in turns, three passes,
   // bench/latency_rows.py --knobs u1,tpb2,u4, thirtieth session run 5): the idle slots cost
-  // less than more blocks (or lanes) computing each token's sin/cos. ncu in the suite's
-  // regime (scripts/ncu_w4.sh, thirty-first session): U = 1 / 2 / 4 66.1 / 57.4 / 56.5 us,
+  // less than more blocks (or lanes) computing each token's sin/cos. ncu after a 256 MB
+  // write (scripts/ncu_w4.sh, thirty-first session; its 17 replays for the sections are
+  // not flushed between, so part of x may be in L2): U = 1 / 2 / 4 66.1 / 57.4 / 56.5 us,
   // 49.2 / 38.9 / 29.9 M warp instructions at 0.72 / 0.65 / 0.51 a cycle a scheduler (U = 1
   // near issue-bound); U = 4 ran there without the hint, which stops at U = 2 (below).
   const int min_threads = g_lean_min_threads.load(std::memory_order_relaxed);

@@ -979,7 +979,7 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
 // 4.86-4.93, [1, 128, 32, 128] 5.34-5.50 / 5.28-5.41. Removed.)
 // (Tried, thirty-first session run 1: the warp's K = 32 / chunks lanes of a chunk each
 // computing P / K of its pairs and swapping them by 2P shuffles; at bf16's W = 8 K = 2, two
-// of a lane's four pairs. Level or slower, us in turns over three passes, out of place,
+// of a lane's four pairs. No gain, us in turns over three passes, out of place,
 // shared / per lane: bf16 [1, 16, 32, 128] 4.54-4.67 / 4.42-4.51, [1, 64, 32, 128] 4.70-4.83
 // / 4.64-4.86, [1, 128, 32, 128] 5.31-5.34 / 5.12-5.31 (docs/h100_share1_s31.txt; fp32 at W
 // = 8 has 32 chunks a row, K = 1, so its two columns ran one kernel: 4.48-4.74, the noise).
