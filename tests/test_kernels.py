@@ -362,7 +362,7 @@ def lean_instances(names):
                 if kern == "rope_lean_kernel<":
                     out.append(a)
                 else:
-                    out.append([a[0], a[1], "1", a[2], a[3] if len(a) > 3 else "0", "true", "false", "plain1"])
+                    out.append([a[0], a[1], "1", a[2], a[3], "true", "false", "plain1"])
     return out
 
 

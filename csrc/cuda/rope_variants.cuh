@@ -612,13 +612,14 @@ __global__ void __launch_bounds__(kFlatMaxThreads) rope_flat_kernel(const __grid
 // NOTES.md, 2026-11-26): graph medians first suggested a second line cost 0.3 us (run 1),
 // but ncu timing each kernel alone found none (run 3: 2.56 vs 2.50 us), and this layout
 // gained nothing measurable (run 2). Kept: no loss, and a call without position tensors
-// no longer reads their line. A line read only where its value is first needed is another
-// matter: rope_lean_plain1_kernel's cache instance reading p.cache from line 0x280 at the
-// row's address put the row's loads a round trip behind x's, ~0.5 us in graph replays in
-// turns (H100, bench/latency_rows.py, twenty-ninth session runs 2-3; its comment has the
-// numbers; its row address also reads p.offset, line 0x240, read at the top anyway). The general
-// instance reads the position tensors' pointers there the same way, under the flags, but
-// there it measured no cost: with a dense positions tensor's pointer in line 0x200 instead
+// no longer reads their line. rope_lean_plain1_kernel's cache instance ran ~0.5 us faster in
+// graph replays in turns once its table's pointer came from line 0x200 instead of p.cache
+// (line 0x280, first read at the row's address; H100, bench/latency_rows.py, twenty-ninth
+// session runs 2-3, its comment has the numbers), but that change also dropped the row's
+// range check, stride multiply and dtype branch, so whether the line was the cost is not
+// settled. The general instance reads the position tensors' pointers from that line the
+// same way, under the flags, and there it measured no cost: with a dense positions
+// tensor's pointer in line 0x200 instead
 // (in the head strides' slot where heads lie R apart; the position load then issued with
 // no read past line 0x200 before it, SASS checked) W5 and bshd bf16 with int64 positions
 // at 0.125 / 0.5 MB moved -0.16 to +0.16 us against this layout, in turns over three passes
@@ -964,9 +965,10 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
 // an fp32 one, at row s + offset (a plain call; launch_lean takes this only where every such
 // row is in the table, for a contiguous [rows, R] table whose chunks load as vectors; a
 // row outside it would be read, not given NaN as rope_lean_kernel's cache instance does).
-// The table's pointer comes in p.inv_freq's slot (line 0x200), its row stride is R:
-// nothing from p.cache's line (0x280), whose constant-cache miss after an L2 flush held
-// the row's loads a DRAM round trip behind x's. H100, in turns, three passes (bench/
+// The table's pointer comes in p.inv_freq's slot (line 0x200), its row stride is R, no
+// range check: nothing from p.cache's line (0x280), first read at the row's address. Which
+// of the two (that line's constant miss after the L2 flush, or the address code it came
+// with) cost the form below 0.5 us is not settled (LeanParams' note). H100, in turns, three passes (bench/
 // latency_rows.py --knobs noplain1, twenty-ninth session), us, bf16 [1, S, 32, 128] with a
 // bf16 table, this / rope_lean_kernel's cache instance / torch.compile of the cached
 // formula: with p.cache, cache_stride_row and cache_dtype read from line 0x280 (run 2)
