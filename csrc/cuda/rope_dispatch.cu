@@ -169,6 +169,8 @@ std::atomic<int> g_lean_min_block{0};         // fewest threads a block keeps wh
 std::atomic<bool> g_lean_plain{true};  // calls without position tensors take the kPlain instance
 std::atomic<bool> g_lean_plain1{true};  // ... and at U = 1, one token a block, rope_lean_plain1_kernel
 std::atomic<int> g_lean_tokens_per_block{0};  // 1, 2, 4, 8: forced (at most 128 threads a block); 0: the rule
+std::atomic<int> g_lean_rows_per_block{0};    // row slots a block RB forced (any count up to 128 threads); 0: the rule
+std::atomic<bool> g_lean_bound{false};        // the kLeanBoundBlocks instances where they exist (an A/B)
 // Small blocks: lean's block holds one token's rows, so a call with few rows a token
 // (one head at B = 1, or with per-batch positions: no fold; two or three heads) gets
 // blocks of 16-48 bf16 threads, too few bytes in flight per SM. H100, in turns (bench/lean_shapes.py, twenty-second session, runs 4 and
@@ -228,6 +230,20 @@ bool lean_share() { return g_lean_share.load(std::memory_order_relaxed); }
 // there and caps rows a thread at 2.
 constexpr int64_t kLeanSmallBytes = int64_t(32) << 20;
 constexpr int64_t kLeanXFirstBytes = int64_t(2) << 20;  // (launch_lean's rows a thread for few-row tokens)
+// The instances with x's loads under the L2 hint (kHint): U <= 2 at W >= 8 (the rule's U
+// past 32 MB, where the hint is taken); U = 4 and 8 too for 16-bit neox at W = 8 where U is
+// forced (wide_u: set_lean_rows_per_thread), an A/B at W4 (thirty-second session). One
+// rule for the host's choice and the instances compiled.
+constexpr bool lean_hint_instance(int U, int W, bool interleaved, size_t elem_size, bool wide_u) {
+  return W >= 8 && (U <= 2 || (wide_u && elem_size == 2 && W == 8 && !interleaved));
+}
+// The hinted table instances also under __launch_bounds__(128, kLeanBoundBlocks) (16-bit
+// neox, W = 8, U = 2 and 4; set_lean_bound, an A/B at W4: the rule's instance uses 48
+// registers, 10 blocks a SM; local ptxas gives 40 and 8 bytes of spill under 12).
+constexpr int kLeanBoundBlocks = 12;
+constexpr bool lean_bound_instance(int U, int W, bool interleaved, size_t elem_size) {
+  return elem_size == 2 && W == 8 && !interleaved && (U == 2 || U == 4);
+}
 int64_t lean_max_bytes() {
   const int64_t v = g_lean_max_bytes.load(std::memory_order_relaxed);
   return v >= 0 ? v : INT64_MAX;
@@ -470,6 +486,10 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   const int forced_tpb = g_lean_tokens_per_block.load(std::memory_order_relaxed);  // (0, 1, 2, 4 or 8)
   if (forced_tpb > 1)
     while (RB > 1 && p.S % forced_tpb == 0 && RB * chunks * forced_tpb > cuda::kLeanMaxThreads) RB /= 2;
+  // Row slots a block forced (the knob, an A/B: RB need not be a power of 2, so that a
+  // token's row slots fill its blocks, W4's 20 at U = 2 in 3 blocks of 8 leave 4 idle).
+  const int forced_rb = g_lean_rows_per_block.load(std::memory_order_relaxed);
+  if (forced_rb > 0 && forced_rb * chunks <= cuda::kLeanMaxThreads) RB = forced_rb;
   lp.rows_per_block = static_cast<uint8_t>(RB);
   const int threads = RB * chunks;
   const int64_t row_blocks = ceil_div(rows_u, int64_t(RB));
@@ -569,7 +589,10 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // loaded it, after its stores). The tiles had the same pair in the
   // twentieth session (removed: bench/NOTES.md has why; lean has taken these calls since).
   // (sm_80 and later: the hint's PTX; older devices run plain loads and report none.)
-  bool hint = g_lean_hint.load(std::memory_order_relaxed) && bytes > kLeanSmallBytes && !cache && U <= 2 && W >= 8 &&
+  // (U = 4 and 8 with the hint: an A/B under set_lean_rows_per_thread, 16-bit neox at W = 8
+  // only, lean_hint_instance.)
+  bool hint = g_lean_hint.load(std::memory_order_relaxed) && bytes > kLeanSmallBytes && !cache &&
+              lean_hint_instance(U, W, p.interleaved, sizeof(T), forced_u) &&
               cuda_launch::device_attribute<cudaDevAttrComputeCapabilityMajor>(device) >= 8;
   if (hint) {
     const int64_t es = sizeof(T);
@@ -579,6 +602,8 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
              (p.t[t].H == 1 || (lp.in_hs[t] * es) % 128 == 0) && (lp.in_bfix[t] * es) % 128 == 0;
   }
   last_lean_hint() = hint;
+  const bool bound = g_lean_bound.load(std::memory_order_relaxed) && hint && table && !cache &&
+                     lean_bound_instance(U, W, p.interleaved, sizeof(T));
   if constexpr (sizeof(T) <= 4) {  // (no fp64 instances: it returned above)
     // Access width W (16, 8 or 4 bytes), pairing, rows per thread U (1, 2, 4, 8). An fp32
     // 4-byte word holds one element: neox only (GPT-J took W = 8 above).
@@ -594,7 +619,14 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
             // 32 MB it is taken for: below).
             const auto run = [&]<int kS, bool kP>() {
               const size_t sm = kS == 1 ? smem : 0;
-              if constexpr (kU <= 2 && kW >= 8 && kS != 2) {
+              if constexpr (lean_hint_instance(kU, kW, kInterleaved, sizeof(T), true) && kS != 2) {
+                if constexpr (kS == 1 && lean_bound_instance(kU, kW, kInterleaved, sizeof(T))) {
+                  if (bound) {
+                    cuda::rope_lean_kernel<T, kInterleaved, kU, kW, kS, kP, true, kLeanBoundBlocks>
+                        <<<grid, block, sm, stream>>>(lp);
+                    return;
+                  }
+                }
                 if (hint) {
                   cuda::rope_lean_kernel<T, kInterleaved, kU, kW, kS, kP, true><<<grid, block, sm, stream>>>(lp);
                   return;
@@ -693,6 +725,8 @@ void set_lean_bytes(int64_t w) { g_lean_bytes.store((w == 4 || w == 8 || w == 16
 void set_lean_share(bool on) { g_lean_share.store(on); }
 void set_lean_plain(bool on) { g_lean_plain.store(on); }
 void set_lean_plain1(bool on) { g_lean_plain1.store(on); }
+void set_lean_rows_per_block(int n) { g_lean_rows_per_block.store(n > 0 && n <= 128 ? n : 0); }
+void set_lean_bound(bool on) { g_lean_bound.store(on); }
 void set_lean_tokens_per_block(int n) { g_lean_tokens_per_block.store((n == 1 || n == 2 || n == 4 || n == 8) ? n : 0); }
 void set_lean_min_threads(int threads, int64_t from_bytes) {  // -1: the defaults
   g_lean_min_threads.store(threads < 0 ? kLeanMinThreads : threads);
