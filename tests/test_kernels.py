@@ -684,9 +684,9 @@ def test_lean_rows_per_block_and_bound(dtype):
     """The A/B knobs of W4's launch (q [T, 32, 128] + k [T, 8, 128] thd, random positions,
     past 32 MB: the hinted table instances). set_lean_rows_per_block: a block of any count
     of row slots, powers of 2 or not (a token's 40 rows at U rows a thread in ceil(ceil(40 /
-    U) / RB) blocks; a count past 128 threads keeps the rule's 8); set_lean_bound: the
-    instance under __launch_bounds__(128, 12) (the kernel's eighth template argument),
-    at U = 2 and 4 only. Every launch bit-equal to the tiles, out of place and in place
+    U) / RB) blocks, several tokens a block under 64 threads; a count past 128 threads
+    keeps the rule's 8); set_lean_bound: the table instance under __launch_bounds__(128,
+    12) (the kernel's eighth template argument), at U = 2 and 4 only. Every launch bit-equal to the tiles, out of place and in place
     (outputs poisoned first), the rule's within the float64 truth's bounds."""
     C = rope_ext._C
     dev, T = "cuda", 5120
@@ -704,15 +704,20 @@ def test_lean_rows_per_block_and_bound(dtype):
             C.set_lean_bound(bound)
             what = f"({dtype}, U {u}, RB {rb}, bound {bound})"
             names = cuda_kernels_of(lambda: rope_ext.apply_rope_qk(q, k, pos, **kw))
-            gx, gy, _, got_u, _, _ = C.last_lean_launch()
+            gx, gy, _, got_u, _, tpb = C.last_lean_launch()
             u_ran = u or 2  # (the rule's U here)
             rb_ran = rb if 0 < rb <= 8 else 8  # (16 threads a row: at most 8 row slots)
-            assert got_u == u_ran and gx == -(-(-(-40 // u_ran)) // rb_ran) and gy == T, f"launch {what}"
+            slots = -(-40 // u_ran)  # a token's row slots
+            want_tpb = 1  # (blocks under 64 threads take several tokens, sin/cos per lane: no table)
+            while rb_ran * 16 * want_tpb < 64:
+                want_tpb *= 2
+            assert (got_u, gx, gy, tpb) == (u_ran, -(-slots // rb_ran), T // want_tpb, want_tpb), \
+                f"launch {what}: {C.last_lean_launch()}"
             if names is not None:
                 lean = lean_instances(names)
                 assert len(lean) == 1 and lean[0][6] == "true", f"hinted instance expected {what}: {names}"
                 bound_ran = len(lean[0]) > 7 and lean[0][7] == "12"
-                assert bound_ran == (bound and u_ran in (2, 4)), f"bound instance {what}: {lean[0]}"
+                assert bound_ran == (bound and u_ran in (2, 4) and tpb == 1), f"bound instance {what}: {lean[0]}"
             for inplace in (False, True):
                 if inplace:
                     ins = [q.clone(), k.clone()]
