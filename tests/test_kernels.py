@@ -351,7 +351,7 @@ def is_lean(name):
 
 def lean_instances(names):
     """The template arguments (stripped strings) of each variant 6 launch among kernel
-    names, in order: T, kInterleaved, U, W, kSource, kPlain, kHint; rope_lean_plain1_kernel<T,
+    names, in order: T, kInterleaved, U, W, kSource, kPlain, kHint, kMinBlocks; rope_lean_plain1_kernel<T,
     kInterleaved, W, kSource> as the same list (U 1, its kSource: 0 per lane, 2 a cache in x's
     dtype, 3 an fp32 one; kPlain, no hint) + "plain1"."""
     out = []
