@@ -151,9 +151,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_lean_rows_per_block", &rope_ext::set_lean_rows_per_block,
         "tests/bench: variant 6's (lean) row slots a block, any count whose threads fit 128 (not only powers of "
         "2); 0 or a count that does not fit: the rule");
-  m.def("set_lean_bound", &rope_ext::set_lean_bound,
-        "tests/bench: whether variant 6 runs its hinted table instances of 16-bit neox rows at 8 bytes, 2 or 4 "
-        "rows a thread, under __launch_bounds__(128, 12) (an A/B of occupancy; default off)");
   m.def("set_lean_plain", &rope_ext::set_lean_plain,
         "tests/bench: whether variant 6 runs calls without position tensors in its instance without the "
         "position code (default on; off: the general instance, for such calls with a cos_sin_cache its cache "

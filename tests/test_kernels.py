@@ -351,7 +351,7 @@ def is_lean(name):
 
 def lean_instances(names):
     """The template arguments (stripped strings) of each variant 6 launch among kernel
-    names, in order: T, kInterleaved, U, W, kSource, kPlain, kHint, kMinBlocks; rope_lean_plain1_kernel<T,
+    names, in order: T, kInterleaved, U, W, kSource, kPlain, kHint; rope_lean_plain1_kernel<T,
     kInterleaved, W, kSource> as the same list (U 1, its kSource: 0 per lane, 2 a cache in x's
     dtype, 3 an fp32 one; kPlain, no hint) + "plain1"."""
     out = []
@@ -592,12 +592,10 @@ def _hint_case(case):
         pos = torch.randint(0, 1 << 20, (T,), device=dev)
         return (lambda: (randn((T, 32, 128), bf, dev), randn((T, 8, 128), bf, dev), pos)), dict(layout="thd"), \
             True, False, 0
-    if case in ("qk_u4", "qk_u8"):  # 4 / 8 rows a thread forced: the hinted instances of 16-bit neox at W = 8
+    if case == "qk_u4":  # 4 rows a thread forced: no hinted instance there, plain loads
         pos = torch.randint(0, 1 << 20, (T,), device=dev)
         return (lambda: (randn((T, 32, 128), bf, dev), randn((T, 8, 128), bf, dev), pos)), dict(layout="thd"), \
-            True, False, int(case[-1])
-    if case == "gptj_u4":  # none for GPT-J at 4 rows a thread: plain loads
-        return (lambda: (randn((1, T, 32, 128), bf, dev), None, None)), dict(interleaved=True), False, False, 4
+            False, False, 4
     if case == "one_head_fold":  # one head, B rows folded into the token (the batch stride as head stride)
         return (lambda: (randn((320, 512, 1, 128), bf, dev), None, None)), {}, True, False, 0
     if case == "two_heads":  # a few-row token: per-lane sin/cos, several tokens a block
@@ -619,10 +617,9 @@ def _hint_case(case):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("case", ["bshd", "u1", "sbhd_folded", "fp32", "gptj", "qk_thd_positions", "qk_u4", "qk_u8",
-                                  "gptj_u4", "one_head_fold",
-                                  "two_heads", "rotary_64_inplace", "base_offset", "token_stride", "k_head_stride",
-                                  "small"])
+@pytest.mark.parametrize("case", ["bshd", "u1", "sbhd_folded", "fp32", "gptj", "qk_thd_positions", "qk_u4",
+                                  "one_head_fold", "two_heads", "rotary_64_inplace", "base_offset", "token_stride",
+                                  "k_head_stride", "small"])
 def test_lean_l2_hint(case):
     """Lean's L2 hint (on by default; set_lean_l2_hint(False): plain loads. x loaded with
     evict_last, each line demoted after use) is taken past 32 MB where every line of x
@@ -632,8 +629,7 @@ def test_lean_l2_hint(case):
     line would not be demoted: a rotary half of 64 bytes, a base 16 bytes off a line, a
     token stride off 128 bytes, k's head stride off them; and at 32 MB and under. Covers the
     table and per-lane instances, one and two rows a thread, fp32, GPT-J, the folds; four
-    and eight rows a thread forced (16-bit neox at 8 bytes has hinted instances there,
-    GPT-J none)."""
+    rows a thread forced take plain loads (no hinted instance there)."""
     C = rope_ext._C
     make, kw, want_hint, inplace_only, u = _hint_case(case)
 
@@ -680,14 +676,14 @@ def test_lean_l2_hint(case):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_lean_rows_per_block_and_bound(dtype):
-    """The A/B knobs of W4's launch (q [T, 32, 128] + k [T, 8, 128] thd, random positions,
-    past 32 MB: the hinted table instances). set_lean_rows_per_block: a block of any count
-    of row slots, powers of 2 or not (a token's 40 rows at U rows a thread in ceil(ceil(40 /
-    U) / RB) blocks, several tokens a block under 64 threads; a count past 128 threads
-    keeps the rule's 8); set_lean_bound: the table instance under __launch_bounds__(128,
-    12) (the kernel's eighth template argument), at U = 2 and 4 only. Every launch bit-equal to the tiles, out of place and in place
-    (outputs poisoned first), the rule's within the float64 truth's bounds."""
+def test_lean_rows_per_block(dtype):
+    """set_lean_rows_per_block, the A/B knob of W4's launch (q [T, 32, 128] + k [T, 8, 128]
+    thd, random positions, past 32 MB: the hinted table instances at the rule's 2 rows a
+    thread): a block of any count of row slots, powers of 2 or not, a token's 40 rows at U
+    rows a thread in ceil(ceil(40 / U) / RB) blocks, several tokens a block under 64
+    threads; a count past 128 threads keeps the rule's 8. Every launch bit-equal to the
+    tiles, out of place and in place (outputs poisoned), the tiles within the float64
+    truth's bounds; the hint only at U <= 2."""
     C = rope_ext._C
     dev, T = "cuda", 5120
     q, k = randn((T, 32, 128), dtype, dev), randn((T, 8, 128), dtype, dev)
@@ -697,27 +693,24 @@ def test_lean_rows_per_block_and_bound(dtype):
     for x, w in zip((q, k), want):
         assert_close_f64(w, ref.rope_float64(x, pos, **kw), x.abs().max().item(), "tiles vs float64")
     try:
-        for u, rb, bound in ((0, 0, True), (2, 5, False), (2, 4, True), (2, 7, False), (4, 5, True), (4, 3, False),
-                             (4, 1, True), (8, 5, False), (8, 0, True), (1, 6, False), (2, 9, False)):
+        for u, rb in ((0, 0), (2, 5), (2, 4), (2, 7), (4, 5), (4, 3), (4, 1), (8, 5), (8, 0), (1, 6), (2, 9)):
             C.set_lean_rows_per_thread(u)
             C.set_lean_rows_per_block(rb)
-            C.set_lean_bound(bound)
-            what = f"({dtype}, U {u}, RB {rb}, bound {bound})"
+            what = f"({dtype}, U {u}, RB {rb})"
             names = cuda_kernels_of(lambda: rope_ext.apply_rope_qk(q, k, pos, **kw))
             gx, gy, _, got_u, _, tpb = C.last_lean_launch()
             u_ran = u or 2  # (the rule's U here)
             rb_ran = rb if 0 < rb <= 8 else 8  # (16 threads a row: at most 8 row slots)
             slots = -(-40 // u_ran)  # a token's row slots
-            want_tpb = 1  # (blocks under 64 threads take several tokens, sin/cos per lane: no table)
+            want_tpb = 1  # (blocks under 64 threads take several tokens)
             while rb_ran * 16 * want_tpb < 64:
                 want_tpb *= 2
             assert (got_u, gx, gy, tpb) == (u_ran, -(-slots // rb_ran), T // want_tpb, want_tpb), \
                 f"launch {what}: {C.last_lean_launch()}"
+            assert C.last_lean_hint() == (u_ran <= 2), f"hint {what}"
             if names is not None:
                 lean = lean_instances(names)
-                assert len(lean) == 1 and lean[0][6] == "true", f"hinted instance expected {what}: {names}"
-                bound_ran = len(lean[0]) > 7 and lean[0][7] == "12"
-                assert bound_ran == (bound and u_ran in (2, 4) and tpb == 1), f"bound instance {what}: {lean[0]}"
+                assert len(lean) == 1 and (lean[0][6] == "true") == (u_ran <= 2), f"instance {what}: {names}"
             for inplace in (False, True):
                 if inplace:
                     ins = [q.clone(), k.clone()]
@@ -730,7 +723,6 @@ def test_lean_rows_per_block_and_bound(dtype):
     finally:
         C.set_lean_rows_per_thread(0)
         C.set_lean_rows_per_block(0)
-        C.set_lean_bound(False)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -170,7 +170,6 @@ std::atomic<bool> g_lean_plain{true};  // calls without position tensors take th
 std::atomic<bool> g_lean_plain1{true};  // ... and at U = 1, one token a block, rope_lean_plain1_kernel
 std::atomic<int> g_lean_tokens_per_block{0};  // 1, 2, 4, 8: forced (at most 128 threads a block); 0: the rule
 std::atomic<int> g_lean_rows_per_block{0};    // row slots a block RB forced (any count up to 128 threads); 0: the rule
-std::atomic<bool> g_lean_bound{false};        // the kLeanBoundBlocks instances where they exist (an A/B)
 // Small blocks: lean's block holds one token's rows, so a call with few rows a token
 // (one head at B = 1, or with per-batch positions: no fold; two or three heads) gets
 // blocks of 16-48 bf16 threads, too few bytes in flight per SM. H100, in turns (bench/lean_shapes.py, twenty-second session, runs 4 and
@@ -230,20 +229,6 @@ bool lean_share() { return g_lean_share.load(std::memory_order_relaxed); }
 // there and caps rows a thread at 2.
 constexpr int64_t kLeanSmallBytes = int64_t(32) << 20;
 constexpr int64_t kLeanXFirstBytes = int64_t(2) << 20;  // (launch_lean's rows a thread for few-row tokens)
-// The instances with x's loads under the L2 hint (kHint): U <= 2 at W >= 8 (the rule's U
-// past 32 MB, where the hint is taken); U = 4 and 8 too for 16-bit neox at W = 8 where U is
-// forced (wide_u: set_lean_rows_per_thread), an A/B at W4 (thirty-second session). One
-// rule for the host's choice and the instances compiled.
-constexpr bool lean_hint_instance(int U, int W, bool interleaved, size_t elem_size, bool wide_u) {
-  return W >= 8 && (U <= 2 || (wide_u && elem_size == 2 && W == 8 && !interleaved));
-}
-// The hinted table instances also under __launch_bounds__(128, kLeanBoundBlocks) (16-bit
-// neox, W = 8, U = 2 and 4; set_lean_bound, an A/B at W4: the rule's instance uses 48
-// registers, 10 blocks a SM; local ptxas gives 40 and 8 bytes of spill under 12).
-constexpr int kLeanBoundBlocks = 12;
-constexpr bool lean_bound_instance(int U, int W, bool interleaved, size_t elem_size) {
-  return elem_size == 2 && W == 8 && !interleaved && (U == 2 || U == 4);
-}
 int64_t lean_max_bytes() {
   const int64_t v = g_lean_max_bytes.load(std::memory_order_relaxed);
   return v >= 0 ? v : INT64_MAX;
@@ -435,6 +420,13 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // not flushed between, so part of x may be in L2): U = 1 / 2 / 4 66.1 / 57.4 / 56.5 us,
   // 49.2 / 38.9 / 29.9 M warp instructions at 0.72 / 0.65 / 0.51 a cycle a scheduler (U = 1
   // near issue-bound); U = 4 ran there without the hint, which stops at U = 2 (below).
+  // In the graphs with the hint (instances at U = 4 and 8 built for the A/B, run 1 of the
+  // thirty-second session, three passes in turns, us, in place / out of place): auto
+  // 59.18-59.42 / 59.76-59.90, U = 4 59.39-59.60 / 59.62-59.89 (64 registers), U = 8 in one
+  // block of 5 slots a token 60.35-60.48 / 60.32-60.54 (80 registers); and auto's instance
+  // under __launch_bounds__(128, 12) (40 registers, 8 bytes of spill, 12 blocks a SM
+  // instead of 10) 61.28-61.41 / 61.52-61.76: neither more rows a thread nor more
+  // occupancy buys W4 anything. Removed (bench/NOTES.md has the diff's shape).
   const int min_threads = g_lean_min_threads.load(std::memory_order_relaxed);
   int U = g_lean_rows_per_thread.load(std::memory_order_relaxed);
   // A token under min_threads at one row a thread (one to three bf16 or fp32 heads at D 128
@@ -486,8 +478,14 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   const int forced_tpb = g_lean_tokens_per_block.load(std::memory_order_relaxed);  // (0, 1, 2, 4 or 8)
   if (forced_tpb > 1)
     while (RB > 1 && p.S % forced_tpb == 0 && RB * chunks * forced_tpb > cuda::kLeanMaxThreads) RB /= 2;
-  // Row slots a block forced (the knob, an A/B: RB need not be a power of 2, so that a
-  // token's row slots fill its blocks, W4's 20 at U = 2 in 3 blocks of 8 leave 4 idle).
+  // Row slots a block forced (the knob; any count, the kernel steps rows by RB). W4 in
+  // place, auto's 3 blocks of 8 slots a token (the third half idle) against blocks without
+  // an idle slot, H100, in turns, three passes (bench/latency_rows.py --knobs, run 1 of the
+  // thirty-second session), us: auto 59.18-59.42; 5 blocks of 4 slots 59.62-59.78; 4 of 5
+  // 61.54-61.73; 3 of 7 60.61-60.64 (the copy 60.42-60.77). The idle slots cost nothing
+  // measurable; rows a block off a power of 2 lost 1.2-2.3 us (not measured why: their
+  // last warp half empty at 80 and 112 threads, or a block's 2.5 / 3.5 KB of rows across
+  // the 2 / 4 KB spans the power-of-2 blocks keep to).
   const int forced_rb = g_lean_rows_per_block.load(std::memory_order_relaxed);
   if (forced_rb > 0 && forced_rb * chunks <= cuda::kLeanMaxThreads) RB = forced_rb;
   lp.rows_per_block = static_cast<uint8_t>(RB);
@@ -589,10 +587,7 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // loaded it, after its stores). The tiles had the same pair in the
   // twentieth session (removed: bench/NOTES.md has why; lean has taken these calls since).
   // (sm_80 and later: the hint's PTX; older devices run plain loads and report none.)
-  // (U = 4 and 8 with the hint: an A/B under set_lean_rows_per_thread, 16-bit neox at W = 8
-  // only, lean_hint_instance.)
-  bool hint = g_lean_hint.load(std::memory_order_relaxed) && bytes > kLeanSmallBytes && !cache &&
-              lean_hint_instance(U, W, p.interleaved, sizeof(T), forced_u) &&
+  bool hint = g_lean_hint.load(std::memory_order_relaxed) && bytes > kLeanSmallBytes && !cache && U <= 2 && W >= 8 &&
               cuda_launch::device_attribute<cudaDevAttrComputeCapabilityMajor>(device) >= 8;
   if (hint) {
     const int64_t es = sizeof(T);
@@ -602,8 +597,6 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
              (p.t[t].H == 1 || (lp.in_hs[t] * es) % 128 == 0) && (lp.in_bfix[t] * es) % 128 == 0;
   }
   last_lean_hint() = hint;
-  const bool bound = g_lean_bound.load(std::memory_order_relaxed) && hint && table && !cache &&
-                     lean_bound_instance(U, W, p.interleaved, sizeof(T));
   if constexpr (sizeof(T) <= 4) {  // (no fp64 instances: it returned above)
     // Access width W (16, 8 or 4 bytes), pairing, rows per thread U (1, 2, 4, 8). An fp32
     // 4-byte word holds one element: neox only (GPT-J took W = 8 above).
@@ -619,14 +612,7 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
             // 32 MB it is taken for: below).
             const auto run = [&]<int kS, bool kP>() {
               const size_t sm = kS == 1 ? smem : 0;
-              if constexpr (lean_hint_instance(kU, kW, kInterleaved, sizeof(T), true) && kS != 2) {
-                if constexpr (kS == 1 && lean_bound_instance(kU, kW, kInterleaved, sizeof(T))) {
-                  if (bound) {
-                    cuda::rope_lean_kernel<T, kInterleaved, kU, kW, kS, kP, true, kLeanBoundBlocks>
-                        <<<grid, block, sm, stream>>>(lp);
-                    return;
-                  }
-                }
+              if constexpr (kU <= 2 && kW >= 8 && kS != 2) {
                 if (hint) {
                   cuda::rope_lean_kernel<T, kInterleaved, kU, kW, kS, kP, true><<<grid, block, sm, stream>>>(lp);
                   return;
@@ -726,7 +712,6 @@ void set_lean_share(bool on) { g_lean_share.store(on); }
 void set_lean_plain(bool on) { g_lean_plain.store(on); }
 void set_lean_plain1(bool on) { g_lean_plain1.store(on); }
 void set_lean_rows_per_block(int n) { g_lean_rows_per_block.store(n > 0 && n <= 128 ? n : 0); }
-void set_lean_bound(bool on) { g_lean_bound.store(on); }
 void set_lean_tokens_per_block(int n) { g_lean_tokens_per_block.store((n == 1 || n == 2 || n == 4 || n == 8) ? n : 0); }
 void set_lean_min_threads(int threads, int64_t from_bytes) {  // -1: the defaults
   g_lean_min_threads.store(threads < 0 ? kLeanMinThreads : threads);

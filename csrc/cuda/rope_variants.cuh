@@ -723,12 +723,8 @@ static __device__ __noinline__ void lean_table_rest(float* table, int half, int6
 // kHint: x loaded with L2's evict_last hint and each 128-byte line of it given back the
 // normal priority after its rows are stored (load_word_last, l2_demote_line; launch_lean
 // takes it only where every line of x is started by some chunk, so none stays held).
-// kMinBlocks: blocks a SM the registers must allow (__launch_bounds__' second argument; 0
-// none): an A/B of occupancy at W4 (set_lean_min_blocks, thirty-second session).
-template <typename T, bool kInterleaved, int U, int W, int kSource, bool kPlain = false, bool kHint = false,
-          int kMinBlocks = 0>
-__global__ void __launch_bounds__(kLeanMaxThreads, kMinBlocks)
-    rope_lean_kernel(const __grid_constant__ LeanParams p) {
+template <typename T, bool kInterleaved, int U, int W, int kSource, bool kPlain = false, bool kHint = false>
+__global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid_constant__ LeanParams p) {
   constexpr bool kTable = kSource == 1, kCache = kSource == 2;
   static_assert(!(kPlain && kCache), "a cos_sin_cache call reads its rows by position: no plain instance");
   constexpr int V = W / sizeof(T);
