@@ -90,9 +90,9 @@ def with_knobs(fns, names):
     lane its own sin/cos, no block table; "general": the instance with the position code
     where kPlain would run; "noplain1": rope_lean_kernel's kPlain instances where
     rope_lean_plain1_kernel would run, the cos_sin_cache column's too; "uN": N rows a thread;
-    "tpbN": N tokens a block (the row slots make room); "rbN": N row slots a block; "a+b": both; "mbN": blocks halved
-    down to N threads to cover the SMs; "WN": the access width forced to N bytes), each
-    checked bit-equal to the column first."""
+    "tpbN": N tokens a block (the row slots make room); "rbN": N row slots a block; "mbN":
+    blocks halved down to N threads to cover the SMs; "WN": the access width forced to N
+    bytes; "a+b": a and b together), each checked bit-equal to the column first."""
     C = rope_ext._C
     out = dict(fns)
     for k, f in fns.items():
@@ -148,7 +148,8 @@ def main():
     ap.add_argument("--pin", action="store_true", help="the pin probe after the rows")
     ap.add_argument("--rope-only", action="store_true", help="rope_ext's columns and the copy only (no torch.compile, "
                     "no peers: nothing to compile, for a run with little device time)")
-    ap.add_argument("--knobs", default="", help="each rope_ext auto column also under these lean knobs: lane, general, noplain1, mbN, WN, uN, tpbN, rbN; a+b both")
+    ap.add_argument("--knobs", default="", help="each rope_ext auto column also under these lean knobs: lane, "
+                    "general, noplain1, mbN, WN, uN, tpbN, rbN; a+b both")
     args = ap.parse_args()
     run.ROPE_ONLY = args.rope_only
     peers = run.Peers(load=not args.rope_only)
