@@ -7,6 +7,7 @@
     w5: thd bf16 q [16, 32, 128] + k [16, 8, 128] in place, random positions < 131072
     w4: the same at 8192 tokens (issue 19's W4); PROFILE_U=N: N rows a thread
                (set_lean_rows_per_thread; launch_lean's rule: 2)
+    w4copy: W4's same-size copy (impl ignored)
 Three calls (the last is the one to profile: ncu --launch-skip 2 --launch-count 1)."""
 import os
 import sys
@@ -64,6 +65,10 @@ elif w == "small":  # bshd [1, S, 32, 128] bf16 (latency-bound); S = 8 is the sw
         fn = lambda: mod.run(v, xt, out, fq, inv, tc, ts, seq0)  # noqa: E731
     else:
         fn = lambda: rope_ext.apply_rope(x, impl=impl)  # noqa: E731
+elif w == "w4copy":  # W4's same-size copy (the suite's: one copy of q's + k's bytes)
+    src = torch.randn(8192 * 40 * 128, device="cuda").bfloat16()
+    dst = torch.empty_like(src)
+    fn = lambda: dst.copy_(src)  # noqa: E731
 elif w in ("w5", "w4"):  # decode step (w5) or prefill (w4): q + k thd in place, one launch
     T = 16 if w == "w5" else 8192
     q = torch.randn(T, 32, 128, device="cuda").bfloat16()
