@@ -11,7 +11,7 @@ OUT=${OUT:-$(pwd)/gpu_out}
 M="gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed"
 for w in w4 w4copy; do
   echo "=== $w"
-  PROFILE_DIRTY_L2=1 ncu --cache-control none --clock-control none -k regex:"rope_lean|copy_kernel" \
+  PROFILE_DIRTY_L2=1 ncu --cache-control none --clock-control none --kernel-name-base demangled -k regex:"rope_lean|MulFunctor" \
       --launch-skip 2 --launch-count 1 --metrics "$M" $PY bench/profile_one.py "$w" auto 2>&1 |
-      grep -E "rope_lean|copy_kernel|gpu__time|dram__" | head -10
+      grep -E "rope_lean|MulFunctor|gpu__time|dram__" | head -10
 done | tee "$OUT/ncu_w4_dram.txt"
