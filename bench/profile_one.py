@@ -7,7 +7,7 @@
     w5: thd bf16 q [16, 32, 128] + k [16, 8, 128] in place, random positions < 131072
     w4: the same at 8192 tokens (issue 19's W4); PROFILE_U=N: N rows a thread
                (set_lean_rows_per_thread; launch_lean's rule: 2)
-    w4copy: W4's same-size copy (impl ignored)
+    w4copy: a copy kernel of W4's bytes (torch.mul by 1; impl ignored)
 Three calls (the last is the one to profile: ncu --launch-skip 2 --launch-count 1)."""
 import os
 import sys
@@ -65,7 +65,7 @@ elif w == "small":  # bshd [1, S, 32, 128] bf16 (latency-bound); S = 8 is the sw
         fn = lambda: mod.run(v, xt, out, fq, inv, tc, ts, seq0)  # noqa: E731
     else:
         fn = lambda: rope_ext.apply_rope(x, impl=impl)  # noqa: E731
-elif w == "w4copy":  # W4's same-size copy (the suite's: one copy of q's + k's bytes)
+elif w == "w4copy":  # q's + k's bytes copied by a kernel (the suite's copy_ is a cudaMemcpyAsync)
     src = torch.randn(8192 * 40 * 128, device="cuda").bfloat16()
     dst = torch.empty_like(src)
     fn = lambda: torch.mul(src, 1, out=dst)  # noqa: E731 (a kernel: ncu cannot see copy_'s cudaMemcpyAsync)

@@ -60,7 +60,8 @@ void set_lean_plain1(bool on);
 // Tests/bench: variant 6's tokens a block (1, 2, 4 or 8, fewer where S or 128 threads do not allow it; the row
 // slots a block make room first; else 0: launch_lean's rule, more than one only for blocks under 64 threads).
 void set_lean_tokens_per_block(int n);
-// Tests/bench: variant 6's row slots a block forced (any count whose threads fit 128; else 0: the rule).
+// Tests/bench: variant 6's row slots a block forced (any count whose threads fit 128; else 0: the rule). It
+// overrides the room set_lean_tokens_per_block made: the tokens a block then shrink to fit 128 threads.
 void set_lean_rows_per_block(int n);
 // Tests: variant 6's launch by this thread's last CUDA rope call: its grid (x, y, z), rows per thread and access
 // width in bytes, tokens a block (all 0 when that call did not launch it).

@@ -150,7 +150,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "blocks under 64 threads)");
   m.def("set_lean_rows_per_block", &rope_ext::set_lean_rows_per_block,
         "tests/bench: variant 6's (lean) row slots a block, any count whose threads fit 128 (not only powers of "
-        "2); 0 or a count that does not fit: the rule");
+        "2; it overrides the room set_lean_tokens_per_block made, whose tokens then shrink to fit); 0 or a count "
+        "that does not fit: the rule");
   m.def("set_lean_plain", &rope_ext::set_lean_plain,
         "tests/bench: whether variant 6 runs calls without position tensors in its instance without the "
         "position code (default on; off: the general instance, for such calls with a cos_sin_cache its cache "

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 19's W4 in place against its same-size copy under ncu in the latency suite's regime
+# Issue 19's W4 in place against a copy kernel of the same bytes (torch.mul by 1: ncu cannot
+# see the suite's copy_, a cudaMemcpyAsync) under ncu in the latency suite's regime
 # (each call after a 256 MB write, no cache control, boost clocks): duration, DRAM bytes
 # read and written during the kernel, DRAM throughput, to say whether auto's in-place
 # stream already moves DRAM as the copy does (is 59 us reachable at these bytes?). Run from

@@ -592,7 +592,8 @@ def _hint_case(case):
         pos = torch.randint(0, 1 << 20, (T,), device=dev)
         return (lambda: (randn((T, 32, 128), bf, dev), randn((T, 8, 128), bf, dev), pos)), dict(layout="thd"), \
             True, False, 0
-    if case == "qk_u4":  # 4 rows a thread forced: no hinted instance there, plain loads
+    if case == "qk_u4":  # 4 rows a thread forced: no hinted instance there, plain loads (its hinted-vs-plain
+        # equality compares two plain launches; the hint flag, the instance and U = 4 are what it checks)
         pos = torch.randint(0, 1 << 20, (T,), device=dev)
         return (lambda: (randn((T, 32, 128), bf, dev), randn((T, 8, 128), bf, dev), pos)), dict(layout="thd"), \
             False, False, 4
@@ -711,6 +712,8 @@ def test_lean_rows_per_block(dtype):
             if names is not None:
                 lean = lean_instances(names)
                 assert len(lean) == 1 and (lean[0][6] == "true") == (u_ran <= 2), f"instance {what}: {names}"
+                # the block's sin/cos table at one token a block, per-lane sin/cos with several
+                assert lean[0][4] == ("1" if tpb == 1 else "0"), f"frequency source {what}: {lean[0]}"
             for inplace in (False, True):
                 if inplace:
                     ins = [q.clone(), k.clone()]

@@ -425,8 +425,10 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // 59.18-59.42 / 59.76-59.90, U = 4 59.39-59.60 / 59.62-59.89 (64 registers), U = 8 in one
   // block of 5 slots a token 60.35-60.48 / 60.32-60.54 (80 registers); and auto's instance
   // under __launch_bounds__(128, 12) (40 registers, 8 bytes of spill, 12 blocks a SM
-  // instead of 10) 61.28-61.41 / 61.52-61.76: neither more rows a thread nor more
-  // occupancy buys W4 anything. Removed (bench/NOTES.md has the diff's shape).
+  // instead of 10) 61.28-61.41 / 61.52-61.76. U = 4 tied; U = 8 was timed only in blocks
+  // of 5 slots (which cost 2.3 us at U = 2) and the bound only with its spill, so neither
+  // is a clean reading of more rows a thread or more occupancy. Removed (bench/NOTES.md
+  // has the diff's shape).
   const int min_threads = g_lean_min_threads.load(std::memory_order_relaxed);
   int U = g_lean_rows_per_thread.load(std::memory_order_relaxed);
   // A token under min_threads at one row a thread (one to three bf16 or fp32 heads at D 128
@@ -482,10 +484,12 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // place, auto's 3 blocks of 8 slots a token (the third half idle) against blocks without
   // an idle slot, H100, in turns, three passes (bench/latency_rows.py --knobs, run 1 of the
   // thirty-second session), us: auto 59.18-59.42; 5 blocks of 4 slots 59.62-59.78; 4 of 5
-  // 61.54-61.73; 3 of 7 60.61-60.64 (the copy 60.42-60.77). The idle slots cost nothing
-  // measurable; rows a block off a power of 2 lost 1.2-2.3 us (not measured why: their
-  // last warp half empty at 80 and 112 threads, or a block's 2.5 / 3.5 KB of rows across
-  // the 2 / 4 KB spans the power-of-2 blocks keep to).
+  // 61.54-61.73; 3 of 7 60.61-60.64 (the copy 60.42-60.77). Filling the idle slots gained
+  // nothing; rows a block off a power of 2 lost 1.2-2.4 us (not measured why: their last
+  // warp half empty at 80 and 112 threads, a block's 2.5 / 3.5 KB of rows across the 2 / 4
+  // KB spans the power-of-2 blocks keep to, or its rows across the q / k boundary at row
+  // 32). A forced RB overrides the room set_lean_tokens_per_block made (tokens a block
+  // then shrink to fit 128 threads, below).
   const int forced_rb = g_lean_rows_per_block.load(std::memory_order_relaxed);
   if (forced_rb > 0 && forced_rb * chunks <= cuda::kLeanMaxThreads) RB = forced_rb;
   lp.rows_per_block = static_cast<uint8_t>(RB);
@@ -541,8 +545,8 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   // 10.11, 32 MB 32.10 / 37.52; two heads at U = 8, 128 MB 162.3 / 180.3. With several slots,
   // same U, level: 32 / 8 / 4 bf16 heads at 128 MB 93.34 / 93.38, 93.50 / 93.57, 93.73 /
   // 94.11; 32 fp32 heads at 32 MB 26.80 / 26.56. (rows_u > 1 is the block's RB > 1 at the
-  // default min block and up to 64 chunks a row; under set_lean_min_block an RB of 1 keeps
-  // the table, untimed.)
+  // default min block and up to 64 chunks a row; under set_lean_min_block or
+  // set_lean_rows_per_block an RB of 1 keeps the table, untimed.)
   // (Plain calls at U = 1 and one token a block run rope_lean_plain1_kernel, per lane: below.)
   const bool table = !cache && lean_share() && rows_u > 1 && tpb == 1;  // (the table holds one token's)
   // No position tensor (none of the position flags): the instance without the position

@@ -1,0 +1,170 @@
+// Issue 19's W4 (80 MiB of bf16 q + k rotated in place, 59.2-59.7 us against a 59.0 goal):
+// under ncu rope_ext's in-place stream moves DRAM at a copy kernel's rate (84-85% of peak,
+// run 4 of the thirty-second session). Does any way of streaming the same bytes move DRAM
+// faster on this machine? bench/stream_study.py builds this file with
+// torch.utils.cpp_extension.load and times each variant as the latency suite does (one
+// call in a CUDA graph, the L2 flushed before each replay, the columns in turns).
+// No rotation here: only the memory traffic, out of place (src -> dst) and in place (a
+// buffer read and written back).
+//
+// Variants (what each asks):
+//   ldst U      LD/ST: a 128-thread block, each thread U 16-byte loads in flight, then its
+//               stores (U = 1, 2, 4; torch's element-wise kernels and rope_ext's lean
+//               kernel stream this way). A run-time zero is XORed into each word, so
+//               the in-place store is not a store of an unchanged load.
+//   bulk C S    the bulk copy engine (cp.async.bulk, sm_90): a persistent grid of
+//               one-warp blocks, one thread each issuing C-byte bulk loads into S
+//               shared-memory stages (completing on an mbarrier each) and, as each lands,
+//               its bulk store from the same stage; a stage is loaded again only after
+//               its store has read it (cp.async.bulk.wait_group.read). No thread touches
+//               the bytes: the engine's rate with no issue cost at all.
+// Not yet run on a GPU (written in the thirty-second session after its device time was
+// spent): its first run is its test (the outputs are checked before timing).
+#include <algorithm>
+#include <cstdint>
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/extension.h>
+
+namespace {
+
+template <int U>
+__global__ void __launch_bounds__(128) ldst_kernel(const uint4* src, uint4* dst, int64_t n16, uint32_t zero) {
+  const int64_t i0 = int64_t(blockIdx.x) * (128 * U) + threadIdx.x;
+  uint4 v[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int64_t i = i0 + u * 128;
+    if (i < n16) v[u] = src[i];
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int64_t i = i0 + u * 128;
+    if (i < n16) {
+      v[u].x ^= zero;
+      dst[i] = v[u];
+    }
+  }
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// One thread of each block streams chunks blockIdx.x, blockIdx.x + gridDim.x, ... of
+// `chunk` bytes through `stages` shared-memory stages (dynamic shared memory, 128-byte
+// aligned; the mbarriers behind them).
+__global__ void __launch_bounds__(32) bulk_kernel(const uint8_t* src, uint8_t* dst, int64_t nchunks, uint32_t chunk,
+                                                  int stages) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  if (threadIdx.x != 0) return;
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem + int64_t(stages) * chunk);
+  for (int s = 0; s < stages; ++s)
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar + s)));
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  const auto load = [&](int s, int64_t c) {
+    asm volatile(
+        "{\n"
+        ".reg .b64 state;\n"
+        "mbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n"
+        "}\n" ::"r"(smem_addr(bar + s)),
+        "r"(chunk)
+        : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_addr(smem + int64_t(s) * chunk)),
+                 "l"(src + c * chunk), "r"(chunk), "r"(smem_addr(bar + s))
+                 : "memory");
+  };
+  for (int s = 0; s < stages; ++s) {
+    const int64_t c = blockIdx.x + int64_t(s) * gridDim.x;
+    if (c < nchunks) load(s, c);
+  }
+  for (int64_t i = 0;; ++i) {
+    const int64_t c = blockIdx.x + i * gridDim.x;
+    if (c >= nchunks) break;
+    const int s = static_cast<int>(i % stages);
+    const uint32_t parity = static_cast<uint32_t>((i / stages) & 1);
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "WAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT_%=;\n"
+        "}\n" ::"r"(smem_addr(bar + s)),
+        "r"(parity)
+        : "memory");
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst + c * chunk),
+                 "r"(smem_addr(smem + int64_t(s) * chunk)), "r"(chunk)
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    const int64_t next = c + int64_t(stages) * gridDim.x;
+    if (next < nchunks) {
+      asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // the stage's store has read it
+      load(s, next);
+    }
+  }
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
+void check_buffers(const torch::Tensor& src, const torch::Tensor& dst) {
+  TORCH_CHECK(src.is_cuda() && dst.is_cuda() && src.is_contiguous() && dst.is_contiguous(),
+              "stream_study: src and dst must be contiguous CUDA tensors");
+  TORCH_CHECK(src.nbytes() == dst.nbytes(), "stream_study: src and dst must have the same size");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(src.data_ptr()) % 128 == 0 &&
+                  reinterpret_cast<uintptr_t>(dst.data_ptr()) % 128 == 0,
+              "stream_study: src and dst must be 128-byte aligned");
+}
+
+void ldst(const torch::Tensor& src, torch::Tensor& dst, int64_t u) {
+  check_buffers(src, dst);
+  TORCH_CHECK(src.nbytes() % 16 == 0, "stream_study: ldst takes a multiple of 16 bytes");
+  const c10::cuda::CUDAGuard guard(src.device());
+  const int64_t n16 = static_cast<int64_t>(src.nbytes() / 16);
+  const auto* s = static_cast<const uint4*>(src.data_ptr());
+  auto* d = static_cast<uint4*>(dst.data_ptr());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const auto blocks = [&](int per) { return static_cast<unsigned>((n16 + 128 * per - 1) / (128 * per)); };
+  if (u == 1) ldst_kernel<1><<<blocks(1), 128, 0, stream>>>(s, d, n16, 0u);
+  else if (u == 2) ldst_kernel<2><<<blocks(2), 128, 0, stream>>>(s, d, n16, 0u);
+  else if (u == 4) ldst_kernel<4><<<blocks(4), 128, 0, stream>>>(s, d, n16, 0u);
+  else TORCH_CHECK(false, "stream_study: ldst's u is 1, 2 or 4, got ", u);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// blocks_per_sm: blocks a SM (the grid is that many times the SM count, fewer if the
+// shared memory does not allow it: checked here).
+void bulk(const torch::Tensor& src, torch::Tensor& dst, int64_t chunk, int64_t stages, int64_t blocks_per_sm) {
+  check_buffers(src, dst);
+  TORCH_CHECK(chunk >= 16 && chunk % 16 == 0 && chunk <= (int64_t(1) << 20), "stream_study: chunk bytes ", chunk);
+  TORCH_CHECK(stages >= 1 && stages <= 8, "stream_study: stages 1-8, got ", stages);
+  TORCH_CHECK(static_cast<int64_t>(src.nbytes()) % chunk == 0, "stream_study: bulk takes a multiple of chunk bytes");
+  const c10::cuda::CUDAGuard guard(src.device());
+  const size_t smem = static_cast<size_t>(chunk * stages) + 8 * static_cast<size_t>(stages);
+  cudaDeviceProp props{};
+  C10_CUDA_CHECK(cudaGetDeviceProperties(&props, src.get_device()));
+  const cudaDeviceProp* prop = &props;
+  TORCH_CHECK(smem * blocks_per_sm <= prop->sharedMemPerMultiprocessor && smem <= prop->sharedMemPerBlockOptin,
+              "stream_study: ", blocks_per_sm, " blocks of ", smem, " bytes of shared memory do not fit a SM");
+  static size_t smem_set = 0;  // (raised once, outside a graph capture: the first, eager call)
+  if (smem > smem_set) {
+    C10_CUDA_CHECK(
+        cudaFuncSetAttribute(bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    smem_set = smem;
+  }
+  const int64_t nchunks = static_cast<int64_t>(src.nbytes()) / chunk;
+  const int64_t grid = std::min<int64_t>(nchunks, prop->multiProcessorCount * blocks_per_sm);
+  bulk_kernel<<<static_cast<unsigned>(grid), 32, smem, c10::cuda::getCurrentCUDAStream()>>>(
+      static_cast<const uint8_t*>(src.data_ptr()), static_cast<uint8_t*>(dst.data_ptr()), nchunks,
+      static_cast<uint32_t>(chunk), static_cast<int>(stages));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("ldst", &ldst, "dst = src by 16-byte loads and stores, u in flight a thread (dst may be src)");
+  m.def("bulk", &bulk, "dst = src by the bulk copy engine: chunk bytes, stages, blocks a SM (dst may be src)");
+}
