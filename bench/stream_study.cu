@@ -10,8 +10,9 @@
 // Variants (what each asks):
 //   ldst U      LD/ST: a 128-thread block, each thread U 16-byte loads in flight, then its
 //               stores (U = 1, 2, 4; torch's element-wise kernels and rope_ext's lean
-//               kernel stream this way). A run-time zero is XORed into each word, so
-//               the in-place store is not a store of an unchanged load.
+//               kernel stream this way). A run-time key is XORed into the first 4 bytes
+//               of each 16 (0 when timed), so the in-place store is not a store of an
+//               unchanged load and the check can see an in-place pass (key ~0).
 //   bulk C S    the bulk copy engine (cp.async.bulk, sm_90): a persistent grid of
 //               one-warp blocks, one thread each issuing C-byte bulk loads into S
 //               shared-memory stages (completing on an mbarrier each) and, as each lands,
@@ -19,7 +20,7 @@
 //               its store has read it (cp.async.bulk.wait_group.read). No thread touches
 //               the bytes: the engine's rate with no issue cost at all.
 // Not yet run on a GPU (written in the thirty-second session after its device time was
-// spent): its first run is its test (the outputs are checked before timing).
+// spent): its first run is its test (the outputs are checked before and after timing).
 #include <algorithm>
 #include <cstdint>
 
@@ -31,7 +32,7 @@
 namespace {
 
 template <int U>
-__global__ void __launch_bounds__(128) ldst_kernel(const uint4* src, uint4* dst, int64_t n16, uint32_t zero) {
+__global__ void __launch_bounds__(128) ldst_kernel(const uint4* src, uint4* dst, int64_t n16, uint32_t key) {
   const int64_t i0 = int64_t(blockIdx.x) * (128 * U) + threadIdx.x;
   uint4 v[U];
 #pragma unroll
@@ -43,7 +44,7 @@ __global__ void __launch_bounds__(128) ldst_kernel(const uint4* src, uint4* dst,
   for (int u = 0; u < U; ++u) {
     const int64_t i = i0 + u * 128;
     if (i < n16) {
-      v[u].x ^= zero;
+      v[u].x ^= key;
       dst[i] = v[u];
     }
   }
@@ -62,7 +63,7 @@ __global__ void __launch_bounds__(32) bulk_kernel(const uint8_t* src, uint8_t* d
   if (threadIdx.x != 0) return;
   uint64_t* bar = reinterpret_cast<uint64_t*>(smem + int64_t(stages) * chunk);
   for (int s = 0; s < stages; ++s)
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar + s)));
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar + s)) : "memory");
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   const auto load = [&](int s, int64_t c) {
@@ -82,17 +83,24 @@ __global__ void __launch_bounds__(32) bulk_kernel(const uint8_t* src, uint8_t* d
     const int64_t c = blockIdx.x + int64_t(s) * gridDim.x;
     if (c < nchunks) load(s, c);
   }
-  for (int64_t i = 0;; ++i) {
-    const int64_t c = blockIdx.x + i * gridDim.x;
-    if (c >= nchunks) break;
-    const int s = static_cast<int>(i % stages);
-    const uint32_t parity = static_cast<uint32_t>((i / stages) & 1);
+  int s = 0;            // this chunk's stage
+  uint32_t parity = 0;  // its use of that stage, mod 2 (the mbarrier phase it waits for)
+  for (int64_t c = blockIdx.x; c < nchunks; c += gridDim.x) {
+    // (A bounded wait: a barrier that never completes traps, an error at the host's next
+    // synchronize, instead of a hang.)
     asm volatile(
         "{\n"
         ".reg .pred done;\n"
+        ".reg .u32 n;\n"
+        "mov.u32 n, 0;\n"
         "WAIT_%=:\n"
         "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra WAIT_%=;\n"
+        "@done bra DONE_%=;\n"
+        "add.u32 n, n, 1;\n"
+        "setp.lt.u32 done, n, 16777216;\n"
+        "@done bra WAIT_%=;\n"
+        "trap;\n"
+        "DONE_%=:\n"
         "}\n" ::"r"(smem_addr(bar + s)),
         "r"(parity)
         : "memory");
@@ -104,6 +112,10 @@ __global__ void __launch_bounds__(32) bulk_kernel(const uint8_t* src, uint8_t* d
     if (next < nchunks) {
       asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // the stage's store has read it
       load(s, next);
+    }
+    if (++s == stages) {
+      s = 0;
+      parity ^= 1;
     }
   }
   asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
@@ -118,7 +130,7 @@ void check_buffers(const torch::Tensor& src, const torch::Tensor& dst) {
               "stream_study: src and dst must be 128-byte aligned");
 }
 
-void ldst(const torch::Tensor& src, torch::Tensor& dst, int64_t u) {
+void ldst(const torch::Tensor& src, torch::Tensor& dst, int64_t u, int64_t key) {
   check_buffers(src, dst);
   TORCH_CHECK(src.nbytes() % 16 == 0, "stream_study: ldst takes a multiple of 16 bytes");
   const c10::cuda::CUDAGuard guard(src.device());
@@ -127,9 +139,10 @@ void ldst(const torch::Tensor& src, torch::Tensor& dst, int64_t u) {
   auto* d = static_cast<uint4*>(dst.data_ptr());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const auto blocks = [&](int per) { return static_cast<unsigned>((n16 + 128 * per - 1) / (128 * per)); };
-  if (u == 1) ldst_kernel<1><<<blocks(1), 128, 0, stream>>>(s, d, n16, 0u);
-  else if (u == 2) ldst_kernel<2><<<blocks(2), 128, 0, stream>>>(s, d, n16, 0u);
-  else if (u == 4) ldst_kernel<4><<<blocks(4), 128, 0, stream>>>(s, d, n16, 0u);
+  const auto k = static_cast<uint32_t>(key);
+  if (u == 1) ldst_kernel<1><<<blocks(1), 128, 0, stream>>>(s, d, n16, k);
+  else if (u == 2) ldst_kernel<2><<<blocks(2), 128, 0, stream>>>(s, d, n16, k);
+  else if (u == 4) ldst_kernel<4><<<blocks(4), 128, 0, stream>>>(s, d, n16, k);
   else TORCH_CHECK(false, "stream_study: ldst's u is 1, 2 or 4, got ", u);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -138,22 +151,35 @@ void ldst(const torch::Tensor& src, torch::Tensor& dst, int64_t u) {
 // shared memory does not allow it: checked here).
 void bulk(const torch::Tensor& src, torch::Tensor& dst, int64_t chunk, int64_t stages, int64_t blocks_per_sm) {
   check_buffers(src, dst);
-  TORCH_CHECK(chunk >= 16 && chunk % 16 == 0 && chunk <= (int64_t(1) << 20), "stream_study: chunk bytes ", chunk);
+  // (an mbarrier's transaction count holds at most 2^20 - 1 bytes)
+  TORCH_CHECK(chunk >= 16 && chunk % 16 == 0 && chunk < (int64_t(1) << 20), "stream_study: chunk bytes ", chunk);
   TORCH_CHECK(stages >= 1 && stages <= 8, "stream_study: stages 1-8, got ", stages);
+  TORCH_CHECK(blocks_per_sm >= 1, "stream_study: blocks a SM >= 1, got ", blocks_per_sm);
   TORCH_CHECK(static_cast<int64_t>(src.nbytes()) % chunk == 0, "stream_study: bulk takes a multiple of chunk bytes");
   const c10::cuda::CUDAGuard guard(src.device());
   const size_t smem = static_cast<size_t>(chunk * stages) + 8 * static_cast<size_t>(stages);
-  cudaDeviceProp props{};
-  C10_CUDA_CHECK(cudaGetDeviceProperties(&props, src.get_device()));
+  static cudaDeviceProp props{};  // (read once: the study runs on one device)
+  static int props_of = -1;
+  if (props_of != src.get_device()) {
+    C10_CUDA_CHECK(cudaGetDeviceProperties(&props, src.get_device()));
+    props_of = src.get_device();
+  }
   const cudaDeviceProp* prop = &props;
-  TORCH_CHECK(smem * blocks_per_sm <= prop->sharedMemPerMultiprocessor && smem <= prop->sharedMemPerBlockOptin,
+  TORCH_CHECK((smem + prop->reservedSharedMemPerBlock) * blocks_per_sm <= prop->sharedMemPerMultiprocessor &&
+                  smem <= prop->sharedMemPerBlockOptin,
               "stream_study: ", blocks_per_sm, " blocks of ", smem, " bytes of shared memory do not fit a SM");
   static size_t smem_set = 0;  // (raised once, outside a graph capture: the first, eager call)
   if (smem > smem_set) {
     C10_CUDA_CHECK(
         cudaFuncSetAttribute(bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    C10_CUDA_CHECK(cudaFuncSetAttribute(bulk_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxShared));
     smem_set = smem;
   }
+  int resident = 0;  // (the persistent grid's blocks a SM, as the occupancy calculator sees them)
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, bulk_kernel, 32, smem));
+  TORCH_CHECK(resident >= blocks_per_sm, "stream_study: ", blocks_per_sm, " blocks a SM asked, ", resident,
+              " resident");
   const int64_t nchunks = static_cast<int64_t>(src.nbytes()) / chunk;
   const int64_t grid = std::min<int64_t>(nchunks, prop->multiProcessorCount * blocks_per_sm);
   bulk_kernel<<<static_cast<unsigned>(grid), 32, smem, c10::cuda::getCurrentCUDAStream()>>>(
@@ -165,6 +191,8 @@ void bulk(const torch::Tensor& src, torch::Tensor& dst, int64_t chunk, int64_t s
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("ldst", &ldst, "dst = src by 16-byte loads and stores, u in flight a thread (dst may be src)");
+  m.def("ldst", &ldst, "dst = src (the first 4 bytes of each 16 XOR key) by 16-byte loads and stores, u in flight "
+        "a thread (dst may be src)", pybind11::arg("src"), pybind11::arg("dst"), pybind11::arg("u"),
+        pybind11::arg("key") = 0);
   m.def("bulk", &bulk, "dst = src by the bulk copy engine: chunk bytes, stages, blocks a SM (dst may be src)");
 }

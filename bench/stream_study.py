@@ -8,10 +8,12 @@ in place and out of place.
 
     python bench/stream_study.py [--reps 200] [--mib 80,128] [--passes 2]
 
-Each variant's output is checked first (dst equal to src; in place, the buffer
-unchanged): a variant that fails its check is reported and not timed. (An in-place
-variant that moved nothing would pass its check: its bandwidth, past the copy's, would
-show it; the kernels do not tell in place from out of place.)"""
+Each variant's output is checked before it is timed (dst equal to src; in place, the
+LD/ST variants with a key XORed into the first 4 bytes of each 16, so a pass that moved
+nothing fails; the bulk engine's one code path is checked out of place) and again after
+the passes: a variant that fails the first check is reported and not timed, the second
+ends the run with an error. A crash or hang names the variant being checked (and the
+bulk wait traps after ~16M polls instead of hanging; run it under `timeout`)."""
 import argparse
 import os
 import sys
@@ -50,14 +52,26 @@ def main():
         dst = torch.empty_like(src)
         buf = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda")
         fns, bad = {}, []
-        for name, kind, a in VARIANTS:
+        keep = buf.clone()
+
+        def check(name, kind, a):
+            print(f"    (checking {name})", flush=True)
             run = getattr(mod, kind)
             dst.fill_(0)
             run(src, dst, *a)
-            keep = buf.clone()
-            run(buf, buf, *a)
+            ok = torch.equal(dst, src)
+            if kind == "ldst":  # in place with the key: each 16 bytes' first 4 flipped, once
+                run(buf, buf, *a, 0xFFFFFFFF)
+                want = keep.view(-1, 16).clone()
+                want[:, :4] ^= 255
+                ok = ok and torch.equal(buf.view(-1, 16), want)
+                buf.copy_(keep)
             torch.cuda.synchronize()
-            if not torch.equal(dst, src) or not torch.equal(buf, keep):
+            return ok
+
+        for name, kind, a in VARIANTS:
+            run = getattr(mod, kind)
+            if not check(name, kind, a):
                 bad.append(name)
                 continue
             fns[f"{name} copy"] = lambda run=run, a=a: run(src, dst, *a)
@@ -77,6 +91,11 @@ def main():
                     print(f"    {name:<28}{t[name]:9.2f} us {2 * n / t[name] / 1e3:8.0f} GB/s", flush=True)
             for name, e in err.items():
                 print(f"    {name}: n/a: {e}")
+        # After the timed replays: the in-place buffer unchanged (key 0), each variant right.
+        assert torch.equal(buf, keep), f"{mib} MiB: an in-place variant changed the buffer"
+        for name, kind, a in VARIANTS:
+            if name not in bad:
+                assert check(name, kind, a), f"{mib} MiB: {name} wrong after the timed replays"
 
 
 if __name__ == "__main__":
