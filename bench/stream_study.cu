@@ -20,7 +20,8 @@
 //               its store has read it (cp.async.bulk.wait_group.read). No thread touches
 //               the bytes: the engine's rate with no issue cost at all.
 // Not yet run on a GPU (written in the thirty-second session after its device time was
-// spent): its first run is its test (the outputs are checked before and after timing).
+// spent): its first run is its test (the outputs are checked before and after timing; a
+// barrier that never completes hangs: run it under `timeout`).
 #include <algorithm>
 #include <cstdint>
 
@@ -28,6 +29,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
+
+#include "cuda/primitives.cuh"
 
 namespace {
 
@@ -50,34 +53,22 @@ __global__ void __launch_bounds__(128) ldst_kernel(const uint4* src, uint4* dst,
   }
 }
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 // One thread of each block streams chunks blockIdx.x, blockIdx.x + gridDim.x, ... of
 // `chunk` bytes through `stages` shared-memory stages (dynamic shared memory, 128-byte
-// aligned; the mbarriers behind them).
+// aligned; the mbarriers behind them), with the project's bulk-copy primitives
+// (csrc/cuda/primitives.cuh, append_kv's bulk variant's).
 __global__ void __launch_bounds__(32) bulk_kernel(const uint8_t* src, uint8_t* dst, int64_t nchunks, uint32_t chunk,
                                                   int stages) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // (the primitives' guard; the study needs sm_90)
+  using namespace rope_ext::cuda;
   extern __shared__ __align__(128) uint8_t smem[];
   if (threadIdx.x != 0) return;
   uint64_t* bar = reinterpret_cast<uint64_t*>(smem + int64_t(stages) * chunk);
-  for (int s = 0; s < stages; ++s)
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar + s)) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  for (int s = 0; s < stages; ++s) mbar_init(bar + s, 1);
+  fence_proxy_async_smem();
   const auto load = [&](int s, int64_t c) {
-    asm volatile(
-        "{\n"
-        ".reg .b64 state;\n"
-        "mbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n"
-        "}\n" ::"r"(smem_addr(bar + s)),
-        "r"(chunk)
-        : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     smem_addr(smem + int64_t(s) * chunk)),
-                 "l"(src + c * chunk), "r"(chunk), "r"(smem_addr(bar + s))
-                 : "memory");
+    mbar_arrive_expect(bar + s, chunk);
+    bulk_load(smem + int64_t(s) * chunk, src + c * chunk, chunk, bar + s);
   };
   for (int s = 0; s < stages; ++s) {
     const int64_t c = blockIdx.x + int64_t(s) * gridDim.x;
@@ -86,39 +77,18 @@ __global__ void __launch_bounds__(32) bulk_kernel(const uint8_t* src, uint8_t* d
   int s = 0;            // this chunk's stage
   uint32_t parity = 0;  // its use of that stage, mod 2 (the mbarrier phase it waits for)
   for (int64_t c = blockIdx.x; c < nchunks; c += gridDim.x) {
-    // (A bounded wait: a barrier that never completes traps, an error at the host's next
-    // synchronize, instead of a hang.)
-    asm volatile(
-        "{\n"
-        ".reg .pred done;\n"
-        ".reg .u32 n;\n"
-        "mov.u32 n, 0;\n"
-        "WAIT_%=:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@done bra DONE_%=;\n"
-        "add.u32 n, n, 1;\n"
-        "setp.lt.u32 done, n, 16777216;\n"
-        "@done bra WAIT_%=;\n"
-        "trap;\n"
-        "DONE_%=:\n"
-        "}\n" ::"r"(smem_addr(bar + s)),
-        "r"(parity)
-        : "memory");
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst + c * chunk),
-                 "r"(smem_addr(smem + int64_t(s) * chunk)), "r"(chunk)
-                 : "memory");
-    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    mbar_wait(bar + s, parity);
+    bulk_store(dst + c * chunk, smem + int64_t(s) * chunk, chunk);
+    bulk_store_drain();  // committed, and read out of the stage before it is loaded again
     const int64_t next = c + int64_t(stages) * gridDim.x;
-    if (next < nchunks) {
-      asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // the stage's store has read it
-      load(s, next);
-    }
+    if (next < nchunks) load(s, next);
     if (++s == stages) {
       s = 0;
       parity ^= 1;
     }
   }
-  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the stores' writes done
+#endif
 }
 
 void check_buffers(const torch::Tensor& src, const torch::Tensor& dst) {

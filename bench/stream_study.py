@@ -12,8 +12,8 @@ Each variant's output is checked before it is timed (dst equal to src; in place,
 LD/ST variants with a key XORed into the first 4 bytes of each 16, so a pass that moved
 nothing fails; the bulk engine's one code path is checked out of place) and again after
 the passes: a variant that fails the first check is reported and not timed, the second
-ends the run with an error. A crash or hang names the variant being checked (and the
-bulk wait traps after ~16M polls instead of hanging; run it under `timeout`)."""
+ends the run with an error. A crash or hang names the variant being checked (a bulk
+barrier that never completes hangs: run it under `timeout`)."""
 import argparse
 import os
 import sys
@@ -34,7 +34,8 @@ VARIANTS = [("ldst1", "ldst", (1,)), ("ldst2", "ldst", (2,)), ("ldst4", "ldst", 
 
 
 def build():
-    return load("stream_study", [os.path.join(HERE, "stream_study.cu")], extra_cuda_cflags=["-O3"], verbose=False)
+    return load("stream_study", [os.path.join(HERE, "stream_study.cu")],
+                extra_include_paths=[os.path.join(HERE, "..", "csrc")], extra_cuda_cflags=["-O3"], verbose=False)
 
 
 def main():
