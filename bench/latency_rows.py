@@ -4,7 +4,7 @@ replay, the columns in turns, median): for a run with little device time left, w
 whole suite (`run.py --suite latency --quick`) does not fit.
 
     python bench/latency_rows.py [--rows W4,W2a,128] [--reps 100] [--hint] [--widths 16] [--knobs lane,mb64]
-                                 [--passes 1] [--pin] [--rope-only]
+                                 [--passes 1] [--pin] [--rope-only] [--captures 8]
 
 Rows: W4 (q [8192, 32, 128] + k [8192, 8, 128] thd), W5 (the same at 16 tokens), W2a / W2b
 (sbhd bf16), N (MB of bshd bf16 [1, S, 32, 128], 0.125 and 0.5 too), fN (the same in fp32),
@@ -13,7 +13,8 @@ rope_ext auto column again without the lean kernel's L2 hint (set_lean_l2_hint(F
 "-hint"; its output checked bit-equal to the column's). --pin: after the rows, whether a
 call leaves the kernels after it a smaller L2 (a 30 / 40 MB read after the call on 128 MB,
 each flush reset first: its second read's time; bench/load_hints.py's probe), the hinted
-call beside the plain one."""
+call beside the plain one. --captures N: each column in N graphs (output placements), each
+capture's median and its output's address modulo 2 MiB beside the column's."""
 import argparse
 import os
 import statistics
@@ -138,6 +139,20 @@ def pin_probe(reps):
         print(f"  {name:<20}" + "".join(f"  z {mb} MB {t:8.2f}" for mb, t in zip(sizes, row)), flush=True)
 
 
+def per_capture(fns, reps, captures):
+    """Each column in `captures` CUDA graphs, timed in turns: its median over all replays,
+    then each capture's median with its output's address modulo 2 MiB (does the time follow
+    where the graph's pool put the output? the thirty-second session's run 2 saw the op's
+    launch 0.13 us over the study's in one capture of six under ncu, 0.64 in the others)."""
+    samples, errs, ptrs = timing.graph_samples_interleaved(fns, reps, captures=captures)
+    for k, per in samples.items():
+        med = statistics.median(x for p in per for x in p)
+        caps = "  ".join(f"{statistics.median(p):.2f}@{(a or 0) % 2**21:06x}" for p, a in zip(per, ptrs[k]))
+        print(f"    {k:<34}{med:>9.2f}   per capture (us@out mod 2 MiB): {caps}", flush=True)
+    for k, e in errs.items():
+        print("   ", k, "failed:", str(e)[:80])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="W4,W2a,128")
@@ -148,6 +163,9 @@ def main():
     ap.add_argument("--pin", action="store_true", help="the pin probe after the rows")
     ap.add_argument("--rope-only", action="store_true", help="rope_ext's columns and the copy only (no torch.compile, "
                     "no peers: nothing to compile, for a run with little device time)")
+    ap.add_argument("--captures", type=int, default=0, help="N > 0: each column captured in N CUDA graphs "
+                    "(N output placements; the default timing uses 2) and each capture's median printed, with "
+                    "its output's address modulo 2 MiB")
     ap.add_argument("--knobs", default="", help="each rope_ext auto column also under these lean knobs: lane, "
                     "general, noplain1, mbN, WN, uN, tpbN, rbN; a+b both")
     args = ap.parse_args()
@@ -166,6 +184,9 @@ def main():
                 fns = with_knobs(fns, [f"W{w}" for w in args.widths.split(",")])
             if args.knobs:
                 fns = with_knobs(fns, args.knobs.split(","))
+            if args.captures:
+                per_capture(fns, args.reps, args.captures)
+                continue
             got, errs = timing.graph_us_interleaved(fns, args.reps)
             for k, v in got.items():
                 print(f"    {k:<34}{v:>9.2f}", flush=True)

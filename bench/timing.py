@@ -237,9 +237,17 @@ def graph_us(fn, reps=200, flush=None, clean=None):
     return statistics.median(graph_samples(fn, reps, flush, clean))
 
 
-def _captured(fn, captures=1):
+def _first_ptr(out):
+    """The data pointer of a call's output (its first tensor), or None."""
+    while isinstance(out, (tuple, list)) and out:
+        out = out[0]
+    return out.data_ptr() if isinstance(out, torch.Tensor) else None
+
+
+def _captured(fn, captures=1, ptrs=None):
     """fn warmed (3 calls, then one on a side stream, as capture needs; a torch.compile'd
-    one compiled), then captured in `captures` CUDA graphs."""
+    one compiled), then captured in `captures` CUDA graphs (ptrs, if a list: each capture's
+    output address appended, _first_ptr)."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -252,7 +260,11 @@ def _captured(fn, captures=1):
     for _ in range(captures):
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            fn()
+            out = fn()
+            ptr = _first_ptr(out)
+            del out  # (freed inside the capture, as before the addresses were kept)
+        if ptrs is not None:
+            ptrs.append(ptr)
         gs.append(g)
     return gs
 
@@ -290,11 +302,20 @@ def graph_us_interleaved(fns, reps=200, flush=None, clean=None, captures=2):
     2026-11-26 (second) runs 3 and 9); in a fixed cyclic order each column would always
     follow the same one. A fn that fails to run or to be captured is reported in the
     errors and left out."""
+    samples, errors, _ = graph_samples_interleaved(fns, reps, flush, clean, captures)
+    return {n: statistics.median(x for per in v for x in per) for n, v in samples.items()}, errors
+
+
+def graph_samples_interleaved(fns, reps=200, flush=None, clean=None, captures=2):
+    """graph_us_interleaved's samples: ({name: one list of µs per capture}, {name: error},
+    {name: each capture's output address (_first_ptr)}). Capture i % captures is replayed
+    in round i, so each capture gets reps / captures of the samples."""
     flush = flush if flush is not None else _flush_buffer()
-    graphs, errors = {}, {}
+    graphs, errors, ptrs = {}, {}, {}
     for name, fn in fns.items():
         try:
-            graphs[name] = _captured(fn, captures)
+            ptrs[name] = []
+            graphs[name] = _captured(fn, captures, ptrs[name])
         except Exception as e:  # noqa: BLE001 (an optional peer that cannot run here)
             torch.cuda.synchronize()
             # Kept without its traceback: its frames (and the failing fn's tensors, a KV
@@ -302,16 +323,17 @@ def graph_us_interleaved(fns, reps=200, flush=None, clean=None, captures=2):
             # garbage collector ran.
             traceback.clear_frames(e.__traceback__)
             errors[name] = e.with_traceback(None)
+            ptrs.pop(name, None)
     names = list(graphs)
-    ts = {n: [] for n in names}
+    ts = {n: [[] for _ in range(captures)] for n in names}
     rng = random.Random(0)
     for i in range(reps):
         order = names[:]
         rng.shuffle(order)  # a new order each round: no column always follows the same one
         for n in order:
-            ts[n].append(_replay_us(graphs[n][i % captures], flush, clean))
+            ts[n][i % captures].append(_replay_us(graphs[n][i % captures], flush, clean))
     del graphs
-    return {n: statistics.median(v) for n, v in ts.items()}, errors
+    return ts, errors, ptrs
 
 
 def graph_us_under(fns, reps, flush_label):
