@@ -8,7 +8,8 @@ whole suite (`run.py --suite latency --quick`) does not fit.
 
 Rows: W4 (q [8192, 32, 128] + k [8192, 8, 128] thd), W5 (the same at 16 tokens), W2a / W2b
 (sbhd bf16), N (MB of bshd bf16 [1, S, 32, 128], 0.125 and 0.5 too), fN (the same in fp32),
-pN (N's with an int64 positions tensor 0..S-1 given to rope_ext). --hint: each
+pN (N's with an int64 positions tensor 0..S-1 given to rope_ext), tN (thd bf16 [S, 32, 128],
+cu_seqlens [0, S]: the latency suite's thd rows). --hint: each
 rope_ext auto column again without the lean kernel's L2 hint (set_lean_l2_hint(False),
 "-hint"; its output checked bit-equal to the column's). --pin: after the rows, whether a
 call leaves the kernels after it a smaller L2 (a 30 / 40 MB read after the call on 128 MB,
@@ -36,8 +37,9 @@ def builder(name, peers):
         shape = (4096, 1, 128, 128) if name == "W2a" else (512, 32, 24, 128)
         return lambda: run.latency_sbhd_workload(name, shape, peers)
     dtype = torch.float32 if name.startswith("f") else torch.bfloat16
-    S = int(float(name.lstrip("fp")) * 2**20) // (32 * 128 * dtype.itemsize)  # (0.125: S = 16 in bf16)
-    return lambda: run.latency_x_workload("bshd", dtype, S, peers, positions=name.startswith("p"))
+    S = int(float(name.lstrip("fpt")) * 2**20) // (32 * 128 * dtype.itemsize)  # (0.125: S = 16 in bf16)
+    layout = "thd" if name.startswith("t") else "bshd"
+    return lambda: run.latency_x_workload(layout, dtype, S, peers, positions=name.startswith("p"))
 
 
 def _same(a, b):
