@@ -352,9 +352,8 @@ def is_lean(name):
 def lean_instances(names):
     """The template arguments (stripped strings) of each variant 6 launch among kernel
     names, in order: T, kInterleaved, U, W, kSource, kPlain, kHint; rope_lean_plain1_kernel<T,
-    kInterleaved, W, kSource, kSeq> as the same list (U 1, its kSource: 0 per lane, 2 a cache in
-    x's dtype, 3 an fp32 one; kPlain but under kSeq, no hint) + "plain1" (+ "seq" under kSeq: one
-    packed sequence's cu_seqlens)."""
+    kInterleaved, W, kSource> as the same list (U 1, its kSource: 0 per lane, 2 a cache in x's
+    dtype, 3 an fp32 one; kPlain, no hint) + "plain1"."""
     out = []
     for n in names:
         for kern in ("rope_lean_kernel<", "rope_lean_plain1_kernel<"):
@@ -363,9 +362,7 @@ def lean_instances(names):
                 if kern == "rope_lean_kernel<":
                     out.append(a)
                 else:
-                    seq = len(a) > 4 and a[4] == "true"
-                    out.append([a[0], a[1], "1", a[2], a[3], "false" if seq else "true", "false", "plain1"] +
-                               (["seq"] if seq else []))
+                    out.append([a[0], a[1], "1", a[2], a[3], "true", "false", "plain1"])
     return out
 
 
@@ -825,19 +822,15 @@ def test_lean_table_only_when_shared(dtype, heads):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("case", ["bshd B2", "qk", "gptj fp32", "fp16 W16 offset", "W16 two-row blocks",
-                                  "cache bf16", "cache fp32 qk offset", "cache fp32 gptj", "cache strided rows",
-                                  "thd seq", "thd seq qk start 5 int64", "thd seq gptj fp32"])
+                                  "cache bf16", "cache fp32 qk offset", "cache fp32 gptj", "cache strided rows"])
 def test_lean_plain1_knob(case):
     """Plain calls (no position tensors) at one row a thread and one token a block run
     rope_lean_plain1_kernel, per lane, or with a contiguous cos_sin_cache reading the row
     s + offset (its kSource 2 in x's dtype, 3 in fp32; a table of strided rows keeps
     rope_lean_kernel's cache instance); with set_lean_plain1(False) rope_lean_kernel's kPlain
-    instance (its cache instance) takes them (the A/B). One packed sequence (thd with
-    cu_seqlens alone) runs its kSeq instance, sin/cos from the guess s + offset, again
-    where cu_seqlens[0] is not 0 (the start 5 case, whose tokens before it the tiles
-    rotate the same way); off, rope_lean_kernel's general instance. Both are checked to be
-    the kernel that ran, bit-equal to each other and to the tiles, out of place and in
-    place, and within the float64 truth's bounds."""
+    instance (its cache instance) takes them (the A/B). Both are checked to be the kernel
+    that ran, bit-equal to each other and to the tiles, out of place and in place, and
+    within the float64 truth's bounds."""
     C, dev = rope_ext._C, "cuda"
     kw, k = {}, None
     if case == "bshd B2":
@@ -865,22 +858,12 @@ def test_lean_plain1_knob(case):
     elif case == "cache fp32 gptj":
         x = randn((1, 8, 8, 64), torch.float32, dev)
         kw = dict(interleaved=True, cos_sin_cache=ref.cos_sin_table(64, 500000.0, 8, dev))
-    elif case == "thd seq":
-        x = randn((64, 32, 128), torch.bfloat16, dev)
-        kw = dict(layout="thd", cu_seqlens=torch.tensor([0, 64], dtype=torch.int32, device=dev))
-    elif case == "thd seq qk start 5 int64":
-        x, k = randn((16, 32, 128), torch.bfloat16, dev), randn((16, 8, 128), torch.bfloat16, dev)
-        kw = dict(layout="thd", offsets=300, cu_seqlens=torch.tensor([5, 16], dtype=torch.int64, device=dev))
-    elif case == "thd seq gptj fp32":
-        x = randn((8, 8, 64), torch.float32, dev)
-        kw = dict(layout="thd", interleaved=True, cu_seqlens=torch.tensor([0, 8], dtype=torch.int32, device=dev))
     else:  # rows of 136 columns, the table its first 128
         x = randn((1, 16, 32, 128), torch.bfloat16, dev)
         wide = torch.zeros(16, 136, device=dev)
         wide[:, :128] = ref.cos_sin_table(128, 10000.0, 16, dev)
         kw = dict(cos_sin_cache=wide[:, :128])
     csc = kw.get("cos_sin_cache")
-    seq = "cu_seqlens" in kw
     src = "0" if csc is None else "3" if csc.dtype == torch.float32 else "2"  # plain1's kSource
     to_plain1 = case != "cache strided rows"
 
@@ -906,10 +889,9 @@ def test_lean_plain1_knob(case):
                 lean = lean_instances(names)
                 assert len(lean) == 1, f"{case}: one lean launch expected: {names}"
                 if mode == "on" and to_plain1:
-                    want = ["plain1", "seq"] if seq else ["plain1"]
-                    assert lean[0][7:] == want and lean[0][4] == src, f"{case}: plain1 {src} expected: {names}"
+                    assert lean[0][7:] == ["plain1"] and lean[0][4] == src, f"{case}: plain1 {src} expected: {names}"
                 else:
-                    plain = "false" if csc is not None or seq else "true"
+                    plain = "false" if csc is not None else "true"
                     assert lean[0][7:] == [] and lean[0][5] == plain, f"{case}: rope_lean_kernel expected: {names}"
                     if csc is not None:
                         assert lean[0][4] == "2", f"{case} {mode}: its cache instance expected: {names}"
@@ -924,8 +906,6 @@ def test_lean_plain1_knob(case):
                 for o, t in zip(outs, tiles):
                     assert torch.equal(o, t), f"{case} {mode}: vs the tiles"
         for o, xi in zip(got["on"][0], (x,) if k is None else (x, k)):
-            if seq and kw["cu_seqlens"][0] != 0:  # (the tiles' bits above; no float64 rule for
-                continue                          # tokens before the sequence's start)
             assert_close_f64(o, ref.rope_float64(xi, **kw), xi.abs().max().item(), f"{case} vs float64")
     finally:
         C.set_lean_plain1(True)

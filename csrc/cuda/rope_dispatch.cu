@@ -571,10 +571,8 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
   const bool plain1_cache = cache && no_pos_tensors && (flags & cuda::kLeanCacheVec) && p.cache_stride_row == p.R &&
                             p.offset >= 0 && p.offset < p.cache_rows && p.S <= p.cache_rows - p.offset &&
                             g_lean_plain.load(std::memory_order_relaxed);
-  // One packed sequence (cu_seqlens alone) too, with the guess (the kernel's kSeq).
-  const bool plain1_seq = !cache && (flags & (cuda::kLeanPos | cuda::kLeanOff | cuda::kLeanSeq)) == cuda::kLeanSeq;
-  const bool plain1 = (plain || plain1_cache || plain1_seq) && U == 1 && tpb == 1 &&
-                      !(lp.cshift & cuda::kLeanBatchFix) && g_lean_plain1.load(std::memory_order_relaxed);
+  const bool plain1 = (plain || plain1_cache) && U == 1 && tpb == 1 && !(lp.cshift & cuda::kLeanBatchFix) &&
+                      g_lean_plain1.load(std::memory_order_relaxed);
   if (plain1 && cache) lp.inv_freq = static_cast<const float*>(p.cache);
   // x's loads with L2's evict_last hint, each line demoted after use (kHint,
   // rope_variants.cuh; off with set_lean_l2_hint(False)), for calls past 32 MB (U <= 2, W >=
@@ -632,8 +630,6 @@ bool launch_lean(const RopeParams& p, int device, cudaStream_t stream, bool one_
                   cuda::rope_lean_plain1_kernel<T, kInterleaved, kW, 3><<<grid, block, 0, stream>>>(lp);
                 else if (cache)  // (x's dtype: kLeanCacheVec)
                   cuda::rope_lean_plain1_kernel<T, kInterleaved, kW, 2><<<grid, block, 0, stream>>>(lp);
-                else if (plain1_seq)
-                  cuda::rope_lean_plain1_kernel<T, kInterleaved, kW, 0, true><<<grid, block, 0, stream>>>(lp);
                 else
                   cuda::rope_lean_plain1_kernel<T, kInterleaved, kW><<<grid, block, 0, stream>>>(lp);
                 return;

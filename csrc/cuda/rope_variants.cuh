@@ -638,7 +638,6 @@ enum LeanFlags : uint16_t {
   kLeanSeq = 16,    // one packed sequence: cu_seqlens[0] is subtracted from s
   kLeanSeq64 = 32,
   kLeanCacheVec = 64,  // a table chunk's cos (and sin) by vector loads: unit columns, fp32 or x's dtype, aligned
-  // (The high byte stays 0: rope_lean_plain1_kernel's kSeq reads it as a lane's zero.)
 };
 struct LeanParams {
   // bytes 0-47 (line 0x200): the x and frequency loads
@@ -987,16 +986,18 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
 // / 4.64-4.86, [1, 128, 32, 128] 5.31-5.34 / 5.12-5.31 (docs/h100_share1_s31.txt; fp32 at W
 // = 8 has 32 chunks a row, K = 1, so its two columns ran one kernel: 4.48-4.74, the noise).
 // Removed: the sin/cos after the loads are not this call's time.)
-// kSeq: one packed sequence (thd with cu_seqlens, no positions or offsets tensor), as
-// rope_lean_kernel's guess: cu_seqlens[0] loads beside x's and the frequencies, sin/cos
-// start from s + offset (it is 0 in every valid call) and are computed again where it is
-// not. Before it such calls ran rope_lean_kernel's table instance: H100, in turns
-// (bench/latency_rows.py --rows t0.125,t0.5 --knobs noplain1, thirty-third session), see
-// bench/NOTES.md run 4.
-template <typename T, bool kInterleaved, int W, int kSource = 0, bool kSeq = false>
+// (Tried, thirty-third session run 4: one packed sequence (thd, cu_seqlens alone) here too,
+// cu_seqlens[0] loaded after x's and the frequencies, sin/cos from the guess s + offset and
+// again where the start is not 0, in one loop body. It lost or tied against
+// rope_lean_kernel's general table instance, us in turns, two passes, out of place, this /
+// that: thd bf16 [16, 32, 128] 4.74, 4.77 / 4.90, 4.77; [64, 32, 128] 5.12, 5.09 / 5.02, 4.93;
+// [256, 32, 128] 6.24, 6.24 / 6.05, 6.08 (the bshd call of [64, 32, 128]'s bytes here: 4.77,
+// 4.80; torch.compile 4.70 for thd's), docs/h100_thd_seq_s33.txt. So thd's ~0.3 us over bshd at
+// 0.5 MB is its cu_seqlens load and the parameter line it reads the pointer from, not the
+// table instance. Removed.)
+template <typename T, bool kInterleaved, int W, int kSource = 0>
 __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_plain1_kernel(const __grid_constant__ LeanParams p) {
   static_assert(kSource == 0 || kSource == 2 || kSource == 3, "per-lane sin/cos or the cache");
-  static_assert(!kSeq || kSource == 0, "the packed sequence's guess computes sin/cos");
   constexpr int V = W / sizeof(T);
   constexpr int P = kInterleaved ? V / 2 : V;
   static_assert(P >= 1, "a chunk holds at least one pair");
@@ -1028,24 +1029,7 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_plain1_kernel(const
     float f[P];
 #pragma unroll
     for (int j = 0; j < P; ++j) f[j] = p.inv_freq[c * P + j];
-    // (Raw words and a per-lane address, as rope_lean_kernel's position loads: converted
-    // only after the sin/cos, so nothing waits for the load before them. Under the flag's
-    // runtime test, as there: a compile-time one let the compiler read the pointer's
-    // constant line, a blocking miss after the L2 flush, ahead of x's loads. The lane's
-    // zero from flags' unused high byte, line 0x200.)
-    const uint32_t fl = kSeq ? p.flags : 0u;
-    const bool s64 = fl & kLeanSeq64;
-    RawIndex ra;
-    if (fl & kLeanSeq) ra = load_raw_index(p.seq_start, threadIdx.x & (fl >> 8), s64);
-    int64_t at = s + p.offset;
-    for (;;) {  // (one body: a second copy of the sin/cos would be more cold code to fetch)
-      angle_sincos_chunk<P>(at, f, sn, cs);
-      if constexpr (!kSeq) break;
-      asm volatile("" : "+r"(ra.lo), "+r"(ra.hi) : "f"(cs[0]));  // (not hoisted above the sin/cos)
-      const int64_t want = s + p.offset - raw_index(ra, s64);
-      if (want == at) break;
-      at = want;
-    }
+    angle_sincos_chunk<P>(s + p.offset, f, sn, cs);
   }
 #pragma unroll
   for (int j = 0; j < P; ++j) {
