@@ -4,7 +4,10 @@ runs ~0.3 us over the same bytes without one (thirty-third session: thd bf16 [64
 not close it, run 4). Is it where the index tensor lies? Each call on one x, timed as the
 latency suite times (one call in a CUDA graph, the L2 flushed before each replay, the
 columns in turns, median), the index tensor either its own allocation (as the suite's)
-or placed right after x's bytes in x's allocation:
+or in x's allocation past x's bytes (cu_seqlens right after them, positions 4 KiB further).
+The caching allocator puts all of these small tensors in one 2 MiB segment of its small
+pool (the run prints the regions), so this asks whether the index's place there matters,
+not whether an index 2 MiB or more from x (another page) would:
 
     python bench/index_page.py [--reps 200] [--passes 2] [--sizes 16,64]
 

@@ -15,7 +15,9 @@ rope_ext auto column again without the lean kernel's L2 hint (set_lean_l2_hint(F
 call leaves the kernels after it a smaller L2 (a 30 / 40 MB read after the call on 128 MB,
 each flush reset first: its second read's time; bench/load_hints.py's probe), the hinted
 call beside the plain one. --captures N: each column in N graphs (output placements), each
-capture's median and its output's address modulo 2 MiB beside the column's."""
+capture's median and its output's address modulo 2 MiB beside the column's (each capture
+has its own memory pool: an output allocated inside it starts a fresh segment, so the
+captures differ in the address, not in the placement modulo 2 MiB)."""
 import argparse
 import os
 import statistics
@@ -36,10 +38,11 @@ def builder(name, peers):
     if name in ("W2a", "W2b"):
         shape = (4096, 1, 128, 128) if name == "W2a" else (512, 32, 24, 128)
         return lambda: run.latency_sbhd_workload(name, shape, peers)
-    dtype = torch.float32 if name.startswith("f") else torch.bfloat16
-    S = int(float(name.lstrip("fpt")) * 2**20) // (32 * 128 * dtype.itemsize)  # (0.125: S = 16 in bf16)
-    layout = "thd" if name.startswith("t") else "bshd"
-    return lambda: run.latency_x_workload(layout, dtype, S, peers, positions=name.startswith("p"))
+    kind = name[0] if name[0] in "fpt" else ""  # (one prefix at most: "ft0.5" is refused by float())
+    dtype = torch.float32 if kind == "f" else torch.bfloat16
+    S = int(float(name[len(kind):]) * 2**20) // (32 * 128 * dtype.itemsize)  # (0.125: S = 16 in bf16)
+    layout = "thd" if kind == "t" else "bshd"
+    return lambda: run.latency_x_workload(layout, dtype, S, peers, positions=kind == "p")
 
 
 def _same(a, b):
@@ -149,7 +152,8 @@ def per_capture(fns, reps, captures):
     samples, errs, ptrs = timing.graph_samples_interleaved(fns, reps, captures=captures)
     for k, per in samples.items():
         med = statistics.median(x for p in per for x in p)
-        caps = "  ".join(f"{statistics.median(p):.2f}@{(a or 0) % 2**21:06x}" for p, a in zip(per, ptrs[k]))
+        caps = "  ".join(f"{statistics.median(p):.2f}@" + ("n/a" if a is None else f"{a % 2**21:06x}")
+                         for p, a in zip(per, ptrs[k]))
         print(f"    {k:<34}{med:>9.2f}   per capture (us@out mod 2 MiB): {caps}", flush=True)
     for k, e in errs.items():
         print("   ", k, "failed:", str(e)[:80])
@@ -166,11 +170,13 @@ def main():
     ap.add_argument("--rope-only", action="store_true", help="rope_ext's columns and the copy only (no torch.compile, "
                     "no peers: nothing to compile, for a run with little device time)")
     ap.add_argument("--captures", type=int, default=0, help="N > 0: each column captured in N CUDA graphs "
-                    "(N output placements; the default timing uses 2) and each capture's median printed, with "
+                    "(each its own memory pool; the default timing uses 2) and each capture's median printed, with "
                     "its output's address modulo 2 MiB")
     ap.add_argument("--knobs", default="", help="each rope_ext auto column also under these lean knobs: lane, "
                     "general, noplain1, mbN, WN, uN, tpbN, rbN; a+b both")
     args = ap.parse_args()
+    if args.captures > args.reps:
+        ap.error("--captures must not exceed --reps (each capture needs replays of its own)")
     run.ROPE_ONLY = args.rope_only
     peers = run.Peers(load=not args.rope_only)
     print(f"device: {torch.cuda.get_device_name()}; flush {timing.FLUSH}; us, median of {args.reps} replays, in turns")

@@ -291,7 +291,7 @@ def graph_samples(fn, reps=200, flush=None, clean=None):
 def graph_us_interleaved(fns, reps=200, flush=None, clean=None, captures=2):
     """graph_us of several calls at once, {name: fn} -> ({name: µs}, {name: error}): every
     fn is warmed (a torch.compile'd one compiled) and captured first, `captures` CUDA
-    graphs each (so each is timed at that many output placements), then the replays take turns
+    graphs each (each with its own memory pool, whose first segment its output starts), then the replays take turns
     in a new random order each round (seeded), each after its own L2 flush, and each
     column's time is the median of its `reps` replays. So every column is timed over the
     same stretch of time, after every other column as often: timed one column after

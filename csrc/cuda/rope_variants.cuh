@@ -988,13 +988,13 @@ __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_kernel(const __grid
 // Removed: the sin/cos after the loads are not this call's time.)
 // (Tried, thirty-third session run 4: one packed sequence (thd, cu_seqlens alone) here too,
 // cu_seqlens[0] loaded after x's and the frequencies, sin/cos from the guess s + offset and
-// again where the start is not 0, in one loop body. It lost or tied against
-// rope_lean_kernel's general table instance, us in turns, two passes, out of place, this /
-// that: thd bf16 [16, 32, 128] 4.74, 4.77 / 4.90, 4.77; [64, 32, 128] 5.12, 5.09 / 5.02, 4.93;
+// again where the start is not 0, in one loop body. Against rope_lean_kernel's general table
+// instance it lost at 0.5-2 MB and gained in one pass of two at 0.125 MB, us in turns, two
+// passes, out of place, this / that: thd bf16 [16, 32, 128] 4.74, 4.77 / 4.90, 4.77; [64, 32, 128] 5.12, 5.09 / 5.02, 4.93;
 // [256, 32, 128] 6.24, 6.24 / 6.05, 6.08 (the bshd call of [64, 32, 128]'s bytes here: 4.77,
-// 4.80; torch.compile 4.70 for thd's), docs/h100_thd_seq_s33.txt. So thd's ~0.3 us over bshd at
-// 0.5 MB is its cu_seqlens load and the parameter line it reads the pointer from, not the
-// table instance. Removed.)
+// 4.80; torch.compile 4.70 for thd's), docs/h100_thd_seq_s33.txt. So thd's 0.13-0.25 us over
+// bshd at 0.5 MB there comes with its cu_seqlens load (or the parameter line it reads the
+// pointer from), not the table instance. Removed.)
 template <typename T, bool kInterleaved, int W, int kSource = 0>
 __global__ void __launch_bounds__(kLeanMaxThreads) rope_lean_plain1_kernel(const __grid_constant__ LeanParams p) {
   static_assert(kSource == 0 || kSource == 2 || kSource == 3, "per-lane sin/cos or the cache");
