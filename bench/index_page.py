@@ -6,8 +6,8 @@ latency suite times (one call in a CUDA graph, the L2 flushed before each replay
 columns in turns, median), the index tensor either its own allocation (as the suite's)
 or in x's allocation past x's bytes (cu_seqlens right after them, positions 4 KiB further).
 The caching allocator puts all of these small tensors in one 2 MiB segment of its small
-pool (the run prints the regions), so this asks whether the index's place there matters,
-not whether an index 2 MiB or more from x (another page) would:
+pool (the run prints the regions); a third place, 32 MiB into a 64 MiB buffer of the large
+pool ("far"), asks whether an index on another page than x's costs more:
 
     python bench/index_page.py [--reps 200] [--passes 2] [--sizes 16,64]
 
@@ -56,6 +56,11 @@ def main():
         pos_own = torch.arange(S, device="cuda")
         pos_in = buf[nx + 4096:nx + 4096 + 8 * S].view(torch.int64)
         pos_in.copy_(pos_own)
+        far = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+        cu_far = far[32 << 20:(32 << 20) + 8].view(torch.int32)
+        cu_far.copy_(cu_own)
+        pos_far = far[(32 << 20) + 4096:(32 << 20) + 4096 + 8 * S].view(torch.int64)
+        pos_far.copy_(pos_own)
         cos, sin = run.hf_cos_sin(S, D, torch.bfloat16)
         c4, s4 = cos.view(S, 1, D), sin.view(S, 1, D)
         torch._dynamo.reset()
@@ -64,7 +69,9 @@ def main():
                "thd, cu_seqlens own alloc": lambda: rope_ext.apply_rope(x, layout="thd", cu_seqlens=cu_own),
                "thd, cu_seqlens after x": lambda: rope_ext.apply_rope(x, layout="thd", cu_seqlens=cu_in),
                "bshd, positions own alloc": lambda: rope_ext.apply_rope(xb, pos_own),
-               "bshd, positions after x": lambda: rope_ext.apply_rope(xb, pos_in)}
+               "thd, cu_seqlens far": lambda: rope_ext.apply_rope(x, layout="thd", cu_seqlens=cu_far),
+               "bshd, positions after x": lambda: rope_ext.apply_rope(xb, pos_in),
+               "bshd, positions far": lambda: rope_ext.apply_rope(xb, pos_far)}
         want = fns["bshd, no index"]().view(S, H, D)
         for name, fn in fns.items():  # (reported, not raised: the timings still say where the time goes)
             got = fn().view(S, H, D)
@@ -75,7 +82,7 @@ def main():
         fns["same-size copy"] = same_size_copy(x.numel(), torch.bfloat16)
         print(f"thd bf16 [{S}, {H}, {D}] ({nx / 2**20:.3f} MB); 2 MiB region/64 KiB block: x {region(x)}, "
               f"cu_seqlens own {region(cu_own)}, after x {region(cu_in)}, positions own {region(pos_own)}, "
-              f"after x {region(pos_in)}",
+              f"after x {region(pos_in)}, far {region(cu_far)} / {region(pos_far)}",
               flush=True)
         for ps in range(args.passes):
             got, errs = graph_us_interleaved(fns, args.reps)
