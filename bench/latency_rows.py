@@ -14,7 +14,7 @@ rope_ext auto column again without the lean kernel's L2 hint (set_lean_l2_hint(F
 "-hint"; its output checked bit-equal to the column's). --pin: after the rows, whether a
 call leaves the kernels after it a smaller L2 (a 30 / 40 MB read after the call on 128 MB,
 each flush reset first: its second read's time; bench/load_hints.py's probe), the hinted
-call beside the plain one. --captures N: each column in N graphs (output placements), each
+call beside the plain one. --captures N: each column in N graphs, each
 capture's median and its output's address modulo 2 MiB beside the column's (each capture
 has its own memory pool: an output allocated inside it starts a fresh segment, so the
 captures differ in the address, not in the placement modulo 2 MiB)."""

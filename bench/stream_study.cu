@@ -19,9 +19,14 @@
 //               its bulk store from the same stage; a stage is loaded again only after
 //               its store has read it (cp.async.bulk.wait_group.read). No thread touches
 //               the bytes: the engine's rate with no issue cost at all.
-// Not yet run on a GPU (written in the thirty-second session after its device time was
-// spent): its first run is its test (the outputs are checked before and after timing; a
-// barrier that never completes hangs: run it under `timeout`).
+// Measured (H100, run 1 of the thirty-third session, docs/h100_stream_study_s33.txt; 80 MiB,
+// two passes, us, out of place / in place): ldst 1 60.26-60.29 / 59.63-59.90, ldst 2
+// 60.42-60.43 / 60.11-60.19, ldst 4 60.45-60.51 / 60.70-60.80; bulk 16 KB x 4 stages
+// 60.00-60.02 / 59.87-59.94, 32 KB x 3 61.39-61.54 / 61.47-61.49, 8 KB x 8 60.16-60.45 /
+// 60.35-60.75; torch copy_ 60.00-60.22; rope_ext W4 in place 59.07-59.33. The bulk engine
+// is no faster than LD/ST here (its issue cost was not the limit) and nothing streams these
+// bytes faster than W4 in place. (The outputs are checked before and after timing; a
+// barrier that never completes hangs: run it under `timeout`.)
 #include <algorithm>
 #include <cstdint>
 
